@@ -1,0 +1,78 @@
+package pgevents
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LogHandler returns a Handler that writes each event as one JSON line to
+// out. Lines are written whole even when several partitions share out.
+func LogHandler(out io.Writer) Handler {
+	var mu sync.Mutex
+	return HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		line, err := json.Marshal(logLine{
+			Offset: ev.Offset, TopicID: ev.TopicID, PartitionID: ev.PartitionID, EventID: ev.EventID,
+			HostID: ev.HostID, UserID: ev.UserID, TransactionID: ev.TransactionID, EventType: ev.EventType,
+			Payload: ev.Payload, Metadata: ev.Metadata, CreatedAt: ev.CreatedAt,
+		})
+		if err != nil {
+			return Permanent(fmt.Errorf("log handler: encode event %d: %w", ev.Offset, err))
+		}
+		line = append(line, '\n')
+		mu.Lock()
+		defer mu.Unlock()
+		if _, err := out.Write(line); err != nil {
+			return Retryable(fmt.Errorf("log handler: write: %w", err))
+		}
+		return nil
+	})
+}
+
+type logLine struct {
+	Offset        int64           `json:"c_offset"`
+	TopicID       int             `json:"topic_id"`
+	PartitionID   int             `json:"partition_id"`
+	EventID       string          `json:"event_id"`
+	HostID        string          `json:"host_id"`
+	UserID        string          `json:"user_id"`
+	TransactionID int64           `json:"transaction_id"`
+	EventType     string          `json:"event_type"`
+	Payload       json.RawMessage `json:"payload"`
+	Metadata      json.RawMessage `json:"metadata,omitempty"`
+	CreatedAt     time.Time       `json:"created_at"`
+}
+
+// SQLHandler returns a Handler that runs statement in the consumer's
+// transaction for each event, with the pgx named arguments @c_offset,
+// @topic_id, @partition_id, @event_id, @host_id, @user_id, @transaction_id,
+// @event_type, @payload and @metadata (JSON text, NULL when absent),
+// @created_at and @group_id. Its effects commit with the group's offset,
+// exactly once.
+func SQLHandler(groupID, statement string) Handler {
+	return HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		args := pgx.NamedArgs{
+			"c_offset": ev.Offset, "topic_id": ev.TopicID, "partition_id": ev.PartitionID,
+			"event_id": ev.EventID, "host_id": ev.HostID, "user_id": ev.UserID,
+			"transaction_id": ev.TransactionID, "event_type": ev.EventType,
+			"payload": jsonText(ev.Payload), "metadata": jsonText(ev.Metadata),
+			"created_at": ev.CreatedAt, "group_id": groupID,
+		}
+		if _, err := tx.Exec(ctx, statement, args); err != nil {
+			return fmt.Errorf("sql handler: %w", err)
+		}
+		return nil
+	})
+}
+
+func jsonText(b json.RawMessage) any {
+	if b == nil {
+		return nil
+	}
+	return string(b)
+}

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/internal/pgcluster"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// demoCmd appends events for many hosts at a steady rate while a consumer
+// group handles them with the log handler, printing progress every second,
+// and stops by itself.
+func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", ".pgevents-demo", "folder for the local PostgreSQL and the handled events (git-ignored)")
+	duration := fs.Duration("duration", 15*time.Second, "how long producers run")
+	rate := fs.Int("rate", 2000, "events appended per second, in total")
+	hosts := fs.Int("hosts", 200, "number of hosts (tenants)")
+	partitions := fs.Int("partitions", 8, "partitions of the demo topic, when it is created")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	if *rate <= 0 || *hosts <= 0 || *partitions <= 0 || *duration <= 0 {
+		return usagef("demo: --rate, --hosts, --partitions and --duration must be positive")
+	}
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		return err
+	}
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		abs, err := filepath.Abs(filepath.Join(*dir, "pg"))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "starting PostgreSQL in %s ...\n", abs)
+		cl, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs})
+		if err != nil {
+			return err
+		}
+		defer cl.Stop() //nolint:errcheck // best effort at exit
+		url = cl.URL("postgres")
+	}
+
+	pc, err := pgevents.ParsePoolConfig(url)
+	if err != nil {
+		return err
+	}
+	pc.MaxConns = int32(*partitions + 12)
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	const topicID = 1
+	topic, _, err := schema.EnsureTopic(ctx, pool, topicID, *partitions)
+	if err != nil {
+		return err
+	}
+
+	eventsPath := filepath.Join(*dir, "events.jsonl")
+	out, err := os.Create(eventsPath)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+
+	lat := &latencies{}
+	logHandler := pgevents.LogHandler(out)
+	hs := &pgevents.Handlers{}
+	hs.HandleAll(pgevents.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgevents.Event) error {
+		lat.add(time.Since(ev.CreatedAt))
+		return logHandler.Handle(ctx, tx, ev)
+	}))
+	log := zerolog.New(zerolog.ConsoleWriter{Out: stderr, TimeFormat: time.TimeOnly}).Level(zerolog.WarnLevel).With().Timestamp().Logger()
+	c, err := pgevents.NewConsumer(pool, pgevents.Config{
+		GroupID: "demo", TopicID: topicID, TotalPartitions: topic.Partitions,
+		BatchSize: 100, WaitPeriod: 5 * time.Second, Handlers: hs, Logger: &log,
+	})
+	if err != nil {
+		return err
+	}
+
+	fmt.Fprintf(stdout, "topic %d: %d partitions; %d hosts; %d events/s for %s; handled events go to %s\n",
+		topicID, topic.Partitions, *hosts, *rate, *duration, eventsPath)
+	consumerCtx, stopConsumer := context.WithCancel(ctx)
+	defer stopConsumer()
+	var cg errgroup.Group
+	cg.Go(func() error { return c.Run(consumerCtx) })
+
+	var appended atomic.Int64
+	prodCtx, stopProducers := context.WithTimeout(ctx, *duration)
+	defer stopProducers()
+	var pg errgroup.Group
+	const producers = 4
+	for i := range producers {
+		pg.Go(func() error { return produce(prodCtx, pool, i, *rate/producers, *hosts, &appended) })
+	}
+
+	fmt.Fprintf(stdout, "%8s %12s %12s %8s %10s %10s\n", "elapsed", "appended/s", "handled/s", "lag", "p50", "p99")
+	start := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var lastA, lastH int64
+	drainDeadline := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+		a, h := appended.Load(), c.Stats().Handled
+		p50, p99 := lat.take()
+		fmt.Fprintf(stdout, "%8s %12d %12d %8d %10s %10s\n", time.Since(start).Truncate(time.Second),
+			a-lastA, h-lastH, a-h, fmtDur(p50), fmtDur(p99))
+		lastA, lastH = a, h
+		if ctx.Err() != nil {
+			break
+		}
+		if prodCtx.Err() != nil {
+			if drainDeadline.IsZero() {
+				drainDeadline = time.Now().Add(10 * time.Second)
+			}
+			if a == h || time.Now().After(drainDeadline) {
+				break
+			}
+		}
+	}
+	if err := pg.Wait(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	stopConsumer()
+	if err := cg.Wait(); err != nil {
+		return err
+	}
+	st := c.Stats()
+	fmt.Fprintf(stdout, "done: %d events appended, %d handled in %d batches, %d dead-lettered\n",
+		appended.Load(), st.Handled, st.Batches, st.DeadLettered)
+	if appended.Load() != st.Handled {
+		return fmt.Errorf("demo: %d events appended but %d handled", appended.Load(), st.Handled)
+	}
+	return nil
+}
+
+// produce appends transactions of 1–10 events for random hosts at about
+// rate events per second until ctx ends.
+func produce(ctx context.Context, pool *pgxpool.Pool, id, rate, hosts int, appended *atomic.Int64) error {
+	rng := rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano())))
+	start := time.Now()
+	var sent int64
+	for ctx.Err() == nil {
+		// Pace: sleep until the schedule allows the next transaction.
+		due := start.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
+		if d := time.Until(due); d > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(d):
+			}
+		}
+		n := 1 + rng.IntN(10)
+		evs := make([]pgevents.Event, n)
+		host := fmt.Sprintf("host-%d", rng.IntN(hosts))
+		user := fmt.Sprintf("user-%d", rng.IntN(5))
+		for i := range evs {
+			evs[i] = pgevents.Event{HostID: host, UserID: user, EventType: "demo.updated",
+				Payload: []byte(fmt.Sprintf(`{"seq":%d,"producer":%d}`, sent+int64(i), id))}
+		}
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := pgevents.Append(ctx, tx, evs...)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		sent += int64(n)
+		appended.Add(int64(n))
+	}
+	return nil
+}
+
+// latencies collects durations between reports.
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d)
+	l.mu.Unlock()
+}
+
+// take returns the p50 and p99 of what was added since the last call.
+func (l *latencies) take() (p50, p99 time.Duration) {
+	l.mu.Lock()
+	d := l.d
+	l.d = nil
+	l.mu.Unlock()
+	if len(d) == 0 {
+		return 0, 0
+	}
+	slices.Sort(d)
+	return d[len(d)*50/100], d[min(len(d)-1, len(d)*99/100)]
+}
+
+func fmtDur(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000)
+}

@@ -1,0 +1,101 @@
+// Command consumer runs pgevents consumer groups and administers the log.
+//
+// Usage:
+//
+//	consumer run     [--config FILE]   run the configured group until SIGINT/SIGTERM
+//	consumer migrate [--config FILE] [--print]
+//	                                   apply the schema and create the configured topic
+//	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL
+//	consumer bench   [--json]          measure append rates and end-to-end latency
+//
+// The configuration file defaults to db-event-consumer.yml; DATABASE_URL
+// overrides its databaseUrl. Exit status: 0 on success (and after a clean
+// shutdown), 1 on a runtime failure, 2 on invalid configuration or usage,
+// with the offending key named.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/pgevents/pgevents/config"
+)
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// usageError is a command-line or configuration error: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Errorf(format, args...)}
+}
+
+const usage = `usage: consumer <command> [flags]
+
+commands:
+  run      run the configured consumer group until SIGINT or SIGTERM
+  migrate  apply the schema migrations and create the configured topic
+  demo     run producers and a consumer group against a local PostgreSQL
+  bench    measure append rates and commit-to-handler latency
+
+Run 'consumer <command> -h' for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command and returns the process exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	var err error
+	switch args[0] {
+	case "run":
+		err = runCmd(ctx, args[1:], stdout, stderr)
+	case "migrate":
+		err = migrateCmd(ctx, args[1:], stdout, stderr)
+	case "demo":
+		err = demoCmd(ctx, args[1:], stdout, stderr)
+	case "bench":
+		err = benchCmd(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "consumer: unknown command %q\n%s", args[0], usage)
+		return exitUsage
+	}
+	return exitCode(err, stderr)
+}
+
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "consumer: %v\n", err)
+	var ue *usageError
+	var ce *config.Error
+	if errors.As(err, &ue) || errors.As(err, &ce) {
+		return exitUsage
+	}
+	return exitFailure
+}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/schema"
+)
+
+func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, topicId and totalPartitions")
+	print := fs.Bool("print", false, "write the migration SQL to stdout instead of applying it")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	if *print {
+		_, err := io.WriteString(stdout, schema.Script(0))
+		return err
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	pc, err := pgevents.ParsePoolConfig(cfg.DatabaseURL)
+	if err != nil {
+		return &config.Error{File: *path, Key: "databaseUrl", Msg: err.Error()}
+	}
+	conn, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	applied, err := schema.Migrate(ctx, conn)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "schema at version %d (applied: %v)\n", schema.Latest(), applied)
+	topic, created, err := schema.EnsureTopic(ctx, conn, cfg.TopicID, cfg.TotalPartitions)
+	if err != nil {
+		return err
+	}
+	if topic.Partitions != cfg.TotalPartitions {
+		return &config.Error{File: *path, Key: "totalPartitions",
+			Msg: fmt.Sprintf("topic %d already exists with %d partitions, not %d", topic.ID, topic.Partitions, cfg.TotalPartitions)}
+	}
+	verb := "exists"
+	if created {
+		verb = "created"
+	}
+	fmt.Fprintf(stdout, "topic %d %s with %d partitions\n", topic.ID, verb, topic.Partitions)
+	return nil
+}

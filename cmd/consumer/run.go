@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/schema"
+)
+
+const defaultConfigPath = "db-event-consumer.yml"
+
+func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", defaultConfigPath, "configuration file")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr)
+	handlers, closeHandlers, err := buildHandlers(cfg, stdout)
+	if err != nil {
+		return err
+	}
+	defer closeHandlers()
+
+	pool, err := openPool(ctx, cfg, *path)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	c, err := pgevents.NewConsumer(pool, consumerConfig(cfg, handlers, &log))
+	if err != nil {
+		return err
+	}
+	err = c.Run(ctx)
+	var mismatch *pgevents.PartitionMismatchError
+	if errors.As(err, &mismatch) {
+		return &config.Error{File: *path, Key: "totalPartitions", Msg: mismatch.Error()}
+	}
+	if errors.Is(err, schema.ErrTopicNotFound) {
+		return &config.Error{File: *path, Key: "topicId",
+			Msg: fmt.Sprintf("topic %d does not exist; create it with `consumer migrate --config %s`", cfg.TopicID, *path)}
+	}
+	return err
+}
+
+// consumerConfig translates the validated file configuration.
+func consumerConfig(cfg *config.Config, handlers *pgevents.Handlers, log *zerolog.Logger) pgevents.Config {
+	var parts []int
+	if cfg.PartitionID >= 0 {
+		parts = []int{cfg.PartitionID}
+	}
+	unknown := pgevents.UnknownEventFail
+	if cfg.UnknownEventType == "skip" {
+		unknown = pgevents.UnknownEventSkip
+	}
+	return pgevents.Config{
+		GroupID:          cfg.GroupID,
+		TopicID:          cfg.TopicID,
+		TotalPartitions:  cfg.TotalPartitions,
+		Partitions:       parts,
+		BatchSize:        cfg.BatchSize,
+		WaitPeriod:       cfg.WaitPeriod(),
+		Channel:          cfg.Channel,
+		UnknownEventType: unknown,
+		RetryInitial:     cfg.RetryInitial(),
+		RetryMax:         cfg.RetryMax(),
+		MaxAttempts:      cfg.MaxAttempts,
+		ShutdownTimeout:  cfg.ShutdownTimeout(),
+		Handlers:         handlers,
+		Logger:           log,
+	}
+}
+
+// openPool connects to the configured database with room for one
+// connection per served partition plus the listener's canary, the poller
+// and a spare.
+func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Pool, error) {
+	pc, err := pgevents.ParsePoolConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, &config.Error{File: path, Key: "databaseUrl", Msg: err.Error()}
+	}
+	served := cfg.TotalPartitions
+	if cfg.PartitionID >= 0 {
+		served = 1
+	}
+	pc.MaxConns = int32(served + 4)
+	if cfg.MaxConns > 0 {
+		pc.MaxConns = int32(cfg.MaxConns)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
+// buildHandlers creates the built-in handlers the file configures.
+func buildHandlers(cfg *config.Config, stdout io.Writer) (*pgevents.Handlers, func(), error) {
+	hs := &pgevents.Handlers{}
+	var files []*os.File
+	closeAll := func() {
+		for _, f := range files {
+			_ = f.Close()
+		}
+	}
+	for i, h := range cfg.Handlers {
+		var handler pgevents.Handler
+		switch h.Type {
+		case "sql":
+			handler = pgevents.SQLHandler(cfg.GroupID, h.Statement)
+		case "log":
+			var out io.Writer
+			switch h.Output {
+			case "", "stdout":
+				out = stdout
+			case "stderr":
+				out = os.Stderr
+			default:
+				f, err := os.OpenFile(h.Output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+				if err != nil {
+					closeAll()
+					return nil, nil, &config.Error{Key: fmt.Sprintf("handlers[%d].output", i), Msg: err.Error()}
+				}
+				files = append(files, f)
+				out = f
+			}
+			handler = pgevents.LogHandler(out)
+		}
+		if h.EventType == "*" {
+			hs.HandleAll(handler)
+		} else {
+			hs.Handle(h.EventType, handler)
+		}
+	}
+	if hs.Len() == 0 {
+		closeAll()
+		return nil, nil, &config.Error{Key: "handlers", Msg: "at least one handler is required"}
+	}
+	return hs, closeAll, nil
+}
+
+// newLogger builds the process logger: JSON, or human-readable console
+// output when logFormat says so or, with "auto", when stderr is a terminal.
+func newLogger(cfg *config.Config, w io.Writer) zerolog.Logger {
+	level, err := zerolog.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		level = zerolog.InfoLevel
+	}
+	console := cfg.LogFormat == "console"
+	if cfg.LogFormat == "auto" {
+		if f, ok := w.(*os.File); ok {
+			if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+				console = true
+			}
+		}
+	}
+	if console {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}

@@ -1,0 +1,693 @@
+package config
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Limits enforced by validation.
+const (
+	maxGroupIDLen      = 200
+	maxTotalPartitions = 1024
+	maxIdentifierLen   = 63
+
+	// maxMillis is the largest millisecond count that still fits in a
+	// time.Duration, so the duration helpers can never overflow.
+	maxMillis = int(math.MaxInt64 / int64(time.Millisecond))
+)
+
+// envDatabaseURL names the environment variable that overrides databaseUrl.
+const envDatabaseURL = "DATABASE_URL"
+
+// Config is the validated content of db-event-consumer.yml.
+//
+// The yaml key of each field is given in its tag. A Config returned by
+// [Load] or [Parse] has passed [Config.Validate].
+type Config struct {
+	// DatabaseURL is the PostgreSQL connection string, as a URL or as
+	// keyword/value pairs. The DATABASE_URL environment variable replaces
+	// it when set and non-empty. It is required from one source or the
+	// other.
+	DatabaseURL string `yaml:"databaseUrl"`
+
+	// GroupID names the consumer group whose offsets this process reads
+	// and commits. It is required and at most 200 characters long.
+	GroupID string `yaml:"groupId"`
+
+	// TopicID is the topic to consume. Defaults to 1; must be greater than
+	// 0.
+	TopicID int `yaml:"topicId"`
+
+	// BatchSize is the maximum number of events fetched per partition in
+	// one poll. Defaults to 100; must be greater than 0.
+	BatchSize int `yaml:"batchSize"`
+
+	// TotalPartitions is the number of partitions events are spread over.
+	// Defaults to 8; must be between 1 and 1024.
+	TotalPartitions int `yaml:"totalPartitions"`
+
+	// PartitionID is the one partition this process serves, or -1 for
+	// every partition. Defaults to -1; otherwise it must be at least 0 and
+	// less than TotalPartitions.
+	PartitionID int `yaml:"partitionId"`
+
+	// WaitPeriodMs is how long, in milliseconds, a consumer waits between
+	// polls when no notification arrives. Defaults to 10000; must be
+	// greater than 0. See [Config.WaitPeriod].
+	WaitPeriodMs int `yaml:"waitPeriodMs"`
+
+	// Channel is the PostgreSQL LISTEN/NOTIFY channel announcing new
+	// events. Defaults to "event_channel"; must satisfy
+	// [IsValidIdentifier].
+	Channel string `yaml:"channel"`
+
+	// LogLevel is the minimum level logged: "debug", "info", "warn" or
+	// "error". Defaults to "info".
+	LogLevel string `yaml:"logLevel"`
+
+	// LogFormat selects the log encoding: "json", "console", or "auto"
+	// for console output on a terminal and JSON otherwise. Defaults to
+	// "auto".
+	LogFormat string `yaml:"logFormat"`
+
+	// UnknownEventType says what to do with an event no handler accepts:
+	// "skip" it, or "fail" and stop consuming its partition. Defaults to
+	// "fail".
+	UnknownEventType string `yaml:"unknownEventType"`
+
+	// MaxConns caps the database connection pool. Defaults to 0, meaning
+	// the number of partitions served plus 4; must not be negative.
+	MaxConns int `yaml:"maxConns"`
+
+	// ShutdownTimeoutMs is how long, in milliseconds, a graceful shutdown
+	// may take before work in progress is abandoned. Defaults to 10000;
+	// must be greater than 0. See [Config.ShutdownTimeout].
+	ShutdownTimeoutMs int `yaml:"shutdownTimeoutMs"`
+
+	// RetryInitialMs is the delay, in milliseconds, before the first retry
+	// of a failed operation. Defaults to 100; must be greater than 0. See
+	// [Config.RetryInitial].
+	RetryInitialMs int `yaml:"retryInitialMs"`
+
+	// RetryMaxMs caps the delay, in milliseconds, between retries as it
+	// grows. Defaults to 30000; must be at least RetryInitialMs. See
+	// [Config.RetryMax].
+	RetryMaxMs int `yaml:"retryMaxMs"`
+
+	// MaxAttempts is how many times an event is tried before the failure
+	// is final. Defaults to 5; must be greater than 0.
+	MaxAttempts int `yaml:"maxAttempts"`
+
+	// Handlers lists the built-in handlers, in the order given. It may be
+	// empty.
+	Handlers []Handler `yaml:"handlers"`
+}
+
+// Handler configures one built-in handler.
+type Handler struct {
+	// EventType is the event type the handler accepts, or "*" for every
+	// type. It is required.
+	EventType string `yaml:"eventType"`
+
+	// Type is the kind of handler: "log" writes each event to Output;
+	// "sql" runs Statement. It is required.
+	Type string `yaml:"type"`
+
+	// Statement is the SQL run for each event. It is required when Type
+	// is "sql" and must be empty when Type is "log".
+	Statement string `yaml:"statement"`
+
+	// Output is where a "log" handler writes: "stdout", "stderr" or a file
+	// path. [Parse] sets it to "stdout" when a log handler leaves it out;
+	// [Config.Validate] treats empty as "stdout". It must be empty when
+	// Type is "sql".
+	Output string `yaml:"output"`
+}
+
+// Default returns a Config holding every default. DatabaseURL and GroupID,
+// which have no default, are empty, so the result does not pass
+// [Config.Validate] until they are set.
+func Default() Config {
+	return Config{
+		TopicID:           1,
+		BatchSize:         100,
+		TotalPartitions:   8,
+		PartitionID:       -1,
+		WaitPeriodMs:      10000,
+		Channel:           "event_channel",
+		LogLevel:          "info",
+		LogFormat:         "auto",
+		UnknownEventType:  "fail",
+		MaxConns:          0,
+		ShutdownTimeoutMs: 10000,
+		RetryInitialMs:    100,
+		RetryMaxMs:        30000,
+		MaxAttempts:       5,
+	}
+}
+
+// WaitPeriod returns WaitPeriodMs as a duration.
+func (c *Config) WaitPeriod() time.Duration { return millis(c.WaitPeriodMs) }
+
+// RetryInitial returns RetryInitialMs as a duration.
+func (c *Config) RetryInitial() time.Duration { return millis(c.RetryInitialMs) }
+
+// RetryMax returns RetryMaxMs as a duration.
+func (c *Config) RetryMax() time.Duration { return millis(c.RetryMaxMs) }
+
+// ShutdownTimeout returns ShutdownTimeoutMs as a duration.
+func (c *Config) ShutdownTimeout() time.Duration { return millis(c.ShutdownTimeoutMs) }
+
+func millis(ms int) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// Error is a configuration error that names the offending key.
+//
+// Key uses the YAML spelling, with a path for nested keys: "batchSize",
+// "handlers[2].statement" (handler indexes start at 0). Key is empty only
+// when the file itself cannot be read or parsed. Line is the 1-based line
+// of the offending key in the file, or 0 when unknown (for example when a
+// required key is missing). File is the path given to [Load], or empty.
+type Error struct {
+	// File is the path of the configuration file, or empty.
+	File string
+	// Key is the YAML path of the offending key, or empty.
+	Key string
+	// Line is the 1-based line of the offending key, or 0 when unknown.
+	Line int
+	// Msg describes the problem.
+	Msg string
+
+	err error // underlying cause, if any; see Unwrap
+}
+
+// Error formats the error as, for example,
+// "config db-event-consumer.yml: batchSize: must be greater than 0 (line 3)",
+// leaving out the parts that are empty or zero.
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("config")
+	if e.File != "" {
+		b.WriteString(" ")
+		b.WriteString(e.File)
+	}
+	b.WriteString(": ")
+	if e.Key != "" {
+		b.WriteString(e.Key)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	if e.Line > 0 {
+		b.WriteString(" (line ")
+		b.WriteString(strconv.Itoa(e.Line))
+		b.WriteString(")")
+	}
+	return b.String()
+}
+
+// Unwrap returns the underlying cause, such as the [fs.ErrNotExist] behind a
+// missing file, or nil.
+func (e *Error) Unwrap() error { return e.err }
+
+// Load reads the configuration file at path and parses it with [Parse]. Any
+// error is an [*Error] whose File is path; a file that cannot be read
+// yields an *Error with an empty Key that unwraps to the cause.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		msg := err.Error()
+		var pathErr *fs.PathError
+		if errors.As(err, &pathErr) {
+			msg = pathErr.Err.Error()
+		}
+		return nil, &Error{File: path, Msg: "cannot read file: " + msg, err: err}
+	}
+	c, err := Parse(data)
+	if err != nil {
+		var cfgErr *Error
+		if errors.As(err, &cfgErr) {
+			cfgErr.File = path
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// Parse decodes the YAML content of a configuration file, applies defaults
+// and the DATABASE_URL override, and validates the result. Any error is an
+// [*Error] naming the first offending key; see the package documentation
+// for the order in which problems are reported.
+func Parse(data []byte) (*Config, error) {
+	root, cfgErr := decodeDocument(data)
+	if cfgErr != nil {
+		return nil, cfgErr
+	}
+
+	p := parser{cfg: Default(), lines: make(map[string]int)}
+	if cfgErr := p.topLevel(root); cfgErr != nil {
+		return nil, cfgErr
+	}
+
+	if url := os.Getenv(envDatabaseURL); url != "" {
+		p.cfg.DatabaseURL = url
+	}
+	for i := range p.cfg.Handlers {
+		h := &p.cfg.Handlers[i]
+		if h.Type == handlerLog && h.Output == "" {
+			h.Output = outputStdout
+		}
+	}
+
+	problems := p.cfg.problems()
+	if len(problems) > 0 {
+		for _, e := range problems {
+			e.Line = p.lineOf(e.Key)
+		}
+		// Document order; problems without a line (missing keys) last.
+		// The sort is stable, so ties keep field order.
+		slices.SortStableFunc(problems, func(a, b *Error) int {
+			return cmp.Or(
+				cmp.Compare(lineRank(a.Line), lineRank(b.Line)),
+				cmp.Compare(a.Line, b.Line),
+			)
+		})
+		return nil, problems[0]
+	}
+
+	c := p.cfg
+	return &c, nil
+}
+
+func lineRank(line int) int {
+	if line == 0 {
+		return 1
+	}
+	return 0
+}
+
+// decodeDocument parses data as a single YAML document and returns its top
+// level mapping.
+func decodeDocument(data []byte) (*yaml.Node, *Error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &Error{Msg: "file is empty"}
+		}
+		return nil, &Error{Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: "), err: err}
+	}
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return nil, &Error{Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: "), err: err}
+	default:
+		return nil, &Error{Line: extra.Line, Msg: "file must hold a single YAML document"}
+	}
+
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return nil, &Error{Msg: "file is empty"}
+		}
+		root = root.Content[0]
+	}
+	root = resolve(root)
+	if isNull(root) {
+		return nil, &Error{Msg: "file is empty"}
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, &Error{Line: root.Line, Msg: "top level must be a mapping of keys to values, got " + describe(root)}
+	}
+	return root, nil
+}
+
+// parser fills a Config from a YAML node tree, remembering the line of
+// every key it sees so that validation problems can be located.
+type parser struct {
+	cfg   Config
+	lines map[string]int // key path → line of the key
+}
+
+// lineOf returns the line of key, or of the nearest enclosing key present
+// in the file, or 0.
+func (p *parser) lineOf(key string) int {
+	for {
+		if line, ok := p.lines[key]; ok {
+			return line
+		}
+		i := strings.LastIndexAny(key, ".[")
+		if i <= 0 {
+			return 0
+		}
+		key = key[:i]
+	}
+}
+
+type topField func(c *Config, v *yaml.Node) string
+
+func intField(get func(c *Config) *int) topField {
+	return func(c *Config, v *yaml.Node) string { return decodeInt(v, get(c)) }
+}
+
+func stringField(get func(c *Config) *string) topField {
+	return func(c *Config, v *yaml.Node) string { return decodeString(v, get(c)) }
+}
+
+// topFields maps every known top-level key except handlers to its decoder.
+var topFields = map[string]topField{
+	"databaseUrl":       stringField(func(c *Config) *string { return &c.DatabaseURL }),
+	"groupId":           stringField(func(c *Config) *string { return &c.GroupID }),
+	"topicId":           intField(func(c *Config) *int { return &c.TopicID }),
+	"batchSize":         intField(func(c *Config) *int { return &c.BatchSize }),
+	"totalPartitions":   intField(func(c *Config) *int { return &c.TotalPartitions }),
+	"partitionId":       intField(func(c *Config) *int { return &c.PartitionID }),
+	"waitPeriodMs":      intField(func(c *Config) *int { return &c.WaitPeriodMs }),
+	"channel":           stringField(func(c *Config) *string { return &c.Channel }),
+	"logLevel":          stringField(func(c *Config) *string { return &c.LogLevel }),
+	"logFormat":         stringField(func(c *Config) *string { return &c.LogFormat }),
+	"unknownEventType":  stringField(func(c *Config) *string { return &c.UnknownEventType }),
+	"maxConns":          intField(func(c *Config) *int { return &c.MaxConns }),
+	"shutdownTimeoutMs": intField(func(c *Config) *int { return &c.ShutdownTimeoutMs }),
+	"retryInitialMs":    intField(func(c *Config) *int { return &c.RetryInitialMs }),
+	"retryMaxMs":        intField(func(c *Config) *int { return &c.RetryMaxMs }),
+	"maxAttempts":       intField(func(c *Config) *int { return &c.MaxAttempts }),
+}
+
+const keyHandlers = "handlers"
+
+// handlerFields maps every known handler key to its field.
+var handlerFields = map[string]func(h *Handler) *string{
+	"eventType": func(h *Handler) *string { return &h.EventType },
+	"type":      func(h *Handler) *string { return &h.Type },
+	"statement": func(h *Handler) *string { return &h.Statement },
+	"output":    func(h *Handler) *string { return &h.Output },
+}
+
+func (p *parser) topLevel(m *yaml.Node) *Error {
+	return p.mapping(m, "", func(name string, k, v *yaml.Node) *Error {
+		if name == keyHandlers {
+			return p.handlers(v)
+		}
+		decode, ok := topFields[name]
+		if !ok {
+			return &Error{Key: name, Line: k.Line, Msg: "unknown key"}
+		}
+		if msg := decode(&p.cfg, v); msg != "" {
+			return &Error{Key: name, Line: k.Line, Msg: msg}
+		}
+		return nil
+	})
+}
+
+func (p *parser) handlers(v *yaml.Node) *Error {
+	if isNull(v) {
+		p.cfg.Handlers = nil
+		return nil
+	}
+	if v.Kind != yaml.SequenceNode {
+		return &Error{Key: keyHandlers, Line: p.lines[keyHandlers], Msg: "must be a list of handlers, got " + describe(v)}
+	}
+	handlers := make([]Handler, 0, len(v.Content))
+	for i, item := range v.Content {
+		item = resolve(item)
+		path := keyHandlers + "[" + strconv.Itoa(i) + "]"
+		p.lines[path] = item.Line
+		if item.Kind != yaml.MappingNode {
+			return &Error{Key: path, Line: item.Line, Msg: "must be a mapping, got " + describe(item)}
+		}
+		var h Handler
+		err := p.mapping(item, path+".", func(name string, k, v *yaml.Node) *Error {
+			field, ok := handlerFields[name]
+			if !ok {
+				return &Error{Key: path + "." + name, Line: k.Line, Msg: "unknown key"}
+			}
+			if msg := decodeString(v, field(&h)); msg != "" {
+				return &Error{Key: path + "." + name, Line: k.Line, Msg: msg}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		handlers = append(handlers, h)
+	}
+	p.cfg.Handlers = handlers
+	return nil
+}
+
+// mapping walks the key/value pairs of m in document order, rejecting
+// non-scalar and duplicate keys, recording each key's line under prefix,
+// and calling fn for every pair. It stops at the first error.
+func (p *parser) mapping(m *yaml.Node, prefix string, fn func(name string, k, v *yaml.Node) *Error) *Error {
+	seen := make(map[string]int, len(m.Content)/2)
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], resolve(m.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			return &Error{Key: strings.TrimSuffix(prefix, "."), Line: k.Line, Msg: "keys must be plain strings, got " + describe(k)}
+		}
+		name := k.Value
+		if first, dup := seen[name]; dup {
+			return &Error{Key: prefix + name, Line: k.Line, Msg: fmt.Sprintf("duplicate key, first set on line %d", first)}
+		}
+		seen[name] = k.Line
+		p.lines[prefix+name] = k.Line
+		if err := fn(name, k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolve follows aliases to the node they refer to.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+func isNull(n *yaml.Node) bool {
+	return n == nil || n.Kind == 0 || (n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null")
+}
+
+// describe names the kind of a node for error messages.
+func describe(n *yaml.Node) string {
+	switch {
+	case isNull(n):
+		return "no value"
+	case n.Kind == yaml.MappingNode:
+		return "a mapping"
+	case n.Kind == yaml.SequenceNode:
+		return "a list"
+	case n.Kind == yaml.ScalarNode:
+		return strconv.Quote(n.Value)
+	default:
+		return "an unsupported value"
+	}
+}
+
+// decodeInt stores the integer held by v in dst, or returns why it cannot.
+func decodeInt(v *yaml.Node, dst *int) string {
+	if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" {
+		return "must be an integer, got " + describe(v)
+	}
+	var n int
+	if err := v.Decode(&n); err != nil {
+		return "must be an integer that fits in 64 bits, got " + describe(v)
+	}
+	*dst = n
+	return ""
+}
+
+// decodeString stores the scalar held by v in dst, or returns why it
+// cannot. Any scalar is accepted as its literal text, so "groupId: 42"
+// means "42"; an empty value means "".
+func decodeString(v *yaml.Node, dst *string) string {
+	if isNull(v) {
+		*dst = ""
+		return ""
+	}
+	if v.Kind != yaml.ScalarNode {
+		return "must be a string, got " + describe(v)
+	}
+	*dst = v.Value
+	return ""
+}
+
+// Values accepted by the enumerated keys.
+var (
+	logLevels         = []string{"debug", "info", "warn", "error"}
+	logFormats        = []string{"auto", "json", "console"}
+	unknownEventTypes = []string{"skip", "fail"}
+	handlerTypes      = []string{handlerLog, handlerSQL}
+)
+
+const (
+	handlerLog   = "log"
+	handlerSQL   = "sql"
+	outputStdout = "stdout"
+)
+
+// Validate reports whether c holds a usable configuration. It returns nil or
+// an [*Error] for the first problem found, in field order; Line and File are
+// not set. Validate does not apply defaults or the DATABASE_URL override,
+// so a Config built in Go should start from [Default].
+func (c *Config) Validate() error {
+	if problems := c.problems(); len(problems) > 0 {
+		return problems[0]
+	}
+	return nil
+}
+
+// problems returns every validation problem of c, in field order.
+func (c *Config) problems() []*Error {
+	var errs []*Error
+	add := func(key, format string, args ...any) {
+		errs = append(errs, &Error{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	positive := func(key string, v int) {
+		if v <= 0 {
+			add(key, "must be greater than 0, got %d", v)
+		}
+	}
+	positiveMillis := func(key string, v int) {
+		switch {
+		case v <= 0:
+			add(key, "must be greater than 0, got %d", v)
+		case v > maxMillis:
+			add(key, "must be at most %d, got %d", maxMillis, v)
+		}
+	}
+	oneOf := func(key, v string, allowed []string) {
+		if !slices.Contains(allowed, v) {
+			add(key, "must be one of %s, got %q", strings.Join(allowed, ", "), v)
+		}
+	}
+
+	if c.DatabaseURL == "" {
+		add("databaseUrl", "is required: set databaseUrl or the %s environment variable", envDatabaseURL)
+	}
+	switch {
+	case strings.TrimSpace(c.GroupID) == "":
+		add("groupId", "is required")
+	case utf8.RuneCountInString(c.GroupID) > maxGroupIDLen:
+		add("groupId", "must be at most %d characters long, got %d", maxGroupIDLen, utf8.RuneCountInString(c.GroupID))
+	}
+	positive("topicId", c.TopicID)
+	positive("batchSize", c.BatchSize)
+	totalOK := c.TotalPartitions >= 1 && c.TotalPartitions <= maxTotalPartitions
+	if !totalOK {
+		add("totalPartitions", "must be between 1 and %d, got %d", maxTotalPartitions, c.TotalPartitions)
+	}
+	if c.PartitionID != -1 && (c.PartitionID < 0 || (totalOK && c.PartitionID >= c.TotalPartitions)) {
+		if totalOK {
+			add("partitionId", "must be -1 (every partition) or between 0 and %d (totalPartitions - 1), got %d", c.TotalPartitions-1, c.PartitionID)
+		} else {
+			add("partitionId", "must be -1 (every partition) or at least 0, got %d", c.PartitionID)
+		}
+	}
+	positiveMillis("waitPeriodMs", c.WaitPeriodMs)
+	if !IsValidIdentifier(c.Channel) {
+		add("channel", "must be a lowercase PostgreSQL identifier ([a-z_][a-z0-9_]*, at most %d bytes, not a reserved word), got %q", maxIdentifierLen, c.Channel)
+	}
+	oneOf("logLevel", c.LogLevel, logLevels)
+	oneOf("logFormat", c.LogFormat, logFormats)
+	oneOf("unknownEventType", c.UnknownEventType, unknownEventTypes)
+	if c.MaxConns < 0 {
+		add("maxConns", "must be 0 (automatic) or greater, got %d", c.MaxConns)
+	}
+	positiveMillis("shutdownTimeoutMs", c.ShutdownTimeoutMs)
+	positiveMillis("retryInitialMs", c.RetryInitialMs)
+	switch {
+	case c.RetryMaxMs > maxMillis:
+		add("retryMaxMs", "must be at most %d, got %d", maxMillis, c.RetryMaxMs)
+	case c.RetryInitialMs > 0 && c.RetryMaxMs < c.RetryInitialMs:
+		add("retryMaxMs", "must be at least retryInitialMs (%d), got %d", c.RetryInitialMs, c.RetryMaxMs)
+	case c.RetryMaxMs <= 0:
+		add("retryMaxMs", "must be greater than 0, got %d", c.RetryMaxMs)
+	}
+	positive("maxAttempts", c.MaxAttempts)
+
+	for i, h := range c.Handlers {
+		path := keyHandlers + "[" + strconv.Itoa(i) + "]."
+		if h.EventType == "" {
+			add(path+"eventType", `is required: an event type, or "*" for every type`)
+		}
+		switch h.Type {
+		case "":
+			add(path+"type", "is required: one of %s", strings.Join(handlerTypes, ", "))
+		case handlerLog:
+			if h.Statement != "" {
+				add(path+"statement", "must be empty for type %s", handlerLog)
+			}
+		case handlerSQL:
+			if strings.TrimSpace(h.Statement) == "" {
+				add(path+"statement", "is required for type %s", handlerSQL)
+			}
+			if h.Output != "" {
+				add(path+"output", "must be empty for type %s", handlerSQL)
+			}
+		default:
+			add(path+"type", "must be one of %s, got %q", strings.Join(handlerTypes, ", "), h.Type)
+		}
+	}
+	return errs
+}
+
+// IsValidIdentifier reports whether s can be used unquoted as a PostgreSQL
+// identifier, such as a LISTEN channel, and still mean exactly s: it
+// matches [a-z_][a-z0-9_]*, is at most 63 bytes long (longer names are
+// truncated by the server), and is not a reserved key word.
+func IsValidIdentifier(s string) bool {
+	if s == "" || len(s) > maxIdentifierLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case ch == '_' || ('a' <= ch && ch <= 'z'):
+		case i > 0 && '0' <= ch && ch <= '9':
+		default:
+			return false
+		}
+	}
+	_, reserved := reservedWords[s]
+	return !reserved
+}
+
+// reservedWords holds the PostgreSQL key words that cannot be used as an
+// unquoted column name or channel: the "reserved" and "reserved (can be
+// function or type)" categories.
+var reservedWords = func() map[string]struct{} {
+	words := strings.Fields(`
+		all analyse analyze and any array as asc asymmetric authorization
+		binary both case cast check collate collation column concurrently
+		constraint create cross current_catalog current_date current_role
+		current_schema current_time current_timestamp current_user default
+		deferrable desc distinct do else end except false fetch for foreign
+		freeze from full grant group having ilike in initially inner
+		intersect into is isnull join lateral leading left like limit
+		localtime localtimestamp natural not notnull null offset on only or
+		order outer overlaps placing primary references returning right
+		select session_user similar some symmetric system_user table
+		tablesample then to trailing true union unique user using variadic
+		verbose when where window with`)
+	m := make(map[string]struct{}, len(words))
+	for _, w := range words {
+		m[w] = struct{}{}
+	}
+	return m
+}()

@@ -1,0 +1,550 @@
+package config
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// clearEnv makes the tests independent of the caller's DATABASE_URL.
+func clearEnv(t *testing.T) {
+	t.Helper()
+	t.Setenv(envDatabaseURL, "")
+}
+
+// mustParse parses src and fails the test on error.
+func mustParse(t *testing.T, src string) *Config {
+	t.Helper()
+	c, err := Parse([]byte(src))
+	if err != nil {
+		t.Fatalf("Parse: unexpected error: %v", err)
+	}
+	return c
+}
+
+// parseErr parses src and returns the *Error it must fail with.
+func parseErr(t *testing.T, src string) *Error {
+	t.Helper()
+	c, err := Parse([]byte(src))
+	if err == nil {
+		t.Fatalf("Parse: expected an error, got %+v", c)
+	}
+	if c != nil {
+		t.Errorf("Parse: expected a nil *Config with the error, got %+v", c)
+	}
+	var cfgErr *Error
+	if !errors.As(err, &cfgErr) {
+		t.Fatalf("Parse: error %v (%T) is not a *config.Error", err, err)
+	}
+	return cfgErr
+}
+
+const fullFile = `# every key
+databaseUrl: postgres://u:p@db:5432/app
+groupId: billing
+topicId: 3
+batchSize: 250
+totalPartitions: 16
+partitionId: 15
+waitPeriodMs: 2500
+channel: billing_events
+logLevel: debug
+logFormat: json
+unknownEventType: skip
+maxConns: 12
+shutdownTimeoutMs: 5000
+retryInitialMs: 50
+retryMaxMs: 60000
+maxAttempts: 9
+handlers:
+  - eventType: "*"
+    type: log
+  - eventType: invoice_paid
+    type: log
+    output: /var/log/paid.log
+  - eventType: invoice_paid
+    type: sql
+    statement: |
+      INSERT INTO paid (id) VALUES ($1)
+`
+
+func TestParseFullFile(t *testing.T) {
+	clearEnv(t)
+	got := mustParse(t, fullFile)
+	want := &Config{
+		DatabaseURL:       "postgres://u:p@db:5432/app",
+		GroupID:           "billing",
+		TopicID:           3,
+		BatchSize:         250,
+		TotalPartitions:   16,
+		PartitionID:       15,
+		WaitPeriodMs:      2500,
+		Channel:           "billing_events",
+		LogLevel:          "debug",
+		LogFormat:         "json",
+		UnknownEventType:  "skip",
+		MaxConns:          12,
+		ShutdownTimeoutMs: 5000,
+		RetryInitialMs:    50,
+		RetryMaxMs:        60000,
+		MaxAttempts:       9,
+		Handlers: []Handler{
+			{EventType: "*", Type: "log", Output: "stdout"},
+			{EventType: "invoice_paid", Type: "log", Output: "/var/log/paid.log"},
+			{EventType: "invoice_paid", Type: "sql", Statement: "INSERT INTO paid (id) VALUES ($1)\n"},
+		},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Parse:\n got %+v\nwant %+v", got, want)
+	}
+	if err := got.Validate(); err != nil {
+		t.Errorf("Validate on a parsed config: %v", err)
+	}
+}
+
+func TestParseSeedFile(t *testing.T) {
+	clearEnv(t)
+	got := mustParse(t, `databaseUrl: postgres://localhost/events
+groupId: group-1
+batchSize: 10
+totalPartitions: 4
+partitionId: 2
+waitPeriodMs: 500
+`)
+	want := Default()
+	want.DatabaseURL = "postgres://localhost/events"
+	want.GroupID = "group-1"
+	want.BatchSize = 10
+	want.TotalPartitions = 4
+	want.PartitionID = 2
+	want.WaitPeriodMs = 500
+	if !reflect.DeepEqual(*got, want) {
+		t.Errorf("Parse:\n got %+v\nwant %+v", *got, want)
+	}
+}
+
+func TestParseAppliesDefaults(t *testing.T) {
+	clearEnv(t)
+	got := mustParse(t, "databaseUrl: postgres://localhost/db\ngroupId: g\nhandlers:\n")
+	want := Default()
+	want.DatabaseURL = "postgres://localhost/db"
+	want.GroupID = "g"
+	if !reflect.DeepEqual(*got, want) {
+		t.Errorf("Parse:\n got %+v\nwant %+v", *got, want)
+	}
+
+	// Spot-check the documented defaults themselves.
+	d := Default()
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"DatabaseURL", d.DatabaseURL, ""},
+		{"GroupID", d.GroupID, ""},
+		{"TopicID", d.TopicID, 1},
+		{"BatchSize", d.BatchSize, 100},
+		{"TotalPartitions", d.TotalPartitions, 8},
+		{"PartitionID", d.PartitionID, -1},
+		{"WaitPeriodMs", d.WaitPeriodMs, 10000},
+		{"Channel", d.Channel, "event_channel"},
+		{"LogLevel", d.LogLevel, "info"},
+		{"LogFormat", d.LogFormat, "auto"},
+		{"UnknownEventType", d.UnknownEventType, "fail"},
+		{"MaxConns", d.MaxConns, 0},
+		{"ShutdownTimeoutMs", d.ShutdownTimeoutMs, 10000},
+		{"RetryInitialMs", d.RetryInitialMs, 100},
+		{"RetryMaxMs", d.RetryMaxMs, 30000},
+		{"MaxAttempts", d.MaxAttempts, 5},
+		{"Handlers", len(d.Handlers), 0},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("Default().%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestDatabaseURLOverride(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     string
+		file    string
+		want    string
+		wantErr bool
+	}{
+		{"env replaces file", "postgres://env/db", "databaseUrl: postgres://file/db\n", "postgres://env/db", false},
+		{"env alone", "postgres://env/db", "", "postgres://env/db", false},
+		{"empty env keeps file", "", "databaseUrl: postgres://file/db\n", "postgres://file/db", false},
+		{"neither", "", "", "", true},
+		{"empty in file, no env", "", "databaseUrl: \"\"\n", "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(envDatabaseURL, tt.env)
+			src := tt.file + "groupId: g\n"
+			if tt.wantErr {
+				e := parseErr(t, src)
+				if e.Key != "databaseUrl" {
+					t.Fatalf("Key = %q, want %q (error: %v)", e.Key, "databaseUrl", e)
+				}
+				if !strings.Contains(e.Msg, "DATABASE_URL") {
+					t.Errorf("Msg = %q, want a mention of DATABASE_URL", e.Msg)
+				}
+				return
+			}
+			if got := mustParse(t, src).DatabaseURL; got != tt.want {
+				t.Errorf("DatabaseURL = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	clearEnv(t)
+	const head = "databaseUrl: postgres://localhost/db\ngroupId: g\n" // lines 1-2
+
+	tests := []struct {
+		name     string
+		src      string
+		wantKey  string
+		wantLine int    // 0: do not check
+		wantMsg  string // substring; "": do not check
+	}{
+		// The file itself.
+		{"empty file", "", "", 0, "empty"},
+		{"only comments", "# nothing\n", "", 0, "empty"},
+		{"top level is a list", "- a\n- b\n", "", 1, "mapping"},
+		{"top level is a scalar", "hello\n", "", 1, "mapping"},
+		{"syntax error", "groupId: [unclosed\n", "", 0, "invalid YAML"},
+		{"bad indentation", "groupId: g\n  batchSize: 3\n", "", 0, "invalid YAML"},
+		{"two documents", head + "---\ngroupId: h\n", "", 0, "single YAML document"},
+
+		// Shape problems.
+		{"unknown key", head + "batchSzie: 10\n", "batchSzie", 3, "unknown key"},
+		{"duplicate key", head + "batchSize: 1\nbatchSize: 2\n", "batchSize", 4, "duplicate key"},
+		{"wrong type string for int", head + "batchSize: abc\n", "batchSize", 3, "integer"},
+		{"quoted int", head + `batchSize: "10"` + "\n", "batchSize", 3, "integer"},
+		{"float for int", head + "batchSize: 1.5\n", "batchSize", 3, "integer"},
+		{"null for int", head + "batchSize:\n", "batchSize", 3, "integer"},
+		{"list for int", head + "waitPeriodMs: [1]\n", "waitPeriodMs", 3, "integer"},
+		{"int overflow", head + "maxConns: 99999999999999999999\n", "maxConns", 3, "integer"},
+		{"mapping for string", head + "channel: {a: b}\n", "channel", 3, "string"},
+		{"handlers not a list", head + "handlers: {eventType: x}\n", "handlers", 3, "list"},
+		{"handler not a mapping", head + "handlers:\n  - log\n", "handlers[0]", 4, "mapping"},
+		{"unknown key in handler", head + "handlers:\n  - eventType: a\n    type: log\n    outptu: stderr\n", "handlers[0].outptu", 6, "unknown key"},
+		{"duplicate key in handler", head + "handlers:\n  - eventType: a\n    eventType: b\n", "handlers[0].eventType", 5, "duplicate key"},
+		{"wrong type in handler", head + "handlers:\n  - eventType: [a]\n    type: log\n", "handlers[0].eventType", 4, "string"},
+
+		// Value problems.
+		{"missing groupId", "databaseUrl: postgres://localhost/db\n", "groupId", 0, "required"},
+		{"empty groupId", "databaseUrl: x\ngroupId: \"\"\n", "groupId", 2, "required"},
+		{"long groupId", "databaseUrl: x\ngroupId: " + strings.Repeat("g", 201) + "\n", "groupId", 2, "200"},
+		{"topicId 0", head + "topicId: 0\n", "topicId", 3, "greater than 0"},
+		{"batchSize 0", head + "batchSize: 0\n", "batchSize", 3, "greater than 0"},
+		{"batchSize -1", head + "batchSize: -1\n", "batchSize", 3, "greater than 0"},
+		{"totalPartitions 0", head + "totalPartitions: 0\n", "totalPartitions", 3, "between 1 and 1024"},
+		{"totalPartitions 1025", head + "totalPartitions: 1025\n", "totalPartitions", 3, "between 1 and 1024"},
+		{"partitionId == totalPartitions", head + "totalPartitions: 4\npartitionId: 4\n", "partitionId", 4, "between 0 and 3"},
+		{"partitionId == default totalPartitions", head + "partitionId: 8\n", "partitionId", 3, "between 0 and 7"},
+		{"partitionId -2", head + "partitionId: -2\n", "partitionId", 3, "-1"},
+		{"waitPeriodMs 0", head + "waitPeriodMs: 0\n", "waitPeriodMs", 3, "greater than 0"},
+		{"waitPeriodMs overflow", head + "waitPeriodMs: 9223372036854775807\n", "waitPeriodMs", 3, "at most"},
+		{"channel uppercase", head + "channel: Events\n", "channel", 3, "identifier"},
+		{"channel reserved", head + "channel: select\n", "channel", 3, "identifier"},
+		{"channel empty", head + "channel:\n", "channel", 3, "identifier"},
+		{"logLevel", head + "logLevel: verbose\n", "logLevel", 3, "debug, info, warn, error"},
+		{"logFormat", head + "logFormat: text\n", "logFormat", 3, "auto, json, console"},
+		{"unknownEventType", head + "unknownEventType: ignore\n", "unknownEventType", 3, "skip, fail"},
+		{"maxConns -1", head + "maxConns: -1\n", "maxConns", 3, "0"},
+		{"shutdownTimeoutMs 0", head + "shutdownTimeoutMs: 0\n", "shutdownTimeoutMs", 3, "greater than 0"},
+		{"retryInitialMs 0", head + "retryInitialMs: 0\n", "retryInitialMs", 3, "greater than 0"},
+		{"retryMaxMs below initial", head + "retryInitialMs: 500\nretryMaxMs: 400\n", "retryMaxMs", 4, "retryInitialMs"},
+		{"maxAttempts 0", head + "maxAttempts: 0\n", "maxAttempts", 3, "greater than 0"},
+		{"handler missing eventType", head + "handlers:\n  - type: log\n", "handlers[0].eventType", 4, "required"},
+		{"handler missing type", head + "handlers:\n  - eventType: a\n", "handlers[0].type", 4, "required"},
+		{"handler bad type", head + "handlers:\n  - eventType: a\n    type: http\n", "handlers[0].type", 5, "log, sql"},
+		{"sql handler without statement", head + "handlers:\n  - eventType: a\n    type: log\n  - eventType: b\n    type: sql\n", "handlers[1].statement", 6, "required"},
+		{"sql handler with output", head + "handlers:\n  - eventType: a\n    type: sql\n    statement: SELECT 1\n    output: stderr\n", "handlers[0].output", 7, "empty"},
+		{"log handler with statement", head + "handlers:\n  - eventType: a\n    type: log\n    statement: SELECT 1\n", "handlers[0].statement", 6, "empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := parseErr(t, tt.src)
+			if e.Key != tt.wantKey {
+				t.Fatalf("Key = %q, want %q (error: %v)", e.Key, tt.wantKey, e)
+			}
+			if tt.wantLine != 0 && e.Line != tt.wantLine {
+				t.Errorf("Line = %d, want %d (error: %v)", e.Line, tt.wantLine, e)
+			}
+			if !strings.Contains(e.Msg, tt.wantMsg) {
+				t.Errorf("Msg = %q, want it to contain %q", e.Msg, tt.wantMsg)
+			}
+			if e.File != "" {
+				t.Errorf("File = %q, want empty from Parse", e.File)
+			}
+		})
+	}
+}
+
+func TestParseReportsFirstErrorInDocumentOrder(t *testing.T) {
+	clearEnv(t)
+	tests := []struct {
+		name    string
+		src     string
+		wantKey string
+	}{
+		{
+			"value problems in file order, not field order",
+			"databaseUrl: x\ngroupId: g\nmaxAttempts: 0\nbatchSize: 0\n",
+			"maxAttempts",
+		},
+		{
+			"shape problem before value problem",
+			"databaseUrl: x\ngroupId: g\nbatchSize: 0\nbogus: 1\n",
+			"bogus",
+		},
+		{
+			"first of two unknown keys",
+			"databaseUrl: x\ngroupId: g\nzzz: 1\naaa: 2\n",
+			"zzz",
+		},
+		{
+			"values present in the file before missing keys",
+			"databaseUrl: x\nbatchSize: 0\n",
+			"batchSize",
+		},
+		{
+			"missing keys in field order",
+			"batchSize: 5\n",
+			"databaseUrl",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Run twice: the choice must be deterministic.
+			for range 2 {
+				if e := parseErr(t, tt.src); e.Key != tt.wantKey {
+					t.Fatalf("Key = %q, want %q (error: %v)", e.Key, tt.wantKey, e)
+				}
+			}
+		})
+	}
+}
+
+func TestParseAcceptsEdgeValues(t *testing.T) {
+	clearEnv(t)
+	const head = "databaseUrl: x\ngroupId: g\n"
+	tests := []struct {
+		name  string
+		src   string
+		check func(c *Config) bool
+	}{
+		{"partitionId 0", head + "partitionId: 0\n", func(c *Config) bool { return c.PartitionID == 0 }},
+		{"partitionId last", head + "totalPartitions: 1024\npartitionId: 1023\n", func(c *Config) bool { return c.PartitionID == 1023 }},
+		{"partitionId -1 explicit", head + "partitionId: -1\n", func(c *Config) bool { return c.PartitionID == -1 }},
+		{"retryMaxMs equal to initial", head + "retryInitialMs: 7\nretryMaxMs: 7\n", func(c *Config) bool { return c.RetryMaxMs == 7 }},
+		{"numeric groupId", "databaseUrl: x\ngroupId: 42\n", func(c *Config) bool { return c.GroupID == "42" }},
+		{"groupId 200 chars", "databaseUrl: x\ngroupId: " + strings.Repeat("é", 200) + "\n", func(c *Config) bool { return len(c.GroupID) == 400 }},
+		{"empty handler list", head + "handlers: []\n", func(c *Config) bool { return len(c.Handlers) == 0 }},
+		{"log handler to stderr", head + "handlers:\n  - {eventType: a, type: log, output: stderr}\n", func(c *Config) bool { return c.Handlers[0].Output == "stderr" }},
+		{"alias", head + "batchSize: &n 7\nmaxAttempts: *n\n", func(c *Config) bool { return c.MaxAttempts == 7 }},
+		{"hex int", head + "batchSize: 0x10\n", func(c *Config) bool { return c.BatchSize == 16 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if c := mustParse(t, tt.src); !tt.check(c) {
+				t.Errorf("unexpected result %+v", c)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+
+	t.Run("good", func(t *testing.T) {
+		path := write("good.yml", "databaseUrl: x\ngroupId: g\nbatchSize: 3\n")
+		c, err := Load(path)
+		if err != nil {
+			t.Fatalf("Load: %v", err)
+		}
+		if c.BatchSize != 3 || c.GroupID != "g" {
+			t.Errorf("Load = %+v", c)
+		}
+	})
+
+	t.Run("invalid value", func(t *testing.T) {
+		path := write("bad.yml", "databaseUrl: x\ngroupId: g\nbatchSize: 0\n")
+		_, err := Load(path)
+		var e *Error
+		if !errors.As(err, &e) {
+			t.Fatalf("Load error %v (%T) is not a *config.Error", err, err)
+		}
+		if e.File != path || e.Key != "batchSize" || e.Line != 3 {
+			t.Errorf("Load error = %+v, want File %q, Key batchSize, Line 3", e, path)
+		}
+		want := "config " + path + ": batchSize: must be greater than 0, got 0 (line 3)"
+		if err.Error() != want {
+			t.Errorf("Error() = %q, want %q", err.Error(), want)
+		}
+	})
+
+	t.Run("missing file", func(t *testing.T) {
+		path := filepath.Join(dir, "nope.yml")
+		_, err := Load(path)
+		var e *Error
+		if !errors.As(err, &e) {
+			t.Fatalf("Load error %v (%T) is not a *config.Error", err, err)
+		}
+		if e.Key != "" || e.File != path {
+			t.Errorf("Load error = %+v, want empty Key and File %q", e, path)
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("errors.Is(%v, fs.ErrNotExist) = false, want true", err)
+		}
+	})
+
+	t.Run("syntax error", func(t *testing.T) {
+		path := write("syntax.yml", "groupId: [\n")
+		_, err := Load(path)
+		var e *Error
+		if !errors.As(err, &e) {
+			t.Fatalf("Load error %v (%T) is not a *config.Error", err, err)
+		}
+		if e.Key != "" || e.File != path {
+			t.Errorf("Load error = %+v, want empty Key and File %q", e, path)
+		}
+	})
+}
+
+func TestValidate(t *testing.T) {
+	valid := func() Config {
+		c := Default()
+		c.DatabaseURL = "postgres://localhost/db"
+		c.GroupID = "g"
+		return c
+	}
+
+	tests := []struct {
+		name    string
+		mutate  func(c *Config)
+		wantKey string // "": valid
+	}{
+		{"defaults plus required keys", func(c *Config) {}, ""},
+		{"zero Config", func(c *Config) { *c = Config{} }, "databaseUrl"},
+		{"Default alone", func(c *Config) { *c = Default() }, "databaseUrl"},
+		{"missing groupId", func(c *Config) { c.GroupID = "" }, "groupId"},
+		{"blank groupId", func(c *Config) { c.GroupID = "  " }, "groupId"},
+		{"batchSize 0", func(c *Config) { c.BatchSize = 0 }, "batchSize"},
+		{"partitionId too big", func(c *Config) { c.PartitionID = 8 }, "partitionId"},
+		{"partitionId -2", func(c *Config) { c.PartitionID = -2 }, "partitionId"},
+		{"log handler empty output", func(c *Config) { c.Handlers = []Handler{{EventType: "*", Type: "log"}} }, ""},
+		{"sql handler blank statement", func(c *Config) { c.Handlers = []Handler{{EventType: "*", Type: "sql", Statement: " \n"}} }, "handlers[0].statement"},
+		{"retryMaxMs 0 with bad initial", func(c *Config) { c.RetryInitialMs, c.RetryMaxMs = 0, 0 }, "retryInitialMs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := valid()
+			tt.mutate(&c)
+			err := c.Validate()
+			if tt.wantKey == "" {
+				if err != nil {
+					t.Fatalf("Validate: unexpected error: %v", err)
+				}
+				return
+			}
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("Validate error %v (%T) is not a *config.Error", err, err)
+			}
+			if e.Key != tt.wantKey {
+				t.Errorf("Key = %q, want %q (error: %v)", e.Key, tt.wantKey, e)
+			}
+			if e.Line != 0 || e.File != "" {
+				t.Errorf("Validate set Line %d / File %q, want neither", e.Line, e.File)
+			}
+		})
+	}
+}
+
+func TestErrorString(t *testing.T) {
+	tests := []struct {
+		err  *Error
+		want string
+	}{
+		{&Error{File: "db-event-consumer.yml", Key: "batchSize", Line: 3, Msg: "must be greater than 0"}, "config db-event-consumer.yml: batchSize: must be greater than 0 (line 3)"},
+		{&Error{Key: "batchSize", Msg: "must be greater than 0"}, "config: batchSize: must be greater than 0"},
+		{&Error{File: "c.yml", Msg: "file is empty"}, "config c.yml: file is empty"},
+		{&Error{Line: 2, Msg: "top level must be a mapping"}, "config: top level must be a mapping (line 2)"},
+	}
+	for _, tt := range tests {
+		if got := tt.err.Error(); got != tt.want {
+			t.Errorf("Error() = %q, want %q", got, tt.want)
+		}
+	}
+}
+
+func TestIsValidIdentifier(t *testing.T) {
+	tests := []struct {
+		s    string
+		want bool
+	}{
+		{"event_channel", true},
+		{"_x", true},
+		{"a1", true},
+		{strings.Repeat("a", 63), true},
+		{"listen", true}, // unreserved key word
+		{"", false},
+		{strings.Repeat("a", 64), false},
+		{"1a", false},
+		{"Events", false},
+		{"event-channel", false},
+		{"event channel", false},
+		{"évent", false},
+		{"select", false},
+		{"user", false},
+		{"order", false},
+	}
+	for _, tt := range tests {
+		if got := IsValidIdentifier(tt.s); got != tt.want {
+			t.Errorf("IsValidIdentifier(%q) = %v, want %v", tt.s, got, tt.want)
+		}
+	}
+}
+
+func TestDurations(t *testing.T) {
+	c := Default()
+	c.WaitPeriodMs = 1500
+	c.RetryInitialMs = 100
+	c.RetryMaxMs = 30000
+	c.ShutdownTimeoutMs = 10000
+	tests := []struct {
+		name string
+		got  time.Duration
+		want time.Duration
+	}{
+		{"WaitPeriod", c.WaitPeriod(), 1500 * time.Millisecond},
+		{"RetryInitial", c.RetryInitial(), 100 * time.Millisecond},
+		{"RetryMax", c.RetryMax(), 30 * time.Second},
+		{"ShutdownTimeout", c.ShutdownTimeout(), 10 * time.Second},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%s() = %v, want %v", tt.name, tt.got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,56 @@
+// Package config loads and validates db-event-consumer.yml, the file that
+// configures a pgevents consumer process.
+//
+// # Loading
+//
+// [Load] reads a file and hands its content to [Parse]; [Parse] does the
+// real work in four steps, always in this order:
+//
+//  1. The YAML is decoded and checked for shape: the top level must be a
+//     mapping, every key must be known, no key may appear twice, and every
+//     value must have the right type (an integer for the *Ms, *Size and
+//     *Id keys, a string for the others, a list of mappings for handlers).
+//  2. Every key the file leaves out takes its default (see [Default] and
+//     the documentation of each [Config] field). A key that is present
+//     keeps its value even when that value is the zero value, so
+//     "batchSize: 0" is reported as an error rather than silently replaced
+//     by the default.
+//  3. The environment override is applied (see below).
+//  4. The result is validated by the same rules as [Config.Validate].
+//
+// Keys use camelCase, exactly as spelled in the yaml tags documented on
+// [Config] and [Handler]. A typical file:
+//
+//	databaseUrl: postgres://pgevents@localhost:5432/app
+//	groupId: billing
+//	batchSize: 100
+//	totalPartitions: 8
+//	partitionId: -1
+//	waitPeriodMs: 10000
+//	handlers:
+//	  - eventType: "*"
+//	    type: log
+//	  - eventType: invoice_paid
+//	    type: sql
+//	    statement: INSERT INTO paid_invoices (id) VALUES ($1)
+//
+// # Environment override
+//
+// When the DATABASE_URL environment variable is set and non-empty it
+// replaces databaseUrl from the file, so credentials can stay out of the
+// file. A database URL is required from one source or the other.
+//
+// # Errors
+//
+// Every problem is reported as an [*Error] naming the offending key with its
+// YAML spelling ("batchSize", "handlers[2].statement"; handler indexes start
+// at 0) and, when known, the line on which it appears. Use [errors.As] to
+// inspect it. Only the first problem is reported, and the choice is
+// deterministic: problems of shape (step 1) come first, in document order;
+// then problems of value (step 4), in document order, followed by required
+// keys that are missing altogether.
+//
+// A *Config returned by [Load] or [Parse] has passed validation, so callers
+// can use its values without checking them again. A Config built in Go
+// should start from [Default] and be checked with [Config.Validate].
+package config

@@ -1,0 +1,338 @@
+package pgevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgevents/pgevents/listener"
+	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/partition"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// UnknownEventPolicy says what a consumer does with an event whose type has
+// no handler and no catch-all.
+type UnknownEventPolicy int
+
+const (
+	// UnknownEventFail treats the event as a permanent failure: its unit is
+	// dead-lettered with ErrUnknownEventType. It is the default, because a
+	// handler missing from a deploy should be loud, not silent.
+	UnknownEventFail UnknownEventPolicy = iota
+	// UnknownEventSkip passes over the event as handled.
+	UnknownEventSkip
+)
+
+// Config configures a Consumer. Zero values take the documented defaults;
+// NewConsumer validates the rest once, and the consumer trusts it after.
+type Config struct {
+	// GroupID names the consumer group; required. Each group has its own
+	// position in every partition.
+	GroupID string
+	// TopicID is the topic consumed; default 1.
+	TopicID int
+	// TotalPartitions is the partition count the consumer expects; required.
+	// Run refuses to start (PartitionMismatchError) when the topic records
+	// another count, because hosts would map to other partitions.
+	TotalPartitions int
+	// Partitions lists the partitions this process serves; nil means all
+	// of them.
+	Partitions []int
+	// BatchSize is the number of events read per batch, before extension
+	// to the end of a producer transaction; default 100.
+	BatchSize int
+	// WaitPeriod is how often every partition is polled for events whose
+	// notification was lost; default 10 s.
+	WaitPeriod time.Duration
+	// Channel is the notification channel of the append trigger; default
+	// "event_channel".
+	Channel string
+	// UnknownEventType is the policy for events without a handler; default
+	// UnknownEventFail.
+	UnknownEventType UnknownEventPolicy
+	// RetryInitial is the first backoff after a failed batch; default 100 ms.
+	RetryInitial time.Duration
+	// RetryMax caps the backoff; default 30 s.
+	RetryMax time.Duration
+	// MaxAttempts is how often a failure of class ClassUnknown is retried
+	// before it is treated as permanent; default 5.
+	MaxAttempts int
+	// ShutdownTimeout bounds how long an in-flight batch may go on after
+	// Run's context is cancelled before it is cancelled too (and rolled
+	// back); default 10 s.
+	ShutdownTimeout time.Duration
+	// Handlers maps event types to handlers; required, at least one.
+	Handlers *Handlers
+	// Logger receives the consumer's logs; default: discard.
+	Logger *zerolog.Logger
+	// OnBatch, when set, is called after each committed batch with the
+	// partition and the events handled. It is for progress reporting and
+	// must be fast; the events must not be retained.
+	OnBatch func(partition int, events []Event)
+}
+
+// PartitionMismatchError is returned by Run when the configured partition
+// count differs from the one the topic records.
+type PartitionMismatchError struct {
+	TopicID    int
+	Configured int
+	Recorded   int
+}
+
+// Error says what differs and what to do.
+func (e *PartitionMismatchError) Error() string {
+	return fmt.Sprintf("topic %d has %d partitions but the consumer is configured with totalPartitions %d; set totalPartitions: %d (or repartition the topic with `consumer repartition --topic %d --partitions %d`)",
+		e.TopicID, e.Recorded, e.Configured, e.Recorded, e.TopicID, e.Configured)
+}
+
+// Consumer runs a group's partition workers. Create it with NewConsumer and
+// start it with Run.
+type Consumer struct {
+	pool    *pgxpool.Pool
+	cfg     Config
+	log     zerolog.Logger
+	workers map[int]*worker
+	order   []int
+
+	handled atomic.Int64
+	batches atomic.Int64
+	deadLet atomic.Int64
+	retries atomic.Int64
+	ln      atomic.Pointer[listener.Listener]
+	kick    chan struct{} // asks the poller to poll now
+}
+
+// NewConsumer validates cfg, applies its defaults and returns a Consumer
+// that runs on pool. The pool must allow at least one connection per served
+// partition plus two.
+func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
+	if pool == nil {
+		return nil, errors.New("pgevents: pool is required")
+	}
+	if cfg.GroupID == "" {
+		return nil, errors.New("pgevents: GroupID is required")
+	}
+	if cfg.TopicID == 0 {
+		cfg.TopicID = DefaultTopic
+	}
+	if cfg.TotalPartitions <= 0 {
+		return nil, errors.New("pgevents: TotalPartitions must be positive")
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 100
+	}
+	if cfg.BatchSize < 0 {
+		return nil, errors.New("pgevents: BatchSize must be positive")
+	}
+	if cfg.WaitPeriod <= 0 {
+		cfg.WaitPeriod = 10 * time.Second
+	}
+	if cfg.Channel == "" {
+		cfg.Channel = "event_channel"
+	}
+	if cfg.RetryInitial <= 0 {
+		cfg.RetryInitial = 100 * time.Millisecond
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = 30 * time.Second
+	}
+	cfg.RetryMax = max(cfg.RetryMax, cfg.RetryInitial)
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 5
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if cfg.Handlers == nil || cfg.Handlers.Len() == 0 {
+		return nil, errors.New("pgevents: at least one handler is required")
+	}
+	parts, err := partition.Assign(cfg.TotalPartitions, cfg.Partitions)
+	if err != nil {
+		return nil, fmt.Errorf("pgevents: %w", err)
+	}
+	log := zerolog.Nop()
+	if cfg.Logger != nil {
+		log = *cfg.Logger
+	}
+	c := &Consumer{
+		pool:    pool,
+		cfg:     cfg,
+		log:     log.With().Str("group", cfg.GroupID).Int("topic", cfg.TopicID).Logger(),
+		workers: make(map[int]*worker, len(parts)),
+		order:   parts,
+		kick:    make(chan struct{}, 1),
+	}
+	for _, p := range parts {
+		c.workers[p] = newWorker(c, p)
+	}
+	return c, nil
+}
+
+// Stats are counters of a consumer since it started.
+type Stats struct {
+	// Handled counts events handled and committed (dead-lettered ones
+	// excluded).
+	Handled int64
+	// Batches counts committed batches.
+	Batches int64
+	// DeadLettered counts units written to dead_letter_queue.
+	DeadLettered int64
+	// Retries counts batches rolled back to be retried.
+	Retries int64
+	// ListenerConnects counts successful connects of the listener.
+	ListenerConnects int64
+}
+
+// Stats returns the consumer's counters.
+func (c *Consumer) Stats() Stats {
+	s := Stats{Handled: c.handled.Load(), Batches: c.batches.Load(), DeadLettered: c.deadLet.Load(), Retries: c.retries.Load()}
+	if ln := c.ln.Load(); ln != nil {
+		s.ListenerConnects = ln.Connects()
+	}
+	return s
+}
+
+// Partitions returns the partitions this consumer serves, in ascending order.
+func (c *Consumer) Partitions() []int { return append([]int(nil), c.order...) }
+
+// Run checks the topic, creates the group's positions where it has none,
+// and runs the listener, the poller and one worker per partition until ctx
+// is cancelled. Then each worker finishes (commits or rolls back) its
+// in-flight batch within ShutdownTimeout, and Run returns nil. It returns an
+// error when the consumer cannot start, or when the topic's partition count
+// differs from the configuration (*PartitionMismatchError).
+func (c *Consumer) Run(ctx context.Context) error {
+	topic, err := schema.LookupTopic(ctx, c.pool, c.cfg.TopicID)
+	if err != nil {
+		return fmt.Errorf("pgevents: %w", err)
+	}
+	if topic.Partitions != c.cfg.TotalPartitions {
+		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
+	}
+	if err := offsets.Init(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.order); err != nil {
+		return fmt.Errorf("pgevents: %w", err)
+	}
+	for _, p := range c.order {
+		next, _, err := offsets.Position(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, p)
+		if err != nil {
+			return fmt.Errorf("pgevents: %w", err)
+		}
+		c.workers[p].next.Store(next)
+	}
+
+	ln, err := listener.New(listener.Config{
+		ConnConfig: c.pool.Config().ConnConfig,
+		Channel:    c.cfg.Channel,
+		Notify: func(ctx context.Context, channel, payload string) error {
+			_, err := c.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, channel, payload)
+			return err
+		},
+		Logger: &c.log,
+		Sink:   (*sink)(c),
+	})
+	if err != nil {
+		return fmt.Errorf("pgevents: %w", err)
+	}
+	c.ln.Store(ln)
+
+	// Batches run on a context that outlives ctx by ShutdownTimeout, so an
+	// in-flight batch can commit after a shutdown request.
+	batchCtx, cancelBatches := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelBatches()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(c.cfg.ShutdownTimeout, cancelBatches) })
+	defer stop()
+
+	c.log.Info().Ints("partitions", c.order).Int("batch_size", c.cfg.BatchSize).Msg("consumer starting")
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ln.Run(gctx) })
+	g.Go(func() error { return c.poll(gctx) })
+	for _, p := range c.order {
+		w := c.workers[p]
+		g.Go(func() error { return w.run(gctx, batchCtx) })
+	}
+	err = g.Wait()
+	c.log.Info().Int64("handled", c.handled.Load()).Msg("consumer stopped")
+	if err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+// Ready reports whether the consumer's listener is connected.
+func (c *Consumer) Ready() bool {
+	ln := c.ln.Load()
+	return ln != nil && ln.Ready()
+}
+
+// poll asks the database, at start and every WaitPeriod, which partitions
+// have events beyond the group's position, and wakes their workers: the
+// safety net for lost notifications. A (re)connect of the listener, or a
+// notification that names no partition, makes it poll at once; one query
+// answers for every partition the consumer serves.
+func (c *Consumer) poll(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.WaitPeriod)
+	defer t.Stop()
+	for {
+		c.pollOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-c.kick:
+		}
+	}
+}
+
+// pollNow makes the poller poll at once. It never blocks.
+func (c *Consumer) pollNow() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Consumer) pollOnce(ctx context.Context) {
+	work, err := offsets.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.order)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn().Err(err).Msg("poll failed")
+		}
+		return
+	}
+	for _, wk := range work {
+		if w := c.workers[wk.Partition]; w != nil {
+			w.hint(wk.MaxOffset)
+		}
+	}
+}
+
+// sink receives the listener's wake-ups.
+type sink Consumer
+
+func (s *sink) Notify(topic, p int, maxOffset int64) {
+	c := (*Consumer)(s)
+	if topic != c.cfg.TopicID && topic != 0 {
+		return
+	}
+	if p < 0 {
+		c.pollNow()
+		return
+	}
+	if w := c.workers[p]; w != nil {
+		w.hint(maxOffset)
+	}
+}
+
+func (s *sink) Connected() {
+	c := (*Consumer)(s)
+	// Look, for every partition, for events committed while nobody
+	// listened, and wake the workers that have some.
+	c.pollNow()
+}

@@ -1,0 +1,91 @@
+package pgevents
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Handler handles events of a consumer group.
+//
+// Handle runs inside the consumer's transaction: every statement it runs on
+// tx commits together with the group's offset, exactly once, or not at all.
+// It must not commit or roll back tx (both return ErrTxManaged); tx.Begin
+// opens a savepoint. An error rolls the whole batch back; how it is retried
+// or dead-lettered is decided by [Classify].
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, ev *Event) error
+}
+
+// HandlerFunc adapts a function to the Handler interface.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, ev *Event) error
+
+// Handle calls f(ctx, tx, ev).
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, ev *Event) error { return f(ctx, tx, ev) }
+
+// JSONHandler returns a Handler that decodes each event's payload into a T
+// and calls fn with it. A payload that does not decode is a permanent
+// failure: the event's unit is dead-lettered with the decoding error.
+func JSONHandler[T any](fn func(ctx context.Context, tx pgx.Tx, ev *Event, payload T) error) Handler {
+	return HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		var v T
+		if err := json.Unmarshal(ev.Payload, &v); err != nil {
+			return Permanent(fmt.Errorf("decode payload of %s event %d: %w", ev.EventType, ev.Offset, err))
+		}
+		return fn(ctx, tx, ev, v)
+	})
+}
+
+// Handlers maps event types to handlers. The zero value is empty and ready
+// to use; register everything before the consumer starts.
+type Handlers struct {
+	byType   map[string]Handler
+	catchAll Handler
+}
+
+// Handle registers h for events of type eventType, replacing any handler
+// registered for it before.
+func (hs *Handlers) Handle(eventType string, h Handler) {
+	if hs.byType == nil {
+		hs.byType = map[string]Handler{}
+	}
+	hs.byType[eventType] = h
+}
+
+// HandleFunc registers fn for events of type eventType.
+func (hs *Handlers) HandleFunc(eventType string, fn func(ctx context.Context, tx pgx.Tx, ev *Event) error) {
+	hs.Handle(eventType, HandlerFunc(fn))
+}
+
+// HandleAll registers h for every event type that has no handler of its own.
+func (hs *Handlers) HandleAll(h Handler) { hs.catchAll = h }
+
+// Lookup returns the handler for eventType and whether there is one.
+func (hs *Handlers) Lookup(eventType string) (Handler, bool) {
+	if h, ok := hs.byType[eventType]; ok {
+		return h, true
+	}
+	return hs.catchAll, hs.catchAll != nil
+}
+
+// Len returns the number of registered handlers, the catch-all included.
+func (hs *Handlers) Len() int {
+	n := len(hs.byType)
+	if hs.catchAll != nil {
+		n++
+	}
+	return n
+}
+
+// ErrTxManaged is returned by Commit and Rollback on the transaction given
+// to a handler: the consumer commits it, with the group's offset.
+var ErrTxManaged = errors.New("pgevents: the consumer transaction is managed by the consumer")
+
+// handlerTx is the consumer's transaction as handlers see it.
+type handlerTx struct{ pgx.Tx }
+
+func (handlerTx) Commit(context.Context) error   { return ErrTxManaged }
+func (handlerTx) Rollback(context.Context) error { return ErrTxManaged }

@@ -1,0 +1,34 @@
+// Package listener turns PostgreSQL notifications into wake-ups for partition
+// workers.
+//
+// # Mechanism
+//
+// One dedicated connection per process runs LISTEN on the event channel
+// through pgxlisten. The append trigger sends, at commit, one notification
+// per statement and topic whose payload names the partitions written and the
+// highest offset written in each ("3:0/1041,5/1040"); the listener decodes it
+// and calls the Sink once per partition, so only the workers that have work
+// wake up, and a worker whose position is already past the offset stays
+// asleep.
+//
+// # Notifications are hints
+//
+// A notification is lost when the connection drops, and a half-open TCP
+// connection may deliver nothing for minutes before the kernel notices.
+// Hence:
+//
+//   - The connection is dialled with TCP keepalive (idle 5 s, interval 1 s,
+//     3 probes) and TCP_USER_TIMEOUT, so a dead peer is noticed in seconds.
+//   - pgxlisten does not ping. A canary notification is sent on a channel of
+//     this listener's own every CanaryInterval through another connection; if
+//     none has come back for CanaryTimeout while sends succeed, the listening
+//     connection is closed and dialled again.
+//   - Reconnection is immediate after a lost connection and backs off only
+//     while dialling fails (pgxlisten's ReconnectDelay is a fixed minute by
+//     default; it is disabled here in favour of that backoff).
+//   - After every (re)connect, once LISTEN is in place, the Sink's Connected
+//     method is called, so that workers look for events committed while
+//     nobody listened.
+//   - Workers still poll on their own schedule: a wake-up is an optimisation,
+//     never the only way to find work.
+package listener

@@ -1,0 +1,267 @@
+package listener
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgxlisten"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+)
+
+// Sink receives the wake-ups. Its methods are called from the listener's
+// goroutine and must not block: signal a worker and return.
+type Sink interface {
+	// Notify says that partition of topic has events up to maxOffset.
+	// partition is -1 and maxOffset 0 when the notification named every
+	// partition of the topic.
+	Notify(topic, partition int, maxOffset int64)
+	// Connected is called after each successful (re)connect, once LISTEN is
+	// in place: events committed while nobody listened must be looked for.
+	Connected()
+}
+
+// Config configures a Listener.
+type Config struct {
+	// ConnConfig is the configuration the listening connection is dialled
+	// with; required. It is copied, and its DialFunc replaced by Dial.
+	ConnConfig *pgx.ConnConfig
+	// Channel is the notification channel of the append trigger; default
+	// "event_channel".
+	Channel string
+	// CanaryInterval is how often a canary notification is sent; default 1 s.
+	CanaryInterval time.Duration
+	// CanaryTimeout is how long the listener may go without receiving its
+	// canary, while sending it succeeds, before it reconnects; default 3 s.
+	CanaryTimeout time.Duration
+	// Notify sends a notification through a connection other than the
+	// listening one, for the canary; required (a pool's Exec does).
+	Notify func(ctx context.Context, channel, payload string) error
+	// Logger receives connection errors; default: discard.
+	Logger *zerolog.Logger
+	// Sink receives the wake-ups; required.
+	Sink Sink
+}
+
+// Listener owns the listening connection. Create it with New and run it
+// with Run.
+type Listener struct {
+	cfg    Config
+	canary string
+
+	mu      sync.Mutex
+	conn    *pgx.Conn // current listening connection, nil while disconnected
+	lastRx  atomic.Int64
+	connect atomic.Int64 // successful connects, including the first
+	ready   atomic.Bool
+}
+
+// New validates cfg, applies defaults and returns a Listener.
+func New(cfg Config) (*Listener, error) {
+	if cfg.ConnConfig == nil || cfg.Sink == nil || cfg.Notify == nil {
+		return nil, errors.New("listener: ConnConfig, Sink and Notify are required")
+	}
+	if cfg.Channel == "" {
+		cfg.Channel = "event_channel"
+	}
+	if cfg.CanaryInterval <= 0 {
+		cfg.CanaryInterval = time.Second
+	}
+	if cfg.CanaryTimeout <= 0 {
+		cfg.CanaryTimeout = 3 * time.Second
+	}
+	if cfg.Logger == nil {
+		nop := zerolog.Nop()
+		cfg.Logger = &nop
+	}
+	cc := cfg.ConnConfig.Copy()
+	cc.DialFunc = Dial
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	if cc.RuntimeParams["application_name"] == "" {
+		cc.RuntimeParams["application_name"] = "pgevents-listener"
+	}
+	cfg.ConnConfig = cc
+	var nonce [6]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return nil, fmt.Errorf("listener: nonce: %w", err)
+	}
+	return &Listener{cfg: cfg, canary: "pgevents_canary_" + hex.EncodeToString(nonce[:])}, nil
+}
+
+// Ready reports whether the listening connection is up with LISTEN in place.
+func (l *Listener) Ready() bool { return l.ready.Load() }
+
+// Connects returns the number of successful connects so far; more than one
+// means the listener has reconnected.
+func (l *Listener) Connects() int64 { return l.connect.Load() }
+
+// Run listens until ctx is cancelled, reconnecting as needed, and returns
+// nil then.
+func (l *Listener) Run(ctx context.Context) error {
+	pl := &pgxlisten.Listener{
+		Connect:        l.dial,
+		LogError:       l.logError,
+		ReconnectDelay: -1, // no fixed delay: dial backs off while failing
+	}
+	pl.Handle(l.cfg.Channel, l)
+	pl.Handle(l.canary, pgxlisten.HandlerFunc(func(context.Context, *pgconn.Notification, *pgx.Conn) error {
+		l.lastRx.Store(time.Now().UnixNano())
+		return nil
+	}))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		err := pl.Listen(gctx)
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			return nil
+		}
+		return err
+	})
+	g.Go(func() error { return l.watch(gctx) })
+	return g.Wait()
+}
+
+// dial is pgxlisten's Connect: it backs off while dialling fails.
+func (l *Listener) dial(ctx context.Context) (*pgx.Conn, error) {
+	l.setConn(nil)
+	backoff := 50 * time.Millisecond
+	for {
+		conn, err := pgx.ConnectConfig(ctx, l.cfg.ConnConfig)
+		if err == nil {
+			l.setConn(conn)
+			return conn, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		l.cfg.Logger.Warn().Err(err).Dur("retry_in", backoff).Msg("listener: connect failed")
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (l *Listener) setConn(c *pgx.Conn) {
+	l.mu.Lock()
+	l.conn = c
+	l.mu.Unlock()
+	if c == nil {
+		l.ready.Store(false)
+	}
+}
+
+// HandleBacklog implements pgxlisten.BacklogHandler: pgxlisten calls it once
+// LISTEN is in place on a new connection, which is when events committed
+// while disconnected must be looked for.
+func (l *Listener) HandleBacklog(ctx context.Context, channel string, conn *pgx.Conn) error {
+	l.lastRx.Store(time.Now().UnixNano())
+	l.connect.Add(1)
+	l.ready.Store(true)
+	l.cfg.Sink.Connected()
+	return nil
+}
+
+// HandleNotification implements pgxlisten.Handler for the event channel.
+func (l *Listener) HandleNotification(ctx context.Context, n *pgconn.Notification, conn *pgx.Conn) error {
+	l.lastRx.Store(time.Now().UnixNano())
+	return Decode(n.Payload, l.cfg.Sink.Notify)
+}
+
+func (l *Listener) logError(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	l.ready.Store(false)
+	l.cfg.Logger.Warn().Err(err).Msg("listener: connection lost, reconnecting")
+}
+
+// watch sends the canary and closes the listening connection when the
+// canary stops coming back while sending it works.
+func (l *Listener) watch(ctx context.Context) error {
+	t := time.NewTicker(l.cfg.CanaryInterval)
+	defer t.Stop()
+	var lastSent time.Time // last successful send while connected
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if !l.ready.Load() {
+			lastSent = time.Time{}
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, l.cfg.CanaryInterval)
+		err := l.cfg.Notify(sctx, l.canary, "")
+		cancel()
+		if err != nil {
+			continue // the database itself is unreachable: nothing to learn
+		}
+		now := time.Now()
+		if lastSent.IsZero() {
+			lastSent = now
+		}
+		rx := time.Unix(0, l.lastRx.Load())
+		if now.Sub(rx) > l.cfg.CanaryTimeout && now.Sub(lastSent) > l.cfg.CanaryTimeout {
+			l.cfg.Logger.Warn().Dur("silent_for", now.Sub(rx)).Msg("listener: canary not received, reconnecting")
+			l.kill()
+			lastSent = time.Time{}
+		}
+	}
+}
+
+// kill closes the listening connection's socket, which makes the pending
+// wait for a notification fail and pgxlisten reconnect.
+func (l *Listener) kill() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil {
+		_ = l.conn.PgConn().Conn().Close()
+	}
+	l.ready.Store(false)
+}
+
+// Decode parses a payload of the append trigger, "<topic>:<partition>/<max
+// offset>,..." or "<topic>:*", and calls fn for each partition it names (with
+// partition -1 for "*"). A payload it cannot parse wakes every partition of
+// every topic (topic 0), since a lost wake-up costs a poll period.
+func Decode(payload string, fn func(topic, partition int, maxOffset int64)) error {
+	ts, rest, ok := strings.Cut(payload, ":")
+	topic, err := strconv.Atoi(ts)
+	if !ok || err != nil {
+		fn(0, -1, 0)
+		return fmt.Errorf("listener: bad payload %q", payload)
+	}
+	if rest == "*" {
+		fn(topic, -1, 0)
+		return nil
+	}
+	for rest != "" {
+		var item string
+		item, rest, _ = strings.Cut(rest, ",")
+		ps, os, ok := strings.Cut(item, "/")
+		p, err1 := strconv.Atoi(ps)
+		off, err2 := strconv.ParseInt(os, 10, 64)
+		if !ok || err1 != nil || err2 != nil {
+			fn(topic, -1, 0)
+			return fmt.Errorf("listener: bad payload %q", payload)
+		}
+		fn(topic, p, off)
+	}
+	return nil
+}

@@ -1,0 +1,37 @@
+// Package offsets reads and moves positions in the log: it reserves offsets
+// for appends, creates a consumer group's starting positions, claims a
+// partition's next batch and commits the offset after it.
+//
+// # Claiming and committing
+//
+// A partition worker runs one transaction per batch:
+//
+//	BEGIN
+//	Claim:   lock the group's consumer_offsets row for the partition
+//	         (SELECT ... FOR UPDATE) and fetch the events from next_offset
+//	         on, in c_offset order, in the same statement
+//	Fetch:   read further chunks of a producer transaction that did not fit
+//	         (keyset pagination on c_offset; memory stays bounded)
+//	         ... handlers run in this transaction ...
+//	Commit:  next_offset = last handled offset + 1
+//	COMMIT
+//
+// The row lock orders the batches of one partition: a second process that
+// claims the same partition waits for the first one's transaction and then
+// reads the advanced next_offset, so batches never interleave and effects
+// never double (invariants 2 and 3). The lock is not a lease: between batches
+// nobody owns the partition.
+//
+// Taking the lock writes WAL even when there is nothing to read, so a worker
+// asks [Pending] (or trusts a notification that names a higher offset) before
+// it claims.
+//
+// # Query plans
+//
+// The claim and fetch statements run with [pgx.QueryExecModeExec]: an unnamed
+// statement planned with the actual values each time. A statement prepared
+// and cached while outbox_message_t was empty can keep a sequential-scan plan
+// after the table has grown; planning each time keeps the index scan on
+// (topic_id, partition_id, c_offset), whose cost does not grow with the number
+// of partitions (invariant 6).
+package offsets

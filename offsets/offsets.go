@@ -1,0 +1,282 @@
+package offsets
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the functions of this package run statements on:
+// *pgx.Conn, *pgxpool.Pool and pgx.Tx all satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Event is one event of the log, as a consumer reads it.
+type Event struct {
+	// Offset is the event's c_offset: gapless and commit-ordered per topic.
+	Offset int64
+	// TopicID is the topic the event was appended to.
+	TopicID int
+	// PartitionID is the partition computed from HostID at append.
+	PartitionID int
+	// EventID is a random UUID in text form, unique to the event: the
+	// idempotency key for effects outside PostgreSQL.
+	EventID string
+	// HostID is the partition key (the tenant).
+	HostID string
+	// UserID is the grouping key within a host; empty when not given.
+	UserID string
+	// TransactionID identifies the producer transaction; it is the same for
+	// every event that transaction appended.
+	TransactionID int64
+	// EventType names the kind of event and selects its handler.
+	EventType string
+	// Payload is the event's body, JSON; nil when the producer gave none.
+	Payload json.RawMessage
+	// Metadata is optional JSON beside the payload; nil when absent.
+	Metadata json.RawMessage
+	// CreatedAt is the database clock at append (clock_timestamp()).
+	CreatedAt time.Time
+}
+
+// Statements. Every statement that reads events names topic_id and
+// partition_id and a lower bound on c_offset, so it is answered from
+// outbox_message_t_partition_idx and touches only this partition's rows.
+const (
+	// appendSQL appends a JSON array of events to one topic in the caller's
+	// transaction; append_events reserves the offsets under the counter
+	// lock (invariant 1) and returns them in array order.
+	appendSQL = `SELECT min(o), count(*) FROM append_events($1, $2) AS o`
+
+	// initSQL creates a group's positions for the partitions it serves,
+	// starting at the first retained event of the topic, or at the counter
+	// when the topic is empty. Reading the counter in READ COMMITTED gives a
+	// value no greater than any uncommitted reservation, so no event is
+	// skipped; an existing position is never moved.
+	initSQL = `INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
+SELECT $1, $2, p.partition_id,
+       coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $2),
+                (SELECT c.next_offset FROM log_counter c WHERE c.topic_id = $2))
+FROM unnest($3::integer[]) AS p(partition_id)
+ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
+
+	// pendingSQL finds, without locking anything, the partitions among $3
+	// whose log holds an offset at or above the group's next_offset, and the
+	// highest such offset: a cheap question asked before taking a lock.
+	pendingSQL = `SELECT o.partition_id, o.next_offset, h.max_offset
+FROM consumer_offsets o
+CROSS JOIN LATERAL (
+    SELECT max(m.c_offset) AS max_offset
+    FROM outbox_message_t m
+    WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
+) h
+WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = ANY($3::integer[])
+  AND h.max_offset >= o.next_offset`
+
+	eventColumns = `m.c_offset, m.topic_id, m.partition_id, m.event_id, m.host_id, m.user_id,
+       m.transaction_id, m.event_type, m.payload, m.metadata, m.created_at`
+
+	// claimSQL locks the group's position in the partition and, in the same
+	// round trip, reads up to $4 events from it. The lock is held until the
+	// batch transaction ends and orders batches (invariants 2 and 3): a
+	// second claimer waits here and then reads the advanced position.
+	claimSQL = `WITH o AS (
+    SELECT next_offset FROM consumer_offsets
+    WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
+    FOR UPDATE
+)
+SELECT ` + eventColumns + `
+FROM outbox_message_t m
+WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= (SELECT next_offset FROM o)
+ORDER BY m.c_offset
+LIMIT $4`
+
+	// fetchSQL reads the events after offset $3 in the partition: the
+	// continuation of a producer transaction larger than the batch, read in
+	// chunks under the claim's lock.
+	fetchSQL = `SELECT ` + eventColumns + `
+FROM outbox_message_t m
+WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset > $3
+ORDER BY m.c_offset
+LIMIT $4`
+
+	// commitSQL moves the group's position past the batch, in the batch's
+	// transaction (invariant 3). The update is HOT: no index covers it.
+	commitSQL = `UPDATE consumer_offsets SET next_offset = $4, updated_at = now()
+WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
+
+	// deadLetterSQL records a unit that failed permanently, copying its
+	// events from the log, in the transaction that moves the group's
+	// position past it: the unit is either still ahead or dead-lettered,
+	// never dropped.
+	deadLetterSQL = `INSERT INTO dead_letter_queue
+    (group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
+     event_ids, host_ids, events, error, attempts, first_failed_at, last_failed_at)
+SELECT $1, $2, $3, $4, $5, $6,
+       array_agg(m.event_id ORDER BY m.c_offset), array_agg(DISTINCT m.host_id),
+       jsonb_agg(to_jsonb(m) ORDER BY m.c_offset), $7, $8, $9, $10
+FROM outbox_message_t m
+WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
+RETURNING id`
+
+	// positionSQL reads a group's position in a partition.
+	positionSQL = `SELECT next_offset FROM consumer_offsets
+WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
+)
+
+// Append appends the events in eventsJSON, a JSON array of objects with keys
+// host_id, user_id, event_type, payload and metadata, to topic in q's
+// transaction, and returns the first offset and the number of events. The
+// offsets are consecutive, in array order.
+func Append(ctx context.Context, q Querier, topic int, eventsJSON []byte) (first int64, n int, err error) {
+	var min *int64
+	if err := q.QueryRow(ctx, appendSQL, topic, eventsJSON).Scan(&min, &n); err != nil {
+		return 0, 0, fmt.Errorf("append: %w", err)
+	}
+	if min == nil {
+		return 0, 0, nil
+	}
+	return *min, n, nil
+}
+
+// Init creates the group's positions for partitions of topic that it has
+// none for yet, at the first retained offset (see initSQL).
+func Init(ctx context.Context, q Querier, group string, topic int, partitions []int) error {
+	if _, err := q.Exec(ctx, initSQL, group, topic, partitions); err != nil {
+		return fmt.Errorf("offsets: init group %q: %w", group, err)
+	}
+	return nil
+}
+
+// Work says that a partition has events at or after the group's position.
+type Work struct {
+	// Partition is the partition with work.
+	Partition int
+	// NextOffset is the group's position in it.
+	NextOffset int64
+	// MaxOffset is the highest offset in it, at least NextOffset.
+	MaxOffset int64
+}
+
+// Pending returns the partitions among partitions where the group has events
+// to handle, without taking any lock.
+func Pending(ctx context.Context, q Querier, group string, topic int, partitions []int) ([]Work, error) {
+	rows, err := q.Query(ctx, pendingSQL, group, topic, partitions)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: pending: %w", err)
+	}
+	var out []Work
+	for rows.Next() {
+		var w Work
+		if err := rows.Scan(&w.Partition, &w.NextOffset, &w.MaxOffset); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("offsets: pending: %w", err)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("offsets: pending: %w", err)
+	}
+	return out, nil
+}
+
+// Position returns the group's next offset in a partition, and false when
+// the group has no position there.
+func Position(ctx context.Context, q Querier, group string, topic, partition int) (int64, bool, error) {
+	var next int64
+	err := q.QueryRow(ctx, positionSQL, group, topic, partition).Scan(&next)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("offsets: position: %w", err)
+	}
+	return next, true, nil
+}
+
+// ErrNoPosition is returned by Commit when the group has no
+// consumer_offsets row for the partition (Init was not run).
+var ErrNoPosition = errors.New("offsets: no position for the partition (group not initialised)")
+
+// Claim locks the group's position in the partition for the rest of tx and
+// appends to buf up to limit events from that position, in offset order.
+func Claim(ctx context.Context, tx pgx.Tx, group string, topic, partition, limit int, buf []Event) ([]Event, error) {
+	rows, err := tx.Query(ctx, claimSQL, pgx.QueryExecModeExec, group, topic, partition, limit)
+	if err != nil {
+		return buf, fmt.Errorf("offsets: claim: %w", err)
+	}
+	return scanEvents(rows, buf, "claim")
+}
+
+// Fetch appends to buf up to limit events of the partition after offset
+// after, in offset order. It takes no lock: call it in the transaction that
+// claimed the partition.
+func Fetch(ctx context.Context, q Querier, topic, partition int, after int64, limit int, buf []Event) ([]Event, error) {
+	rows, err := q.Query(ctx, fetchSQL, pgx.QueryExecModeExec, topic, partition, after, limit)
+	if err != nil {
+		return buf, fmt.Errorf("offsets: fetch: %w", err)
+	}
+	return scanEvents(rows, buf, "fetch")
+}
+
+func scanEvents(rows pgx.Rows, buf []Event, op string) ([]Event, error) {
+	defer rows.Close()
+	for rows.Next() {
+		buf = append(buf, Event{})
+		ev := &buf[len(buf)-1]
+		if err := rows.Scan(&ev.Offset, &ev.TopicID, &ev.PartitionID, &ev.EventID, &ev.HostID, &ev.UserID,
+			&ev.TransactionID, &ev.EventType, &ev.Payload, &ev.Metadata, &ev.CreatedAt); err != nil {
+			return buf[:len(buf)-1], fmt.Errorf("offsets: %s: %w", op, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return buf, fmt.Errorf("offsets: %s: %w", op, err)
+	}
+	return buf, nil
+}
+
+// Commit sets the group's position in the partition to next, in tx.
+func Commit(ctx context.Context, tx pgx.Tx, group string, topic, partition int, next int64) error {
+	tag, err := tx.Exec(ctx, commitSQL, group, topic, partition, next)
+	if err != nil {
+		return fmt.Errorf("offsets: commit: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return ErrNoPosition
+	}
+	return nil
+}
+
+// DeadLetter describes a unit that failed permanently.
+type DeadLetter struct {
+	Group         string
+	Topic         int
+	Partition     int
+	FirstOffset   int64
+	LastOffset    int64
+	TransactionID int64
+	Error         string
+	Attempts      int
+	FirstFailedAt time.Time
+	LastFailedAt  time.Time
+}
+
+// WriteDeadLetter records d in dead_letter_queue in tx, with a copy of the
+// unit's events, and returns the row's id.
+func WriteDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) (int64, error) {
+	var id int64
+	err := tx.QueryRow(ctx, deadLetterSQL, d.Group, d.Topic, d.Partition, d.FirstOffset, d.LastOffset,
+		d.TransactionID, d.Error, d.Attempts, d.FirstFailedAt, d.LastFailedAt).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("offsets: dead-letter offsets %d-%d: %w", d.FirstOffset, d.LastOffset, err)
+	}
+	return id, nil
+}

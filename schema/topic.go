@@ -1,0 +1,98 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Topic describes one topic of the log.
+type Topic struct {
+	// ID is the topic's id, the topic_id of its events.
+	ID int
+	// Partitions is the topic's partition count, recorded in log_counter.
+	Partitions int
+	// NextOffset is the offset the next append will receive.
+	NextOffset int64
+	// SegmentSize is the number of offsets per segment of outbox_message_t.
+	SegmentSize int64
+}
+
+// Topic SQL. The counter row is created once and its partition count is
+// never changed here: a consumer compares its configuration with it and
+// refuses to start on a mismatch, because a different count sends hosts to
+// other partitions (invariant 5).
+const (
+	createTopicSQL = `INSERT INTO log_counter (topic_id, total_partitions) VALUES ($1, $2)
+ON CONFLICT (topic_id) DO NOTHING`
+
+	lookupTopicSQL = `SELECT topic_id, total_partitions, next_offset, segment_size
+FROM log_counter WHERE topic_id = $1`
+
+	// ensureSegmentsSQL runs under a short lock_timeout so that DDL never
+	// queues behind a long transaction and, queued, blocks the appends that
+	// arrive after it.
+	ensureSegmentsSQL = `SELECT ensure_outbox_segments($1, $2)`
+)
+
+// SegmentsAhead is how many segments of outbox_message_t are kept created
+// beyond the one the counter is in.
+const SegmentsAhead = 2
+
+// EnsureTopic creates topic id with the given partition count when it does
+// not exist yet, creates its first segments, and returns the topic as the
+// database records it, which may have another partition count than asked:
+// the caller compares.
+func EnsureTopic(ctx context.Context, db DB, id, partitions int) (Topic, bool, error) {
+	tag, err := db.Exec(ctx, createTopicSQL, id, partitions)
+	if err != nil {
+		return Topic{}, false, fmt.Errorf("schema: create topic %d: %w", id, err)
+	}
+	created := tag.RowsAffected() == 1
+	if _, err := EnsureSegments(ctx, db, id); err != nil {
+		return Topic{}, created, err
+	}
+	t, err := LookupTopic(ctx, db, id)
+	return t, created, err
+}
+
+// LookupTopic returns topic id, or an error wrapping ErrTopicNotFound.
+func LookupTopic(ctx context.Context, db DB, id int) (Topic, error) {
+	var t Topic
+	err := db.QueryRow(ctx, lookupTopicSQL, id).Scan(&t.ID, &t.Partitions, &t.NextOffset, &t.SegmentSize)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Topic{}, fmt.Errorf("schema: topic %d: %w", id, ErrTopicNotFound)
+	}
+	if err != nil {
+		return Topic{}, fmt.Errorf("schema: look up topic %d: %w", id, err)
+	}
+	return t, nil
+}
+
+// EnsureSegments creates the segments of outbox_message_t that the topic's
+// counter will reach next, and returns how many it created. It waits at most
+// a second for locks and then gives up with an error; the DEFAULT partition
+// holds events meanwhile, so callers retry later and lose nothing.
+func EnsureSegments(ctx context.Context, db DB, topicID int) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("schema: ensure segments: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '1s'`); err != nil {
+		return 0, fmt.Errorf("schema: ensure segments: %w", err)
+	}
+	var n int
+	if err := tx.QueryRow(ctx, ensureSegmentsSQL, topicID, SegmentsAhead).Scan(&n); err != nil {
+		return 0, fmt.Errorf("schema: ensure segments of topic %d: %w", topicID, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("schema: ensure segments: %w", err)
+	}
+	return n, nil
+}
