@@ -39,7 +39,7 @@ type worker struct {
 	next    atomic.Int64 // the group's position after our last commit
 
 	buf      []Event
-	failures int                  // consecutive failed batches, for backoff
+	failures int                    // consecutive failed batches, for backoff
 	poison   map[int64]*unitFailure // by transaction id: units to dead-letter
 	unknown  map[int64]*unitFailure // by transaction id: ClassUnknown failures so far
 }

@@ -31,6 +31,9 @@ type Sink interface {
 	Connected()
 }
 
+// ApplicationName is the application_name of the listening connection.
+const ApplicationName = "pgevents-listener"
+
 // Config configures a Listener.
 type Config struct {
 	// ConnConfig is the configuration the listening connection is dialled
@@ -89,9 +92,8 @@ func New(cfg Config) (*Listener, error) {
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
 	}
-	if cc.RuntimeParams["application_name"] == "" {
-		cc.RuntimeParams["application_name"] = "pgevents-listener"
-	}
+	// Operators find (and tests kill) the listening connection by this name.
+	cc.RuntimeParams["application_name"] = ApplicationName
 	cfg.ConnConfig = cc
 	var nonce [6]byte
 	if _, err := rand.Read(nonce[:]); err != nil {

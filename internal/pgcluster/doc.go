@@ -37,9 +37,10 @@
 // # Process lifetime
 //
 // The postgres process is started directly (not through pg_ctl) in its own
-// process group, so a ^C in the terminal reaches only the parent, which then
-// decides how to stop the server, and Stop can signal the postmaster and
-// wait for it to exit. Stop requests a fast shutdown (SIGINT), escalating to
+// process group, so a ^C in the terminal reaches only the parent (which
+// then calls Stop, or dies and lets the parent-death signal below stop the
+// server) instead of racing it, and Stop can signal the postmaster and wait
+// for it to exit. Stop requests a fast shutdown (SIGINT), escalating to
 // an immediate shutdown (SIGQUIT) and finally SIGKILL if the server does not
 // exit in time.
 //

@@ -364,11 +364,16 @@ func (c *Cluster) launch(ctx context.Context, binDir string, owner *osUser, sett
 	}
 
 	if err := c.waitReady(ctx); err != nil {
+		// Startup failed or timed out: stop what is left without delay.
+		pid := cmd.Process.Pid
 		select {
 		case <-c.exited:
 		default:
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-c.exited
+			_ = syscall.Kill(pid, syscall.SIGQUIT)
+			if !c.waitExit(quitStopTimeout) {
+				_ = syscall.Kill(-pid, syscall.SIGKILL)
+				<-c.exited
+			}
 		}
 		return err
 	}
@@ -421,6 +426,15 @@ func (c *Cluster) ping(ctx context.Context, cfg *pgx.ConnConfig) error {
 	}
 	if filepath.Clean(dataDir) != c.dataDir {
 		return fmt.Errorf("pgcluster: port %d is served by another cluster (%s)", c.port, dataDir)
+	}
+	// Same data directory: make sure it is our postmaster that holds it, not
+	// one started earlier on the same directory and port.
+	b, err := os.ReadFile(filepath.Join(c.dataDir, "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	if pid, _, _ := strings.Cut(string(b), "\n"); strings.TrimSpace(pid) != strconv.Itoa(c.cmd.Process.Pid) {
+		return fmt.Errorf("pgcluster: %s is already served by postmaster %s", c.dataDir, strings.TrimSpace(pid))
 	}
 	return nil
 }

@@ -170,6 +170,26 @@ func TestFixedPortInUse(t *testing.T) {
 	}
 }
 
+func TestSameDirTwice(t *testing.T) {
+	opts := pgcluster.Options{Dir: tempDir(t), Settings: map[string]string{"fsync": "off"}}
+	c := start(t, opts)
+	for _, port := range []int{0, c.Port()} {
+		opts.Port = port
+		c2, err := pgcluster.Start(t.Context(), opts)
+		if err == nil {
+			_ = c2.Stop()
+			t.Fatalf("second cluster on the same directory (port %d) started", port)
+		}
+		t.Logf("expected error: %v", err)
+	}
+	if n := exec1(t, c, "SELECT 1"); n != 1 {
+		t.Fatal("first cluster no longer usable")
+	}
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestFindBinaries(t *testing.T) {
 	dir, err := pgcluster.FindBinaries()
 	if err != nil {

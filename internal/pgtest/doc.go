@@ -51,7 +51,8 @@
 //			return err
 //		}
 //		defer conn.Close(ctx)
-//		return schema.Migrate(ctx, conn)
+//		_, err = schema.Migrate(ctx, conn)
+//		return err
 //	})
 //	url := pgtest.NewDBFrom(t, tpl)
 //

@@ -244,7 +244,7 @@ DECLARE
     msg text;
 BEGIN
     FOR msg IN
-        SELECT p.topic_id || ':' || string_agg(p.partition_id || '/' || p.max_offset, ',')
+        SELECT p.topic_id || ':' || string_agg(p.partition_id || '/' || p.max_offset, ',' ORDER BY p.partition_id)
           FROM (SELECT n.topic_id, n.partition_id, max(n.c_offset) AS max_offset
                   FROM new_rows n
                  GROUP BY n.topic_id, n.partition_id) p

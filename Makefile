@@ -1,0 +1,37 @@
+# pgevents: the two commands a fresh machine needs are `make demo` and
+# `make test`. Both start a throwaway PostgreSQL from the server binaries on
+# the machine unless DATABASE_URL (demo) or PGEVENTS_TEST_DATABASE_URL (tests)
+# names a server.
+
+GO ?= go
+PKGS := ./...
+
+.PHONY: all build test vet staticcheck demo bench clean
+
+all: build
+
+build:
+	$(GO) build -o bin/consumer ./cmd/consumer
+
+vet:
+	$(GO) vet $(PKGS)
+
+staticcheck:
+	$(GO) tool staticcheck $(PKGS)
+
+# go vet, staticcheck (pinned in go.mod as a tool) and the race-enabled tests
+# against a real PostgreSQL.
+test: vet staticcheck
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+# Producers and a consumer group against a local PostgreSQL kept under
+# .pgevents-demo/ (or DATABASE_URL); prints live progress, stops by itself.
+demo:
+	$(GO) run ./cmd/consumer demo
+
+# The benchmark table (see BENCHMARKS.md).
+bench:
+	$(GO) run ./cmd/consumer bench
+
+clean:
+	rm -rf bin .pgevents-demo

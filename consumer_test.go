@@ -1,0 +1,354 @@
+package pgevents
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
+)
+
+func recordingHandlers() *Handlers {
+	hs := &Handlers{}
+	hs.HandleAll(SQLHandler("g", recordSQL))
+	return hs
+}
+
+func TestConsumerExactlyOnceInOrderAtomic(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 4)
+	mustExec(t, pool, handledTable)
+	startConsumer(t, pool, Config{TotalPartitions: 4, BatchSize: 10, Handlers: recordingHandlers()})
+
+	ctx := context.Background()
+	var committed atomic.Int64
+	var wg sync.WaitGroup
+	for p := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(p), 7))
+			for i := range 60 {
+				n := 1 + rng.IntN(20)
+				evs := make([]Event, n)
+				for k := range evs {
+					evs[k] = ev(fmt.Sprintf("h%d", rng.IntN(30)), "t", fmt.Sprintf(`{"p":%d,"i":%d}`, p, i))
+				}
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := Append(ctx, tx, evs...); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%4 == 3 {
+					_ = tx.Rollback(ctx)
+					continue
+				}
+				if err := tx.Commit(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				committed.Add(int64(n))
+			}
+		}()
+	}
+	// A single-host transaction of 35 events, larger than the batch size.
+	big := make([]Event, 35)
+	for k := range big {
+		big[k] = ev("big-host", "t", `{}`)
+	}
+	appendTx(t, pool, big...)
+	wg.Wait()
+	waitHandled(t, pool, committed.Load()+35, 60*time.Second)
+	checkHandled(t, pool)
+	if n := queryInt(t, pool, `SELECT count(DISTINCT consumer_tx) FROM handled WHERE host_id = 'big-host'`); n != 1 {
+		t.Fatalf("the 35-event transaction was handled in %d consumer transactions, want 1", n)
+	}
+}
+
+func TestConsumerHandlesMinimumHashHost(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 8)
+	mustExec(t, pool, handledTable)
+	startConsumer(t, pool, Config{TotalPartitions: 8, Handlers: recordingHandlers()})
+	const host = "host-859240973" // hashtext = -2147483648
+	if h := queryInt(t, pool, `SELECT hashtext($1)`, host); h != -2147483648 {
+		t.Fatalf("hashtext(%q) = %d, the test needs -2147483648", host, h)
+	}
+	appendTx(t, pool, ev(host, "t", `{}`), ev(host, "t", `{}`))
+	waitHandled(t, pool, 2, 10*time.Second)
+	if p := queryInt(t, pool, `SELECT DISTINCT partition_id FROM handled`); p != 2147483648%8 {
+		t.Fatalf("handled in partition %d, want %d", p, 2147483648%8)
+	}
+}
+
+// TestListenerReconnect kills the listener's backend: events appended while
+// it is gone are handled, and pickup is notification-fast again within a
+// second, although the poll period is a minute.
+func TestListenerReconnect(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 4)
+	mustExec(t, pool, handledTable)
+	c := startConsumer(t, pool, Config{TotalPartitions: 4, WaitPeriod: time.Minute, Handlers: recordingHandlers()})
+
+	appendTx(t, pool, ev("a", "t", `{}`))
+	waitHandled(t, pool, 1, 5*time.Second)
+
+	n := queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = 'pgevents-listener'`)
+	if n != 1 {
+		t.Fatalf("terminated %d listener backends, want 1", n)
+	}
+	killed := time.Now()
+	appendTx(t, pool, ev("b", "t", `{}`)) // committed while nobody listens
+	pgtest.WaitFor(t, time.Second, "listener reconnected within 1 s", func() bool { return c.Stats().ListenerConnects >= 2 })
+	waitHandled(t, pool, 2, 2*time.Second)
+	t.Logf("listener back after %s", time.Since(killed))
+
+	// Notification-fast again: each event is handled well within the poll
+	// period.
+	for i := range 5 {
+		start := time.Now()
+		appendTx(t, pool, ev(fmt.Sprintf("c%d", i), "t", `{}`))
+		waitHandled(t, pool, int64(3+i), time.Second)
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Fatalf("event %d took %s to handle after the reconnect", i, d)
+		}
+	}
+	if q := queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+		AND application_name = 'pgevents-listener'`); q != 1 {
+		t.Fatalf("%d listener connections, want 1", q)
+	}
+}
+
+func TestUnknownEventType(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []UnknownEventPolicy{UnknownEventFail, UnknownEventSkip} {
+		t.Run(fmt.Sprint(policy), func(t *testing.T) {
+			t.Parallel()
+			pool := newTopic(t, 2)
+			mustExec(t, pool, handledTable)
+			hs := &Handlers{}
+			hs.Handle("known", SQLHandler("g", recordSQL))
+			startConsumer(t, pool, Config{TotalPartitions: 2, UnknownEventType: policy, Handlers: hs})
+			appendTx(t, pool, ev("h", "known", `{}`))
+			appendTx(t, pool, ev("h", "mystery", `{}`))
+			appendTx(t, pool, ev("h", "known", `{}`))
+			waitHandled(t, pool, 2, 10*time.Second)
+			pgtest.WaitFor(t, 10*time.Second, "position past all events", func() bool {
+				return queryInt(t, pool, `SELECT count(*) FROM consumer_offsets WHERE next_offset = 4`) == 1
+			})
+			dl := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue WHERE first_offset = 2 AND last_offset = 2
+				AND error LIKE '%no handler for event type "mystery"%'`)
+			want := int64(1)
+			if policy == UnknownEventSkip {
+				want = 0
+			}
+			if dl != want || queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`) != want {
+				t.Fatalf("%d dead letters for the unknown type, want %d", dl, want)
+			}
+		})
+	}
+}
+
+// TestPermanentFailureDeadLettersTheUnit: a handler that panics in the
+// middle of a producer transaction dead-letters that whole unit, undoing
+// the effects of its events that had succeeded, while the events around it
+// are handled in order.
+func TestPermanentFailureDeadLettersTheUnit(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, handledTable)
+	hs := recordingHandlers()
+	record := SQLHandler("g", recordSQL)
+	hs.HandleFunc("poison", func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		if err := record.Handle(ctx, tx, ev); err != nil {
+			return err
+		}
+		panic("poisoned")
+	})
+	startConsumer(t, pool, Config{TotalPartitions: 2, Handlers: hs})
+
+	appendTx(t, pool, ev("h", "ok", `{}`))                                             // 1
+	appendTx(t, pool, ev("h", "ok", `{}`), ev("h", "poison", `{}`), ev("h", "ok", `{}`)) // 2..4
+	appendTx(t, pool, ev("h", "ok", `{}`))                                             // 5
+	waitHandled(t, pool, 2, 10*time.Second)
+	pgtest.WaitFor(t, 10*time.Second, "position past all events", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM consumer_offsets WHERE next_offset = 6`) == 1
+	})
+	var got []int64
+	rows, _ := pool.Query(context.Background(), `SELECT c_offset FROM handled ORDER BY seq`)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[1 5]" {
+		t.Fatalf("handled %v, want [1 5]: the poisoned unit's effects must be undone", got)
+	}
+	var first, last, n int64
+	var errText string
+	if err := pool.QueryRow(context.Background(), `SELECT first_offset, last_offset, cardinality(event_ids), error
+		FROM dead_letter_queue`).Scan(&first, &last, &n, &errText); err != nil {
+		t.Fatal(err)
+	}
+	if first != 2 || last != 4 || n != 3 {
+		t.Fatalf("dead letter covers %d-%d with %d events, want 2-4 with 3", first, last, n)
+	}
+	if errText != "handler panicked: poisoned" {
+		t.Fatalf("dead letter error %q", errText)
+	}
+}
+
+// TestTransientFailureRetriesWithoutDeadLetter: serialization failures are
+// retried until they stop, nothing is dead-lettered, order holds, and the
+// other partition keeps flowing meanwhile.
+func TestTransientFailureRetriesWithoutDeadLetter(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, handledTable)
+	var failures atomic.Int64
+	record := SQLHandler("g", recordSQL)
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		if ev.EventType == "flaky" && failures.Add(1) <= 4 {
+			return &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
+		}
+		return record.Handle(ctx, tx, ev)
+	}))
+	startConsumer(t, pool, Config{TotalPartitions: 2, Handlers: hs, RetryInitial: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond, MaxAttempts: 2})
+	// Two hosts in different partitions.
+	var a, b string
+	for i := 0; a == "" || b == ""; i++ {
+		h := fmt.Sprintf("host%d", i)
+		if queryInt(t, pool, `SELECT event_partition($1, 2)`, h) == 0 {
+			a = h
+		} else {
+			b = h
+		}
+	}
+	appendTx(t, pool, ev(a, "flaky", `{}`))
+	appendTx(t, pool, ev(a, "ok", `{}`))
+	appendTx(t, pool, ev(b, "ok", `{}`))
+	waitHandled(t, pool, 3, 10*time.Second)
+	checkHandled(t, pool)
+	if n := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`); n != 0 {
+		t.Fatalf("%d dead letters for a transient failure", n)
+	}
+	if f := failures.Load(); f != 5 {
+		t.Fatalf("flaky handler ran %d times, want 5 (4 failures + 1 success)", f)
+	}
+}
+
+// TestTwoConsumersOnePartitionDoNotInterleave: two consumers of one group
+// serving the same partitions handle every event exactly once, in order.
+func TestTwoConsumersOnePartitionDoNotInterleave(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, handledTable)
+	startConsumer(t, pool, Config{TotalPartitions: 2, BatchSize: 5, Handlers: recordingHandlers()})
+	startConsumer(t, pool, Config{TotalPartitions: 2, BatchSize: 5, Handlers: recordingHandlers()})
+	for i := range 100 {
+		appendTx(t, pool, ev(fmt.Sprintf("h%d", i%7), "t", `{}`), ev(fmt.Sprintf("h%d", i%7), "t", `{}`))
+	}
+	waitHandled(t, pool, 200, 30*time.Second)
+	checkHandled(t, pool)
+}
+
+// TestLargeTransactionBoundedMemory: a producer transaction 100 times the
+// batch size is handled in one consumer transaction while the worker never
+// holds more than a batch of events.
+func TestLargeTransactionBoundedMemory(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	var maxBuf atomic.Int64
+	var c *Consumer
+	record := SQLHandler("g", recordSQL)
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		if n := int64(cap(c.workers[0].buf)); n > maxBuf.Load() {
+			maxBuf.Store(n)
+		}
+		return record.Handle(ctx, tx, ev)
+	}))
+	cfg := Config{GroupID: "g", TotalPartitions: 1, BatchSize: 10, Handlers: hs}
+	c = startConsumer(t, pool, cfg)
+	big := make([]Event, 1000)
+	for k := range big {
+		big[k] = ev("h", "t", `{}`)
+	}
+	appendTx(t, pool, big...)
+	waitHandled(t, pool, 1000, 30*time.Second)
+	checkHandled(t, pool)
+	if n := queryInt(t, pool, `SELECT count(DISTINCT consumer_tx) FROM handled`); n != 1 {
+		t.Fatalf("handled in %d consumer transactions, want 1", n)
+	}
+	if m := maxBuf.Load(); m > int64(2*(cfg.BatchSize+1)) {
+		t.Fatalf("worker buffer grew to %d events for batch size %d", m, cfg.BatchSize)
+	}
+}
+
+func TestRunRefusesPartitionMismatch(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 8)
+	c, err := NewConsumer(pool, Config{GroupID: "g", TotalPartitions: 6, Handlers: recordingHandlers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Run(context.Background())
+	mm, ok := err.(*PartitionMismatchError)
+	if !ok || mm.Recorded != 8 || mm.Configured != 6 {
+		t.Fatalf("Run = %v, want a PartitionMismatchError 8 vs 6", err)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM consumer_offsets`); n != 0 {
+		t.Fatalf("a refused consumer created %d positions", n)
+	}
+}
+
+func TestNewGroupStartsAtFirstRetainedEvent(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, handledTable)
+	for i := range 5 {
+		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`))
+	}
+	// Retention removed the first two events.
+	mustExec(t, pool, `DELETE FROM outbox_message_t WHERE c_offset <= 2`)
+	startConsumer(t, pool, Config{TotalPartitions: 2, Handlers: recordingHandlers()})
+	waitHandled(t, pool, 3, 10*time.Second)
+	if n := queryInt(t, pool, `SELECT min(c_offset) FROM handled`); n != 3 {
+		t.Fatalf("first handled offset %d, want 3", n)
+	}
+}
+
+func TestHandlerCannotCommitConsumerTransaction(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	got := make(chan error, 1)
+	record := SQLHandler("g", recordSQL)
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		select {
+		case got <- tx.Commit(ctx):
+		default:
+		}
+		return record.Handle(ctx, tx, ev)
+	}))
+	startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: hs})
+	appendTx(t, pool, ev("h", "t", `{}`))
+	waitHandled(t, pool, 1, 10*time.Second)
+	if err := <-got; err != ErrTxManaged {
+		t.Fatalf("tx.Commit in a handler = %v, want ErrTxManaged", err)
+	}
+}

@@ -1,0 +1,344 @@
+package schema_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/schema"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// hostMinHash is a host whose hashtext is -2147483648, the value whose
+// abs() overflows int4 (found by brute force over "host-<n>").
+const hostMinHash = "host-859240973"
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.NewDB(t))
+
+	// Several replicas starting at once: each Migrate call either applies
+	// every migration or finds nothing to do.
+	const replicas = 6
+	applied := make([][]int, replicas)
+	errs := make([]error, replicas)
+	var wg sync.WaitGroup
+	for i := range replicas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			applied[i], errs[i] = schema.Migrate(ctx, pool)
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i := range replicas {
+		if errs[i] != nil {
+			t.Fatalf("replica %d: %v", i, errs[i])
+		}
+		total += len(applied[i])
+	}
+	if want := len(schema.Migrations()); total != want {
+		t.Fatalf("migrations applied %d times in all, want %d (once each)", total, want)
+	}
+	again, err := schema.Migrate(ctx, pool)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("second Migrate applied %v, err %v; want nothing", again, err)
+	}
+	v, err := schema.Version(ctx, pool)
+	if err != nil || v != schema.Latest() {
+		t.Fatalf("Version = %d, %v; want %d", v, err, schema.Latest())
+	}
+}
+
+func TestScriptAppliesLikeMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.NewDB(t))
+	if _, err := pool.Exec(ctx, schema.Script(0)); err != nil {
+		t.Fatalf("running the printed script: %v", err)
+	}
+	v, err := schema.Version(ctx, pool)
+	if err != nil || v != schema.Latest() {
+		t.Fatalf("after the script, Version = %d, %v; want %d", v, err, schema.Latest())
+	}
+	// Migrate agrees that nothing is left to do.
+	if applied, err := schema.Migrate(ctx, pool); err != nil || len(applied) != 0 {
+		t.Fatalf("Migrate after script applied %v, err %v", applied, err)
+	}
+}
+
+func TestEnsureTopicKeepsRecordedPartitionCount(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	top, created, err := schema.EnsureTopic(ctx, pool, 7, 12)
+	if err != nil || !created || top.Partitions != 12 {
+		t.Fatalf("EnsureTopic = %+v, %v, %v", top, created, err)
+	}
+	top, created, err = schema.EnsureTopic(ctx, pool, 7, 3)
+	if err != nil || created || top.Partitions != 12 {
+		t.Fatalf("EnsureTopic with another count = %+v, %v, %v; want the recorded 12, not created", top, created, err)
+	}
+	if _, err := schema.LookupTopic(ctx, pool, 99); !errors.Is(err, schema.ErrTopicNotFound) {
+		t.Fatalf("LookupTopic(99) = %v, want ErrTopicNotFound", err)
+	}
+	// The first segments exist as partitions of outbox_message_t.
+	var segs int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_message_t'::regclass
+		AND inhrelid::regclass::text LIKE 'outbox_message_t_7_%'`).Scan(&segs); err != nil {
+		t.Fatal(err)
+	}
+	if segs != schema.SegmentsAhead+1 {
+		t.Fatalf("topic 7 has %d segments, want %d", segs, schema.SegmentsAhead+1)
+	}
+}
+
+func TestSegmentsFollowTheCounter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	mustExec(t, pool, `INSERT INTO log_counter (topic_id, total_partitions, segment_size) VALUES (3, 4, 1000)`)
+	// Segments 0..2 (offsets 1..3000): the counter's and two ahead.
+	if n, err := schema.EnsureSegments(ctx, pool, 3); err != nil || n != schema.SegmentsAhead+1 {
+		t.Fatalf("EnsureSegments = %d, %v", n, err)
+	}
+	appendN := func(n int) {
+		mustExec(t, pool, `SELECT append_events(3, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||i, 'event_type', 't'))
+			FROM generate_series(1, $1) i))`, n)
+	}
+	// 3,500 events: the last 500 overflow into the DEFAULT partition.
+	appendN(3500)
+	// Segment 3 already has rows in DEFAULT, so it is skipped; 4 and 5 are
+	// created.
+	if n, err := schema.EnsureSegments(ctx, pool, 3); err != nil || n != 2 {
+		t.Fatalf("EnsureSegments after overflow = %d, %v; want 2", n, err)
+	}
+	appendN(1600) // offsets 3501..5100
+	rows, err := pool.Query(ctx, `SELECT tableoid::regclass::text, min(c_offset), max(c_offset)
+		FROM outbox_message_t WHERE topic_id = 3 GROUP BY 1 ORDER BY 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var name string
+		var lo, hi int64
+		if err := rows.Scan(&name, &lo, &hi); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%s:%d-%d", name, lo, hi))
+	}
+	want := "outbox_message_t_3_0:1-1000 outbox_message_t_3_1:1001-2000 outbox_message_t_3_2:2001-3000 " +
+		"outbox_message_t_default:3001-4000 outbox_message_t_3_4:4001-5000 outbox_message_t_3_5:5001-5100"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("events stored as\n %v\nwant\n %v", strings.Join(got, " "), want)
+	}
+	var count, max int64
+	if err := pool.QueryRow(ctx, `SELECT count(*), max(c_offset) FROM outbox_message_t WHERE topic_id = 3`).Scan(&count, &max); err != nil {
+		t.Fatal(err)
+	}
+	if count != 5100 || max != 5100 {
+		t.Fatalf("%d events up to offset %d, want 5100 gapless", count, max)
+	}
+}
+
+func TestAppendRejectsMissingKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	mustExec(t, pool, `INSERT INTO log_counter (topic_id, total_partitions) VALUES (1, 8)`)
+	cases := []struct {
+		name, sql, want string
+	}{
+		{"null host", `SELECT append_event(1, NULL, 'u', 't', '{}')`, "host_id is required (got NULL)"},
+		{"empty host", `SELECT append_event(1, '', 'u', 't', '{}')`, "host_id is required (got an empty string)"},
+		{"null type", `SELECT append_event(1, 'h', 'u', NULL, '{}')`, "event_type is required (got NULL)"},
+		{"empty type", `SELECT append_event(1, 'h', 'u', '', '{}')`, "event_type is required (got an empty string)"},
+		{"batch null host", `SELECT append_events(1, '[{"host_id":"h","event_type":"t"},{"event_type":"t"}]')`, "event 2: host_id is required (got NULL)"},
+		{"batch empty type", `SELECT append_events(1, '[{"host_id":"h","event_type":""}]')`, "event 1: event_type is required (got an empty string)"},
+		{"batch not array", `SELECT append_events(1, '{"host_id":"h"}')`, "must be a JSON array"},
+		{"missing topic", `SELECT append_event(42, 'h', 'u', 't', '{}')`, "topic 42 does not exist"},
+	}
+	for _, tc := range cases {
+		_, err := pool.Exec(ctx, tc.sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || !strings.Contains(pgErr.Message, tc.want) {
+			t.Errorf("%s: error %v, want one saying %q", tc.name, err, tc.want)
+		}
+	}
+	// Nothing was appended, and no offset was consumed.
+	var next int64
+	if err := pool.QueryRow(ctx, `SELECT next_offset FROM log_counter WHERE topic_id = 1`).Scan(&next); err != nil || next != 1 {
+		t.Fatalf("counter at %d (%v) after rejected appends, want 1", next, err)
+	}
+}
+
+func TestPartitionOfMinimumHash(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	var h int32
+	if err := pool.QueryRow(ctx, `SELECT hashtext($1)`, hostMinHash).Scan(&h); err != nil {
+		t.Fatal(err)
+	}
+	if h != -2147483648 {
+		t.Fatalf("hashtext(%q) = %d; the test needs -2147483648", hostMinHash, h)
+	}
+	// The seed's abs(hashtext(...)) overflows on it...
+	if _, err := pool.Exec(ctx, `SELECT abs(hashtext($1)) % 8`, hostMinHash); err == nil {
+		t.Fatal("abs(hashtext) did not overflow; the test host is wrong")
+	}
+	// ...the partition function does not, and agrees with the seed's value
+	// for other hosts.
+	for _, n := range []int{1, 7, 8, 16, 1024} {
+		var p, seed int
+		if err := pool.QueryRow(ctx, `SELECT event_partition($1, $2)`, hostMinHash, n).Scan(&p); err != nil {
+			t.Fatalf("event_partition(min, %d): %v", n, err)
+		}
+		if want := int(2147483648 % int64(n)); p != want {
+			t.Fatalf("event_partition(min, %d) = %d, want %d", n, p, want)
+		}
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM generate_series(1, 2000) i
+			WHERE event_partition('host-'||i, $1) <> abs(hashtext('host-'||i)) % $1`, n).Scan(&seed); err != nil {
+			t.Fatal(err)
+		}
+		if seed != 0 {
+			t.Fatalf("%d hosts map to another partition than the seed's formula with %d partitions", seed, n)
+		}
+	}
+}
+
+func TestOffsetsGaplessContiguousAndCommitOrdered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	mustExec(t, pool, `INSERT INTO log_counter (topic_id, total_partitions) VALUES (1, 4)`)
+
+	// Producers append transactions of 1-5 events, rolling back every third.
+	const producers, txs = 6, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for p := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range txs {
+				err := func() error {
+					tx, err := pool.Begin(ctx)
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback(ctx) //nolint:errcheck
+					n := 1 + (i+p)%5
+					for k := range n {
+						if _, err := tx.Exec(ctx, `SELECT append_event(1, $1, 'u', 't', $2)`,
+							fmt.Sprintf("h%d", (p*7+k)%13), fmt.Sprintf(`{"p":%d,"i":%d}`, p, i)); err != nil {
+							return err
+						}
+					}
+					if i%3 == 0 {
+						return tx.Rollback(ctx)
+					}
+					return tx.Commit(ctx)
+				}()
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// Gapless: offsets are exactly 1..count.
+	var count, min, max, txCount, nonContiguous int64
+	if err := pool.QueryRow(ctx, `SELECT count(*), min(c_offset), max(c_offset), count(DISTINCT transaction_id)
+		FROM outbox_message_t WHERE topic_id = 1`).Scan(&count, &min, &max, &txCount); err != nil {
+		t.Fatal(err)
+	}
+	if count == 0 || min != 1 || max != count {
+		t.Fatalf("offsets: count %d, min %d, max %d; want 1..count without gaps", count, min, max)
+	}
+	if want := int64(producers * (txs - (txs+2)/3)); txCount != want {
+		t.Fatalf("%d committed transactions visible, want %d", txCount, want)
+	}
+	// Contiguous: each transaction's offsets form one unbroken range.
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (
+		SELECT transaction_id FROM outbox_message_t WHERE topic_id = 1
+		GROUP BY transaction_id HAVING max(c_offset) - min(c_offset) + 1 <> count(*)) x`).Scan(&nonContiguous); err != nil {
+		t.Fatal(err)
+	}
+	if nonContiguous != 0 {
+		t.Fatalf("%d transactions have non-contiguous offsets", nonContiguous)
+	}
+	var counter int64
+	if err := pool.QueryRow(ctx, `SELECT next_offset FROM log_counter WHERE topic_id = 1`).Scan(&counter); err != nil || counter != count+1 {
+		t.Fatalf("counter %d (%v), want %d: rolled-back reservations must not leave gaps", counter, err, count+1)
+	}
+}
+
+func TestNotifyNamesPartitionsOncePerStatement(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	url := pgtest.MigratedDB(t)
+	pool := pgtest.Pool(t, url)
+	mustExec(t, pool, `INSERT INTO log_counter (topic_id, total_partitions) VALUES (5, 4)`)
+	ln, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close(ctx)
+	if _, err := ln.Exec(ctx, `LISTEN event_channel`); err != nil {
+		t.Fatal(err)
+	}
+	// One statement appending 50 events over 4 partitions.
+	var wantPayload string
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT append_events(5, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||i, 'event_type', 't'))
+			FROM generate_series(1, 50) i))`); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT '5:' || string_agg(partition_id || '/' || m, ',' ORDER BY partition_id)
+			FROM (SELECT partition_id, max(c_offset) m FROM outbox_message_t WHERE topic_id = 5 GROUP BY 1) x`).Scan(&wantPayload)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := ln.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Payload; got != wantPayload {
+		t.Fatalf("payload %q, want %q", got, wantPayload)
+	}
+	// Exactly one notification for that statement.
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancelShort()
+	if extra, err := ln.WaitForNotification(short); err == nil {
+		t.Fatalf("a second notification %q for one statement", extra.Payload)
+	}
+}
+
+func mustExec(t *testing.T, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, sql string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
