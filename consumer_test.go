@@ -179,9 +179,9 @@ func TestPermanentFailureDeadLettersTheUnit(t *testing.T) {
 	})
 	startConsumer(t, pool, Config{TotalPartitions: 2, Handlers: hs})
 
-	appendTx(t, pool, ev("h", "ok", `{}`))                                             // 1
+	appendTx(t, pool, ev("h", "ok", `{}`))                                               // 1
 	appendTx(t, pool, ev("h", "ok", `{}`), ev("h", "poison", `{}`), ev("h", "ok", `{}`)) // 2..4
-	appendTx(t, pool, ev("h", "ok", `{}`))                                             // 5
+	appendTx(t, pool, ev("h", "ok", `{}`))                                               // 5
 	waitHandled(t, pool, 2, 10*time.Second)
 	pgtest.WaitFor(t, 10*time.Second, "position past all events", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM consumer_offsets WHERE next_offset = 6`) == 1

@@ -2,7 +2,6 @@ package pgevents
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -164,4 +163,3 @@ func waitHandled(t *testing.T, pool *pgxpool.Pool, n int64, timeout time.Duratio
 	}
 }
 
-var errBoom = errors.New("boom")

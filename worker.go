@@ -208,17 +208,13 @@ func backoff(initial, max time.Duration, n int) time.Duration {
 func (w *worker) batch(ctx context.Context) (more bool, err error) {
 	cfg := &w.c.cfg
 	known := w.highest.Load()
-	tx, err := w.c.pool.Begin(ctx)
-	if err != nil {
-		return false, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-
-	evs, err := offsets.Claim(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, cfg.BatchSize+1, w.buf[:0])
+	tx, evs, err := offsets.Claim(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, cfg.BatchSize+1, w.buf[:0])
 	w.buf = evs
 	if err != nil {
 		return false, err
 	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+
 	if len(evs) == 0 {
 		// The position is past everything known: another process of the
 		// group handled it. Remember that instead of claiming again.

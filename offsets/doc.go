@@ -28,10 +28,14 @@
 //
 // # Query plans
 //
-// The claim and fetch statements run with [pgx.QueryExecModeExec]: an unnamed
-// statement planned with the actual values each time. A statement prepared
-// and cached while outbox_message_t was empty can keep a sequential-scan plan
-// after the table has grown; planning each time keeps the index scan on
-// (topic_id, partition_id, c_offset), whose cost does not grow with the number
-// of partitions (invariant 6).
+// The claim and fetch statements are prepared and cached per connection, so
+// the server may switch them to a generic plan made once. A generic plan
+// made while outbox_message_t was empty must not be a sequential scan that
+// sticks as the table grows: both statements ask for the partition's rows in
+// c_offset order with a LIMIT, which the (topic_id, partition_id, c_offset)
+// index answers directly, so the index scan is the cheapest plan whatever the
+// statistics say. TestClaimPlanSurvivesGrowth forces a generic plan on an
+// empty table and checks that it still reads through the index after the
+// table has grown. The cost of the claim does not grow with the number of
+// partitions (invariant 6).
 package offsets

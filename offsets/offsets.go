@@ -206,21 +206,48 @@ func Position(ctx context.Context, q Querier, group string, topic, partition int
 // consumer_offsets row for the partition (Init was not run).
 var ErrNoPosition = errors.New("offsets: no position for the partition (group not initialised)")
 
-// Claim locks the group's position in the partition for the rest of tx and
-// appends to buf up to limit events from that position, in offset order.
-func Claim(ctx context.Context, tx pgx.Tx, group string, topic, partition, limit int, buf []Event) ([]Event, error) {
-	rows, err := tx.Query(ctx, claimSQL, pgx.QueryExecModeExec, group, topic, partition, limit)
-	if err != nil {
-		return buf, fmt.Errorf("offsets: claim: %w", err)
+// Batcher sends batches; *pgxpool.Pool and *pgx.Conn satisfy it.
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Claim begins a transaction on db, locks the group's position in the
+// partition for the rest of it, and appends to buf up to limit events from
+// that position, in offset order: BEGIN and the claim travel in one round
+// trip. It returns the transaction, which the caller must end.
+func Claim(ctx context.Context, db Batcher, group string, topic, partition, limit int, buf []Event) (pgx.Tx, []Event, error) {
+	var b pgx.Batch
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(claimSQL, group, topic, partition, limit)
+	br := db.SendBatch(ctx, &b)
+	tx := br.Tx()
+	fail := func(err error) (pgx.Tx, []Event, error) {
+		_ = br.Close()
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, buf, fmt.Errorf("offsets: claim: %w", err)
 	}
-	return scanEvents(rows, buf, "claim")
+	if _, err := br.Exec(); err != nil {
+		return fail(err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return fail(err)
+	}
+	buf, err = scanEvents(rows, buf, "claim")
+	if err != nil {
+		return fail(err)
+	}
+	if err := br.Close(); err != nil {
+		return fail(err)
+	}
+	return tx, buf, nil
 }
 
 // Fetch appends to buf up to limit events of the partition after offset
 // after, in offset order. It takes no lock: call it in the transaction that
 // claimed the partition.
 func Fetch(ctx context.Context, q Querier, topic, partition int, after int64, limit int, buf []Event) ([]Event, error) {
-	rows, err := q.Query(ctx, fetchSQL, pgx.QueryExecModeExec, topic, partition, after, limit)
+	rows, err := q.Query(ctx, fetchSQL, topic, partition, after, limit)
 	if err != nil {
 		return buf, fmt.Errorf("offsets: fetch: %w", err)
 	}

@@ -54,7 +54,6 @@ const (
 var (
 	serverURL string
 	admin     *pgxpool.Pool
-	external  bool
 )
 
 // Templates prepared by this process, by the name given to Template.
@@ -153,7 +152,7 @@ func runExternal(ctx context.Context, m *testing.M, rawURL string) (int, error) 
 	if err := setServer(ctx, u.String()); err != nil {
 		return 0, err
 	}
-	external = true
+
 	code := m.Run()
 	dropTemplates()
 	admin.Close()

@@ -1,0 +1,154 @@
+package offsets
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/schema"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func setup(t *testing.T, partitions int) (context.Context, string) {
+	t.Helper()
+	ctx := context.Background()
+	url := pgtest.MigratedDB(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, _, err := schema.EnsureTopic(ctx, conn, 1, partitions); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, url
+}
+
+// TestClaimPlanSurvivesGrowth guards against a known trap: a statement
+// prepared while outbox_message_t was empty can keep a sequential-scan plan
+// as the table grows. The claim and fetch statements are cached per
+// connection, so their generic plan, made on an empty table, must read
+// through the index.
+func TestClaimPlanSurvivesGrowth(t *testing.T) {
+	t.Parallel()
+	ctx, url := setup(t, 1)
+	admin := pgtest.Pool(t, url)
+	for _, tbl := range []string{"outbox_message_t_1_0", "outbox_message_t_default"} {
+		// Statistics of an empty table, and no autovacuum to refresh them.
+		if _, err := admin.Exec(ctx, `ALTER TABLE `+tbl+` SET (autovacuum_enabled = off)`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, `ANALYZE `+tbl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Init(ctx, admin, "g", 1, []int{0}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// Make the server use the generic plan at once, as it may after five
+	// executions.
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	stmts := map[string]string{"claim_stmt": claimSQL, "fetch_stmt": fetchSQL}
+	args := map[string]string{"claim_stmt": `('g', 1, 0, 11)`, "fetch_stmt": `(1, 0, 0, 11)`}
+	for name, sql := range stmts {
+		if _, err := conn.Prepare(ctx, name, sql); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `EXECUTE `+name+args[name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Exec(ctx, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h', 'event_type', 't'))
+		FROM generate_series(1, 100000)))`); err != nil {
+		t.Fatal(err)
+	}
+	for name := range stmts {
+		rows, err := conn.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF) EXECUTE `+name+args[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := strings.Join(lines, "\n")
+		if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "Index Scan using outbox_message_t_1_0_") {
+			t.Fatalf("%s: the generic plan made on an empty table does not read through the index:\n%s", name, plan)
+		}
+	}
+}
+
+// TestClaimOrdersCompetingClaimers: a second claimer of the same partition
+// waits for the first one's transaction and then reads after its commit,
+// so batches never interleave.
+func TestClaimOrdersCompetingClaimers(t *testing.T) {
+	t.Parallel()
+	ctx, url := setup(t, 1)
+	pool := pgtest.Pool(t, url)
+	if _, err := pool.Exec(ctx, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h', 'event_type', 't'))
+		FROM generate_series(1, 10)))`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Init(ctx, pool, "g", 1, []int{0}); err != nil {
+		t.Fatal(err)
+	}
+	tx1, evs1, err := Claim(ctx, pool, "g", 1, 0, 4, nil)
+	if err != nil || len(evs1) != 4 || evs1[0].Offset != 1 {
+		t.Fatalf("first claim: %d events from %v, %v", len(evs1), evs1, err)
+	}
+	second := make(chan []Event, 1)
+	go func() {
+		tx2, evs, err := Claim(ctx, pool, "g", 1, 0, 4, nil)
+		if err != nil {
+			t.Error(err)
+			second <- nil
+			return
+		}
+		defer tx2.Rollback(ctx) //nolint:errcheck
+		second <- evs
+	}()
+	// The second claimer is blocked on the row lock.
+	pgtest.WaitFor(t, 5*time.Second, "second claimer waiting on the lock", func() bool {
+		var waiting int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return waiting == 1
+	})
+	if err := Commit(ctx, tx1, "g", 1, 0, evs1[3].Offset+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs2 := <-second
+	if len(evs2) != 4 || evs2[0].Offset != 5 {
+		t.Fatalf("second claim read from %v, want 4 events from offset 5", evs2)
+	}
+}
+
+func TestCommitWithoutPositionFails(t *testing.T) {
+	t.Parallel()
+	ctx, url := setup(t, 1)
+	pool := pgtest.Pool(t, url)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if err := Commit(ctx, tx, "nobody", 1, 0, 5); !errors.Is(err, ErrNoPosition) {
+		t.Fatalf("Commit without a position = %v, want ErrNoPosition", err)
+	}
+}
