@@ -2,7 +2,6 @@ package pgevents
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/pgevents/pgevents/internal/eventtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -96,70 +96,27 @@ func ev(host, typ string, payload string) Event {
 	return Event{HostID: host, UserID: "u", EventType: typ, Payload: []byte(payload)}
 }
 
-// queryInt runs a query returning one integer.
 func queryInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
 	t.Helper()
-	var n int64
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return eventtest.QueryInt(t, pool, sql, args...)
 }
 
 func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()
-	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
+	eventtest.Exec(t, pool, sql, args...)
 }
 
-// handledTable is the effects table of the recording SQL handler.
-const handledTable = `CREATE TABLE handled (
-    seq            bigint GENERATED ALWAYS AS IDENTITY,
-    c_offset       bigint NOT NULL,
-    host_id        text NOT NULL,
-    partition_id   int NOT NULL,
-    transaction_id bigint NOT NULL,
-    consumer_tx    bigint NOT NULL DEFAULT txid_current()
-)`
+const (
+	handledTable = eventtest.HandledTable
+	recordSQL    = eventtest.RecordSQL
+)
 
-// recordSQL is the statement of the recording SQL handler.
-const recordSQL = `INSERT INTO handled (c_offset, host_id, partition_id, transaction_id)
-VALUES (@c_offset, @host_id, @partition_id, @transaction_id)`
-
-// checkHandled asserts the guarantees over the handled table: every
-// committed event of topic 1 handled exactly once, per-host order, and each
-// producer transaction's slice of a partition handled in one consumer
-// transaction.
 func checkHandled(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	missing := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t m WHERE m.topic_id = 1
-		AND NOT EXISTS (SELECT 1 FROM handled h WHERE h.c_offset = m.c_offset)`)
-	extra := queryInt(t, pool, `SELECT count(*) FROM handled h WHERE NOT EXISTS
-		(SELECT 1 FROM outbox_message_t m WHERE m.topic_id = 1 AND m.c_offset = h.c_offset)`)
-	dups := queryInt(t, pool, `SELECT count(*) FROM (SELECT c_offset FROM handled GROUP BY 1 HAVING count(*) > 1) d`)
-	// Per host, the handling order (seq) follows the offset order.
-	disorder := queryInt(t, pool, `SELECT count(*) FROM (
-		SELECT c_offset, lag(c_offset) OVER (PARTITION BY host_id ORDER BY seq) AS prev FROM handled) x
-		WHERE prev > c_offset`)
-	split := queryInt(t, pool, `SELECT count(*) FROM (SELECT transaction_id, partition_id FROM handled
-		GROUP BY 1, 2 HAVING count(DISTINCT consumer_tx) > 1) s`)
-	if missing+extra+dups+disorder+split != 0 {
-		t.Fatalf("missing %d, not in the log %d, duplicated %d, out of host order %d, producer transactions split across consumer transactions %d",
-			missing, extra, dups, disorder, split)
-	}
+	eventtest.CheckHandled(t, pool)
 }
 
-// waitHandled waits until the handled table holds n rows.
 func waitHandled(t *testing.T, pool *pgxpool.Pool, n int64, timeout time.Duration) {
 	t.Helper()
-	var got int64
-	pgtest.WaitFor(t, timeout, fmt.Sprintf("%d events handled", n), func() bool {
-		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM handled`).Scan(&got)
-		return err == nil && got >= n
-	})
-	if got != n {
-		t.Fatalf("%d events handled, want %d", got, n)
-	}
+	eventtest.WaitHandled(t, pool, n, timeout)
 }
-
