@@ -30,6 +30,36 @@ const (
 	UnknownEventSkip
 )
 
+// FailurePolicy says what a consumer does with a unit that failed
+// permanently.
+type FailurePolicy int
+
+const (
+	// PolicyDeadLetter records the unit in dead_letter_queue, with its
+	// events and the reason, and moves on. It is the default.
+	PolicyDeadLetter FailurePolicy = iota
+	// PolicyParkHost dead-letters the unit and parks its hosts: their later
+	// events are recorded in parked_events, not handled, until the dead
+	// letter is replayed or discarded (consumer dlq), so a host's order is
+	// never broken while other hosts flow.
+	PolicyParkHost
+	// PolicyHalt stops the partition before the unit, records why in
+	// partition_halts, and logs it at error level until the process is
+	// restarted.
+	PolicyHalt
+)
+
+// String returns the policy's configuration name.
+func (p FailurePolicy) String() string {
+	switch p {
+	case PolicyParkHost:
+		return "parkHost"
+	case PolicyHalt:
+		return "halt"
+	}
+	return "deadLetter"
+}
+
 // Config configures a Consumer. Zero values take the documented defaults;
 // NewConsumer validates the rest once, and the consumer trusts it after.
 type Config struct {
@@ -64,6 +94,21 @@ type Config struct {
 	// MaxAttempts is how often a failure of class ClassUnknown is retried
 	// before it is treated as permanent; default 5.
 	MaxAttempts int
+	// OnPermanentFailure is the policy for units that fail permanently;
+	// default PolicyDeadLetter.
+	OnPermanentFailure FailurePolicy
+	// MaxDeadLetters is the circuit breaker against a bad deploy: when a
+	// partition has dead-lettered this many units within DeadLetterWindow,
+	// the next permanent failure halts it instead. Default 100; negative
+	// disables the breaker.
+	MaxDeadLetters int
+	// DeadLetterWindow is the breaker's window; default 1 minute.
+	DeadLetterWindow time.Duration
+	// HandlerTimeout bounds the handling of one unit, per BatchSize events
+	// (a unit of 3×BatchSize events gets three times as long); default 30 s.
+	// Running out is a transient failure; after two the batch is narrowed
+	// to the unit, where MaxAttempts applies.
+	HandlerTimeout time.Duration
 	// ShutdownTimeout bounds how long an in-flight batch may go on after
 	// Run's context is cancelled before it is cancelled too (and rolled
 	// back); default 10 s.
@@ -105,8 +150,12 @@ type Consumer struct {
 	batches atomic.Int64
 	deadLet atomic.Int64
 	retries atomic.Int64
-	ln      atomic.Pointer[listener.Listener]
-	kick    chan struct{} // asks the poller to poll now
+	parked  atomic.Int64
+	halts   atomic.Int64
+
+	deployment atomic.Int64
+	ln         atomic.Pointer[listener.Listener]
+	kick       chan struct{} // asks the poller to poll now
 }
 
 // NewConsumer validates cfg, applies its defaults and returns a Consumer
@@ -147,6 +196,15 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 5
 	}
+	if cfg.MaxDeadLetters == 0 {
+		cfg.MaxDeadLetters = 100
+	}
+	if cfg.DeadLetterWindow <= 0 {
+		cfg.DeadLetterWindow = time.Minute
+	}
+	if cfg.HandlerTimeout <= 0 {
+		cfg.HandlerTimeout = 30 * time.Second
+	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
 	}
@@ -186,13 +244,21 @@ type Stats struct {
 	DeadLettered int64
 	// Retries counts batches rolled back to be retried.
 	Retries int64
+	// DeploymentFailures counts failed batches whose cause says the
+	// deployment is wrong (ClassDeployment).
+	DeploymentFailures int64
+	// ParkedUnits counts units parked behind a dead letter.
+	ParkedUnits int64
+	// Halts counts partitions halted.
+	Halts int64
 	// ListenerConnects counts successful connects of the listener.
 	ListenerConnects int64
 }
 
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() Stats {
-	s := Stats{Handled: c.handled.Load(), Batches: c.batches.Load(), DeadLettered: c.deadLet.Load(), Retries: c.retries.Load()}
+	s := Stats{Handled: c.handled.Load(), Batches: c.batches.Load(), DeadLettered: c.deadLet.Load(),
+		Retries: c.retries.Load(), DeploymentFailures: c.deployment.Load(), ParkedUnits: c.parked.Load(), Halts: c.halts.Load()}
 	if ln := c.ln.Load(); ln != nil {
 		s.ListenerConnects = ln.Connects()
 	}
@@ -218,6 +284,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	if err := offsets.Init(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.order); err != nil {
 		return fmt.Errorf("pgevents: %w", err)
+	}
+	halts, err := offsets.Halts(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
+	if err != nil {
+		return fmt.Errorf("pgevents: %w", err)
+	}
+	for _, h := range halts {
+		if w := c.workers[h.Partition]; w != nil {
+			// Halted by an earlier run: try again, and clear the record in
+			// the batch that gets past it.
+			w.haltRecord = true
+			c.log.Warn().Int("partition", h.Partition).Int64("offset", h.Offset).Str("reason", h.Reason).
+				Msg("partition was halted; retrying it")
+		}
 	}
 	for _, p := range c.order {
 		next, _, err := offsets.Position(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, p)

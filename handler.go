@@ -39,12 +39,35 @@ func JSONHandler[T any](fn func(ctx context.Context, tx pgx.Tx, ev *Event, paylo
 	})
 }
 
+// GroupHandler handles runs of events: the consecutive events of one
+// (host_id, user_id) inside one producer transaction's unit, in offset order,
+// at once, for bulk work (the seed design's per-user batching). Like Handler
+// it runs in the consumer's transaction. A run of a producer transaction
+// larger than the batch size may arrive in several calls, each in order, in
+// the same transaction.
+type GroupHandler interface {
+	HandleGroup(ctx context.Context, tx pgx.Tx, run []Event) error
+}
+
+// GroupHandlerFunc adapts a function to the GroupHandler interface.
+type GroupHandlerFunc func(ctx context.Context, tx pgx.Tx, run []Event) error
+
+// HandleGroup calls f(ctx, tx, run).
+func (f GroupHandlerFunc) HandleGroup(ctx context.Context, tx pgx.Tx, run []Event) error {
+	return f(ctx, tx, run)
+}
+
 // Handlers maps event types to handlers. The zero value is empty and ready
 // to use; register everything before the consumer starts.
 type Handlers struct {
 	byType   map[string]Handler
 	catchAll Handler
+	groups   GroupHandler
 }
+
+// HandleGroups registers h to receive every event as runs (see
+// GroupHandler). When set, it replaces the per-event handlers.
+func (hs *Handlers) HandleGroups(h GroupHandler) { hs.groups = h }
 
 // Handle registers h for events of type eventType, replacing any handler
 // registered for it before.
@@ -75,6 +98,9 @@ func (hs *Handlers) Lookup(eventType string) (Handler, bool) {
 func (hs *Handlers) Len() int {
 	n := len(hs.byType)
 	if hs.catchAll != nil {
+		n++
+	}
+	if hs.groups != nil {
 		n++
 	}
 	return n

@@ -29,6 +29,27 @@ var keys = batching.Keys[Event]{
 // batches while highest >= next. So a notification for events already
 // handled wakes nothing, and the claim's lock (which writes WAL even for an
 // empty batch) is only taken when there is work.
+//
+// # Failures
+//
+// A batch that fails is rolled back whole. What happens next depends on the
+// failure's Class (see Classify) and on the unit it happened in, the
+// partition-local slice of one producer transaction:
+//
+//   - transient or deployment: the batch is retried, unchanged, after an
+//     exponential backoff with jitter; the partition waits, others flow;
+//   - permanent (or unknown, MaxAttempts times): the unit is remembered as
+//     poisonous and the batch is run again at once, without backoff; this
+//     time the unit is not handled but dead-lettered (or parked behind a
+//     dead letter, or the partition halts before it), in the transaction
+//     that moves the position past it. The units before and after it are
+//     handled as usual. This gives each unit the effect of a savepoint —
+//     a failing unit's statements are undone, the others' stand — without
+//     a savepoint's cost on the path where nothing fails (two round trips
+//     per unit, and the subtransaction cache overflows past 64);
+//   - a handler timeout is transient, but after two timeouts of the same
+//     unit the batch is narrowed to end before it, then to that unit alone,
+//     where MaxAttempts applies.
 type worker struct {
 	c         *Consumer
 	partition int
@@ -39,30 +60,57 @@ type worker struct {
 	next    atomic.Int64 // the group's position after our last commit
 
 	buf      []Event
-	failures int                    // consecutive failed batches, for backoff
-	poison   map[int64]*unitFailure // by transaction id: units to dead-letter
-	unknown  map[int64]*unitFailure // by transaction id: ClassUnknown failures so far
+	failures int // consecutive failed batches, for the backoff
+
+	// Units that failed, by producer transaction id. Entries go once the
+	// position has moved past their offset.
+	tries  map[int64]*unitFailure // failures so far (unknown class, timeouts)
+	poison map[int64]*unitFailure // units to dead-letter
+	park   map[int64]int64        // units to park, behind this dead letter id
+	narrow int64                  // a unit to handle alone; 0: none
+	haltAt *unitFailure           // the unit to halt before; nil: none
+
+	halted     atomic.Bool
+	haltRecord bool        // partition_halts has a row for this partition
+	deadTimes  []time.Time // recent dead letters, for the circuit breaker
 }
 
 // unitFailure is what the worker remembers of a failing unit.
 type unitFailure struct {
+	offset      int64 // an offset inside the unit
 	err         error
 	attempts    int
+	timeouts    int
 	first, last time.Time
 }
 
-// unitError is a handler failure, with the unit it happened in.
+// unitError is a failure inside a unit.
 type unitError struct {
-	txID   int64
-	offset int64
-	err    error
+	txID    int64
+	offset  int64
+	err     error
+	timeout bool  // the unit's time budget ran out
+	parkFor int64 // the unit touches a host parked behind this dead letter
 }
 
 func (e *unitError) Error() string {
+	if e.parkFor != 0 {
+		return fmt.Sprintf("unit at offset %d touches a host parked behind dead letter %d", e.offset, e.parkFor)
+	}
 	return fmt.Sprintf("handler failed at offset %d: %v", e.offset, e.err)
 }
 
 func (e *unitError) Unwrap() error { return e.err }
+
+// errHandlerTimeout is the cancellation cause of a unit that exceeded its
+// time budget.
+var errHandlerTimeout = errors.New("handler timeout")
+
+// Sentinels by which a batch's handling stops before a unit.
+var (
+	errCut  = errors.New("batch cut before a unit")
+	errHalt = errors.New("partition halts before this unit")
+)
 
 func newWorker(c *Consumer, p int) *worker {
 	w := &worker{
@@ -70,8 +118,9 @@ func newWorker(c *Consumer, p int) *worker {
 		partition: p,
 		log:       c.log.With().Int("partition", p).Logger(),
 		wake:      make(chan struct{}, 1),
+		tries:     map[int64]*unitFailure{},
 		poison:    map[int64]*unitFailure{},
-		unknown:   map[int64]*unitFailure{},
+		park:      map[int64]int64{},
 	}
 	w.highest.Store(-1)
 	return w
@@ -87,14 +136,10 @@ func (w *worker) hint(max int64) {
 		}
 	}
 	if max >= w.next.Load() {
-		w.signal()
-	}
-}
-
-func (w *worker) signal() {
-	select {
-	case w.wake <- struct{}{}:
-	default:
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -108,6 +153,9 @@ func (w *worker) run(ctx, bctx context.Context) error {
 		case <-w.wake:
 		}
 		for ctx.Err() == nil && w.highest.Load() >= w.next.Load() {
+			if w.halted.Load() {
+				return w.waitHalted(ctx)
+			}
 			more, err := w.batch(bctx)
 			if err != nil {
 				if ctx.Err() != nil {
@@ -124,17 +172,68 @@ func (w *worker) run(ctx, bctx context.Context) error {
 	}
 }
 
-// retry logs a failed batch and waits before the next attempt: exponential
-// backoff with jitter for transient failures, none when the failure was a
-// unit now marked for dead-lettering.
+// waitHalted keeps a halted partition stopped, repeating why every minute,
+// until ctx is cancelled.
+func (w *worker) waitHalted(ctx context.Context) error {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			w.log.Error().Int64("offset", w.haltAt.offset).Err(w.haltAt.err).
+				Msg("partition HALTED: fix the cause and restart the consumer; nothing after this offset is handled")
+		}
+	}
+}
+
+// retry decides, after a failed batch, what the next attempt does, and
+// waits for it when the failure is transient.
 func (w *worker) retry(ctx context.Context, err error) {
 	w.c.retries.Add(1)
-	class := w.classify(err)
 	var ue *unitError
-	if errors.As(err, &ue) && (class == ClassPermanent || class == ClassUnknown) {
-		if w.markFailed(ue, class) {
-			return // retried at once, without the poisoned unit
+	isUnit := errors.As(err, &ue)
+	class := ClassTransient
+	switch {
+	case isUnit && ue.parkFor != 0:
+		// Found mid-unit: run again with the whole unit parked.
+		w.park[ue.txID] = ue.parkFor
+		w.tries[ue.txID] = w.failure(ue, ue.txID)
+		return
+	case isUnit && ue.timeout:
+		f := w.failure(ue, ue.txID)
+		f.timeouts++
+		switch {
+		case w.narrow == ue.txID:
+			f.attempts++
+			if f.attempts >= w.c.cfg.MaxAttempts {
+				w.permanent(ue, f, ClassUnknown)
+				return
+			}
+		case f.timeouts >= 2:
+			w.narrow = ue.txID
+			w.log.Warn().Int64("offset", ue.offset).Msg("unit timed out twice, narrowing the batch to it")
 		}
+	case isUnit:
+		class = Classify(ue.err)
+		if class == ClassPermanent || class == ClassUnknown {
+			f := w.failure(ue, ue.txID)
+			f.attempts++
+			if class == ClassPermanent || f.attempts >= w.c.cfg.MaxAttempts {
+				w.permanent(ue, f, class)
+				return
+			}
+		}
+	default:
+		// Claim, fetch, dead-letter or commit failed: nothing the events
+		// did, so retrying is the only safe course.
+		if Classify(err) == ClassDeployment {
+			class = ClassDeployment
+		}
+	}
+	if class == ClassDeployment {
+		w.c.deployment.Add(1)
 	}
 	w.failures++
 	d := backoff(w.c.cfg.RetryInitial, w.c.cfg.RetryMax, w.failures)
@@ -151,49 +250,64 @@ func (w *worker) retry(ctx context.Context, err error) {
 	}
 }
 
-// classify is Classify, except that any error on a connection that has
-// gone is transient.
-func (w *worker) classify(err error) Class {
-	var ue *unitError
-	if !errors.As(err, &ue) {
-		// Claim, fetch, dead-letter or commit failed: nothing the events
-		// did. Retrying is the only safe course.
-		if c := Classify(err); c == ClassDeployment {
-			return c
-		}
-		return ClassTransient
-	}
-	return Classify(err)
-}
-
-// markFailed records a unit's permanent or unknown failure. It returns true
-// when the unit is now to be dead-lettered.
-func (w *worker) markFailed(ue *unitError, class Class) bool {
+// failure returns the record of the unit's failures, creating it.
+func (w *worker) failure(ue *unitError, txID int64) *unitFailure {
 	now := time.Now()
-	f := w.unknown[ue.txID]
+	f := w.tries[txID]
 	if f == nil {
-		f = &unitFailure{first: now}
-		w.unknown[ue.txID] = f
+		f = &unitFailure{offset: ue.offset, first: now}
+		w.tries[txID] = f
 	}
-	f.attempts++
 	f.last = now
 	f.err = ue.err
-	if class == ClassUnknown && f.attempts < w.c.cfg.MaxAttempts {
-		return false
+	if ue.timeout {
+		f.err = fmt.Errorf("handler timeout: the unit ran out of its %s budget", w.c.cfg.HandlerTimeout)
 	}
-	w.poison[ue.txID] = f
-	delete(w.unknown, ue.txID)
+	return f
+}
+
+// permanent applies the failure policy to a unit that will not succeed.
+func (w *worker) permanent(ue *unitError, f *unitFailure, class Class) {
 	var pe *PanicError
 	if errors.As(ue.err, &pe) {
 		w.log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack).Int64("offset", ue.offset).Msg("handler panicked")
 	}
-	w.log.Error().Err(ue.err).Stringer("class", class).Int64("offset", ue.offset).Int("attempts", f.attempts).
+	if w.c.cfg.OnPermanentFailure == PolicyHalt || w.breakerTripped() {
+		w.haltAt = f
+		w.log.Error().Err(f.err).Stringer("class", class).Int64("offset", ue.offset).Int("attempts", f.attempts).
+			Msg("unit failed permanently; the partition halts before it")
+		return
+	}
+	w.poison[ue.txID] = f
+	w.log.Error().Err(f.err).Stringer("class", class).Int64("offset", ue.offset).Int("attempts", f.attempts).
 		Msg("unit failed permanently, dead-lettering it")
-	return true
+}
+
+// breakerTripped reports whether one more dead letter would exceed
+// MaxDeadLetters within DeadLetterWindow.
+func (w *worker) breakerTripped() bool {
+	max := w.c.cfg.MaxDeadLetters
+	if max < 0 {
+		return false
+	}
+	cutoff := time.Now().Add(-w.c.cfg.DeadLetterWindow)
+	kept := w.deadTimes[:0]
+	for _, t := range w.deadTimes {
+		if t.After(cutoff) {
+			kept = append(kept, t)
+		}
+	}
+	w.deadTimes = kept
+	if len(kept) >= max {
+		w.log.Error().Int("dead_letters", len(kept)).Dur("window", w.c.cfg.DeadLetterWindow).
+			Msg("dead-letter circuit breaker tripped")
+		return true
+	}
+	return false
 }
 
 // backoff returns the wait before attempt n (1-based): initial doubled per
-// attempt, capped at max, with jitter in [d/2, d).
+// attempt, capped at max, with jitter in [d/2, d].
 func backoff(initial, max time.Duration, n int) time.Duration {
 	d := initial
 	for i := 1; i < n && d < max; i++ {
@@ -208,25 +322,31 @@ func backoff(initial, max time.Duration, n int) time.Duration {
 func (w *worker) batch(ctx context.Context) (more bool, err error) {
 	cfg := &w.c.cfg
 	known := w.highest.Load()
-	tx, evs, err := offsets.Claim(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, cfg.BatchSize+1, w.buf[:0])
-	w.buf = evs
+	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+		Limit: cfg.BatchSize + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost}.Do(ctx, w.c.pool, w.buf[:0])
+	w.buf = cl.Events
 	if err != nil {
 		return false, err
 	}
+	tx := cl.Tx
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-
+	evs := cl.Events
 	if len(evs) == 0 {
 		// The position is past everything known: another process of the
 		// group handled it. Remember that instead of claiming again.
 		w.next.Store(max(w.next.Load(), known+1))
 		return false, nil
 	}
+
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	timer := time.AfterFunc(time.Hour, func() { cancel(errHandlerTimeout) })
+	defer timer.Stop()
+	st := batchState{w: w, tx: handlerTx{tx}, timer: timer, parked: cl.Parked, first: evs[0].Offset}
+
 	n, extend, more := batching.Cut(keys, evs, cfg.BatchSize)
-	st := batchState{w: w, tx: handlerTx{tx}, first: evs[0].Offset}
-	if err := st.handle(ctx, evs[:n]); err != nil {
-		return false, err
-	}
-	for extend {
+	err = st.handle(hctx, evs[:n])
+	for err == nil && extend {
 		// The producer transaction of the last event goes on: read it in
 		// chunks of BatchSize, handling each before reading the next, so
 		// memory stays bounded whatever its size.
@@ -237,91 +357,266 @@ func (w *worker) batch(ctx context.Context) (more bool, err error) {
 			return false, err
 		}
 		n, extend, more = batching.Continue(keys, txID, evs, cfg.BatchSize)
-		if err := st.handle(ctx, evs[:n]); err != nil {
-			return false, err
-		}
+		err = st.handle(hctx, evs[:n])
 	}
-	if err := st.closeDeadUnit(ctx); err != nil {
+	switch {
+	case errors.Is(err, errHalt):
+		return false, w.halt(ctx)
+	case errors.Is(err, errCut):
+		more = true
+	case err != nil:
 		return false, err
+	}
+	if err := st.closeUnit(ctx); err != nil {
+		return false, err
+	}
+	if !st.started {
+		return more, nil // cut before the first unit: nothing to commit
 	}
 	if err := offsets.Commit(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1); err != nil {
 		return false, err
 	}
+	if w.haltRecord {
+		if err := offsets.Unhalt(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition); err != nil {
+			return false, err
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("commit: %w", err)
 	}
-	w.next.Store(st.last + 1)
-	for _, id := range st.deadLettered {
-		delete(w.poison, id)
-	}
-	w.c.handled.Add(int64(st.handled))
-	w.c.batches.Add(1)
-	w.c.deadLet.Add(int64(len(st.deadLettered)))
-	w.log.Debug().Int64("first_offset", st.first).Int64("last_offset", st.last).Int("events", st.handled).
-		Int("dead_lettered", len(st.deadLettered)).Msg("batch committed")
+	w.committed(&st)
 	return more, nil
 }
 
-// batchState follows one batch transaction through its events.
-type batchState struct {
-	w     *worker
-	tx    handlerTx
-	first int64
-
-	last    int64 // last offset seen
-	lastTx  int64 // its transaction id
-	started bool
-	handled int
-
-	dead         *offsets.DeadLetter // unit being skipped for dead-lettering
-	deadLettered []int64
+// committed updates the worker after a batch committed.
+func (w *worker) committed(st *batchState) {
+	w.next.Store(st.last + 1)
+	w.haltRecord = false
+	for id, f := range w.tries {
+		if f.offset <= st.last {
+			delete(w.tries, id)
+			if w.narrow == id {
+				w.narrow = 0
+			}
+		}
+	}
+	for id, f := range w.poison {
+		if f.offset <= st.last {
+			delete(w.poison, id)
+		}
+	}
+	for id := range w.park {
+		delete(w.park, id) // parked units were all decided by this batch
+	}
+	now := time.Now()
+	for range st.deadLettered {
+		w.deadTimes = append(w.deadTimes, now)
+	}
+	w.c.handled.Add(int64(st.handled))
+	w.c.batches.Add(1)
+	w.c.deadLet.Add(int64(st.deadLettered))
+	w.c.parked.Add(int64(st.parkedUnits))
+	w.log.Debug().Int64("first_offset", st.first).Int64("last_offset", st.last).Int("events", st.handled).
+		Int("dead_lettered", st.deadLettered).Int("parked", st.parkedUnits).Msg("batch committed")
 }
 
-// handle runs the handlers of evs, consecutive events of the partition,
-// skipping (and later dead-lettering) the units marked poisonous.
+// halt records that the partition stopped before the unit in haltAt, and
+// stops the worker.
+func (w *worker) halt(ctx context.Context) error {
+	cfg := &w.c.cfg
+	if err := offsets.Halt(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, w.haltAt.offset, w.haltAt.err.Error()); err != nil {
+		return err
+	}
+	w.haltRecord = true
+	w.halted.Store(true)
+	w.c.halts.Add(1)
+	w.log.Error().Int64("offset", w.haltAt.offset).Err(w.haltAt.err).
+		Msg("partition HALTED: fix the cause and restart the consumer; nothing after this offset is handled")
+	return nil
+}
+
+// unitAction is what a batch does with a unit.
+type unitAction int
+
+const (
+	actHandle unitAction = iota
+	actDeadLetter
+	actPark
+)
+
+// batchState follows one batch transaction through its events.
+type batchState struct {
+	w      *worker
+	tx     handlerTx
+	timer  *time.Timer
+	parked map[string]int64 // parked hosts of the partition (policy parkHost)
+	first  int64
+
+	started bool
+	last    int64 // last offset consumed (handled, dead-lettered or parked)
+	lastTx  int64 // its transaction id
+
+	// The current unit, when it is not handled.
+	action    unitAction
+	unitFirst int64
+	parkFor   int64
+	fail      *unitFailure
+
+	handled      int
+	deadLettered int
+	parkedUnits  int
+}
+
+// handle consumes evs, consecutive events of the partition that continue
+// the batch, unit by unit.
 func (st *batchState) handle(ctx context.Context, evs []Event) error {
-	w := st.w
-	for i := range evs {
-		ev := &evs[i]
-		if !st.started || ev.TransactionID != st.lastTx {
-			// A unit starts.
-			if err := st.closeDeadUnit(ctx); err != nil {
+	return batching.EachUnit(keys, evs, func(unit []Event) error {
+		head := &unit[0]
+		if !st.started || head.TransactionID != st.lastTx {
+			if err := st.openUnit(ctx, unit); err != nil {
 				return err
 			}
-			if f := w.poison[ev.TransactionID]; f != nil {
-				cfg := &w.c.cfg
-				st.dead = &offsets.DeadLetter{
-					Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
-					FirstOffset: ev.Offset, LastOffset: ev.Offset, TransactionID: ev.TransactionID,
-					Error: f.err.Error(), Attempts: f.attempts, FirstFailedAt: f.first, LastFailedAt: f.last,
-				}
+		} else if st.action == actHandle {
+			// The unit continues into a new chunk: a host in it may be
+			// parked, which is only known now.
+			if dl, ok := st.parkedHost(unit); ok {
+				return &unitError{txID: head.TransactionID, offset: head.Offset, parkFor: dl}
 			}
 		}
 		st.started = true
-		st.last, st.lastTx = ev.Offset, ev.TransactionID
-		if st.dead != nil {
-			st.dead.LastOffset = ev.Offset
-			continue
+		st.lastTx = head.TransactionID
+		if st.action != actHandle {
+			st.last = unit[len(unit)-1].Offset
+			return nil
 		}
-		if err := st.call(ctx, ev); err != nil {
-			return &unitError{txID: ev.TransactionID, offset: ev.Offset, err: err}
+		if err := st.run(ctx, unit); err != nil {
+			return err
 		}
-		st.handled++
+		st.last = unit[len(unit)-1].Offset
+		return nil
+	})
+}
+
+// openUnit closes the previous unit and decides what to do with the one
+// that starts with unit, its events in this chunk.
+func (st *batchState) openUnit(ctx context.Context, unit []Event) error {
+	if err := st.closeUnit(ctx); err != nil {
+		return err
+	}
+	w := st.w
+	head := &unit[0]
+	tx := head.TransactionID
+	switch {
+	case w.haltAt != nil && w.haltAt.offset == head.Offset:
+		if st.started {
+			return errCut // commit what comes before it first
+		}
+		return errHalt
+	case w.narrow != 0 && st.started && (w.narrow == tx || w.narrow == st.lastTx):
+		return errCut // the narrowed unit runs alone
+	}
+	st.action, st.unitFirst = actHandle, head.Offset
+	if f := w.poison[tx]; f != nil {
+		st.action, st.fail = actDeadLetter, f
+	} else if dl, ok := w.park[tx]; ok {
+		st.action, st.parkFor = actPark, dl
+	} else if dl, ok := st.parkedHost(unit); ok {
+		st.action, st.parkFor = actPark, dl
 	}
 	return nil
 }
 
-// closeDeadUnit writes the dead letter of the unit being skipped, if any.
-func (st *batchState) closeDeadUnit(ctx context.Context) error {
-	if st.dead == nil {
+// closeUnit writes the dead letter or the parked events of the unit that
+// just ended, if it was not handled.
+func (st *batchState) closeUnit(ctx context.Context) error {
+	if !st.started || st.action == actHandle {
 		return nil
 	}
-	d := st.dead
-	st.dead = nil
-	if _, err := offsets.WriteDeadLetter(ctx, st.tx.Tx, *d); err != nil {
-		return err
+	w := st.w
+	cfg := &w.c.cfg
+	action := st.action
+	st.action = actHandle
+	switch action {
+	case actDeadLetter:
+		f := st.fail
+		park := cfg.OnPermanentFailure == PolicyParkHost
+		id, hosts, err := offsets.WriteDeadLetter(ctx, st.tx.Tx, offsets.DeadLetter{
+			Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+			FirstOffset: st.unitFirst, LastOffset: st.last, TransactionID: st.lastTx,
+			Error: f.err.Error(), Attempts: max(f.attempts, 1), FirstFailedAt: f.first, LastFailedAt: f.last,
+			ParkHosts: park,
+		})
+		if err != nil {
+			return err
+		}
+		if park {
+			// The rest of this batch parks the unit's hosts too.
+			if st.parked == nil {
+				st.parked = map[string]int64{}
+			}
+			for _, h := range hosts {
+				if _, ok := st.parked[h]; !ok {
+					st.parked[h] = id
+				}
+			}
+		}
+		st.deadLettered++
+	case actPark:
+		if err := offsets.ParkEvents(ctx, st.tx.Tx, cfg.GroupID, cfg.TopicID, w.partition, st.unitFirst, st.last, st.parkFor); err != nil {
+			return err
+		}
+		st.parkedUnits++
 	}
-	st.deadLettered = append(st.deadLettered, d.TransactionID)
+	return nil
+}
+
+// parkedHost returns the dead letter that a host of evs is parked behind.
+func (st *batchState) parkedHost(evs []Event) (int64, bool) {
+	if len(st.parked) == 0 {
+		return 0, false
+	}
+	for i := range evs {
+		if dl, ok := st.parked[evs[i].HostID]; ok {
+			return dl, true
+		}
+	}
+	return 0, false
+}
+
+// run handles one unit (or the part of it in this chunk) under its time
+// budget: HandlerTimeout per BatchSize events.
+func (st *batchState) run(ctx context.Context, unit []Event) error {
+	cfg := &st.w.c.cfg
+	chunks := (len(unit) + cfg.BatchSize - 1) / cfg.BatchSize
+	st.timer.Reset(cfg.HandlerTimeout * time.Duration(chunks))
+	// fail reports a handler's error, or the budget running out even when
+	// the handler ignored its context and returned nil.
+	fail := func(ev *Event, err error) error {
+		ue := &unitError{txID: ev.TransactionID, offset: ev.Offset, err: err}
+		if errors.Is(context.Cause(ctx), errHandlerTimeout) {
+			ue.timeout = true
+			if ue.err == nil {
+				ue.err = errHandlerTimeout
+			}
+		}
+		return ue
+	}
+	if gh := cfg.Handlers.groups; gh != nil {
+		return batching.EachRun(keys, unit, func(run []Event) error {
+			if err := st.callGroup(ctx, gh, run); err != nil || ctx.Err() != nil {
+				return fail(&run[0], err)
+			}
+			st.handled += len(run)
+			return nil
+		})
+	}
+	for i := range unit {
+		ev := &unit[i]
+		if err := st.call(ctx, ev); err != nil || ctx.Err() != nil {
+			return fail(ev, err)
+		}
+		st.handled++
+	}
 	return nil
 }
 
@@ -334,12 +629,21 @@ func (st *batchState) call(ctx context.Context, ev *Event) (err error) {
 		}
 		return fmt.Errorf("%w %q", ErrUnknownEventType, ev.EventType)
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
-		}
-	}()
+	defer recoverPanic(&err)
 	return h.Handle(ctx, st.tx, ev)
+}
+
+// callGroup runs the group handler on a run, turning a panic into a
+// PanicError.
+func (st *batchState) callGroup(ctx context.Context, gh GroupHandler, run []Event) (err error) {
+	defer recoverPanic(&err)
+	return gh.HandleGroup(ctx, st.tx, run)
+}
+
+func recoverPanic(err *error) {
+	if r := recover(); r != nil {
+		*err = &PanicError{Value: r, Stack: debug.Stack()}
+	}
 }
 
 // handlerTx is used as pgx.Tx.

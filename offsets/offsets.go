@@ -113,20 +113,6 @@ LIMIT $4`
 	commitSQL = `UPDATE consumer_offsets SET next_offset = $4, updated_at = now()
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 
-	// deadLetterSQL records a unit that failed permanently, copying its
-	// events from the log, in the transaction that moves the group's
-	// position past it: the unit is either still ahead or dead-lettered,
-	// never dropped.
-	deadLetterSQL = `INSERT INTO dead_letter_queue
-    (group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
-     event_ids, host_ids, events, error, attempts, first_failed_at, last_failed_at)
-SELECT $1, $2, $3, $4, $5, $6,
-       array_agg(m.event_id ORDER BY m.c_offset), array_agg(DISTINCT m.host_id),
-       jsonb_agg(to_jsonb(m) ORDER BY m.c_offset), $7, $8, $9, $10
-FROM outbox_message_t m
-WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
-RETURNING id`
-
 	// positionSQL reads a group's position in a partition.
 	positionSQL = `SELECT next_offset FROM consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
@@ -211,20 +197,47 @@ type Batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// Claim begins a transaction on db, locks the group's position in the
-// partition for the rest of it, and appends to buf up to limit events from
-// that position, in offset order: BEGIN and the claim travel in one round
-// trip. It returns the transaction, which the caller must end.
-func Claim(ctx context.Context, db Batcher, group string, topic, partition, limit int, buf []Event) (pgx.Tx, []Event, error) {
+// Claim describes a claim of a partition's next batch.
+type Claim struct {
+	Group     string
+	Topic     int
+	Partition int
+	// Limit is the number of events to read.
+	Limit int
+	// Parked asks for the partition's parked hosts too.
+	Parked bool
+}
+
+// Claimed is what a claim returns.
+type Claimed struct {
+	// Tx is the batch transaction, holding the partition's lock; the caller
+	// must end it.
+	Tx pgx.Tx
+	// Events are the events read, in offset order, appended to the buffer
+	// given to Do.
+	Events []Event
+	// Parked maps the partition's parked hosts to the dead letter they wait
+	// behind, when Claim.Parked was set; it is read under the lock.
+	Parked map[string]int64
+}
+
+// Do begins a transaction on db, locks the group's position in the
+// partition for the rest of it, and appends to buf up to c.Limit events
+// from that position, in offset order: BEGIN, the claim and the parked
+// hosts travel in one round trip.
+func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error) {
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(claimSQL, group, topic, partition, limit)
+	b.Queue(claimSQL, c.Group, c.Topic, c.Partition, c.Limit)
+	if c.Parked {
+		b.Queue(parkedSQL, c.Group, c.Topic, c.Partition)
+	}
 	br := db.SendBatch(ctx, &b)
-	tx := br.Tx()
-	fail := func(err error) (pgx.Tx, []Event, error) {
+	out := Claimed{Tx: br.Tx(), Events: buf}
+	fail := func(err error) (Claimed, error) {
 		_ = br.Close()
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, buf, fmt.Errorf("offsets: claim: %w", err)
+		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
+		return Claimed{Events: out.Events}, fmt.Errorf("offsets: claim: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
 		return fail(err)
@@ -233,14 +246,32 @@ func Claim(ctx context.Context, db Batcher, group string, topic, partition, limi
 	if err != nil {
 		return fail(err)
 	}
-	buf, err = scanEvents(rows, buf, "claim")
-	if err != nil {
+	if out.Events, err = scanEvents(rows, buf, "claim"); err != nil {
 		return fail(err)
+	}
+	if c.Parked {
+		rows, err := br.Query()
+		if err != nil {
+			return fail(err)
+		}
+		out.Parked = map[string]int64{}
+		for rows.Next() {
+			var host string
+			var id int64
+			if err := rows.Scan(&host, &id); err != nil {
+				rows.Close()
+				return fail(err)
+			}
+			out.Parked[host] = id
+		}
+		if err := rows.Err(); err != nil {
+			return fail(err)
+		}
 	}
 	if err := br.Close(); err != nil {
 		return fail(err)
 	}
-	return tx, buf, nil
+	return out, nil
 }
 
 // Fetch appends to buf up to limit events of the partition after offset
@@ -280,30 +311,4 @@ func Commit(ctx context.Context, tx pgx.Tx, group string, topic, partition int, 
 		return ErrNoPosition
 	}
 	return nil
-}
-
-// DeadLetter describes a unit that failed permanently.
-type DeadLetter struct {
-	Group         string
-	Topic         int
-	Partition     int
-	FirstOffset   int64
-	LastOffset    int64
-	TransactionID int64
-	Error         string
-	Attempts      int
-	FirstFailedAt time.Time
-	LastFailedAt  time.Time
-}
-
-// WriteDeadLetter records d in dead_letter_queue in tx, with a copy of the
-// unit's events, and returns the row's id.
-func WriteDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) (int64, error) {
-	var id int64
-	err := tx.QueryRow(ctx, deadLetterSQL, d.Group, d.Topic, d.Partition, d.FirstOffset, d.LastOffset,
-		d.TransactionID, d.Error, d.Attempts, d.FirstFailedAt, d.LastFailedAt).Scan(&id)
-	if err != nil {
-		return 0, fmt.Errorf("offsets: dead-letter offsets %d-%d: %w", d.FirstOffset, d.LastOffset, err)
-	}
-	return id, nil
 }

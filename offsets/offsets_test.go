@@ -105,20 +105,21 @@ func TestClaimOrdersCompetingClaimers(t *testing.T) {
 	if err := Init(ctx, pool, "g", 1, []int{0}); err != nil {
 		t.Fatal(err)
 	}
-	tx1, evs1, err := Claim(ctx, pool, "g", 1, 0, 4, nil)
+	c1, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4}.Do(ctx, pool, nil)
+	tx1, evs1 := c1.Tx, c1.Events
 	if err != nil || len(evs1) != 4 || evs1[0].Offset != 1 {
 		t.Fatalf("first claim: %d events from %v, %v", len(evs1), evs1, err)
 	}
 	second := make(chan []Event, 1)
 	go func() {
-		tx2, evs, err := Claim(ctx, pool, "g", 1, 0, 4, nil)
+		c2, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4}.Do(ctx, pool, nil)
 		if err != nil {
 			t.Error(err)
 			second <- nil
 			return
 		}
-		defer tx2.Rollback(ctx) //nolint:errcheck
-		second <- evs
+		defer c2.Tx.Rollback(ctx) //nolint:errcheck
+		second <- c2.Events
 	}()
 	// The second claimer is blocked on the row lock.
 	pgtest.WaitFor(t, 5*time.Second, "second claimer waiting on the lock", func() bool {

@@ -1,0 +1,342 @@
+package offsets
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Dead letters, parked hosts and halts. Every statement that changes them
+// for a partition runs in a transaction holding that partition's
+// consumer_offsets row lock (a worker's batch, or the dead-letter admin after
+// LockPosition), so the worker and the admin never race.
+const (
+	// writeDeadLetterSQL records a unit that failed permanently, copying its
+	// events from the log, in the transaction that moves the group's
+	// position past it: the unit is either still ahead or dead-lettered,
+	// never dropped.
+	writeDeadLetterSQL = `INSERT INTO dead_letter_queue
+    (group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
+     event_ids, host_ids, events, error, attempts, first_failed_at, last_failed_at, parked_hosts)
+SELECT $1, $2, $3, $4, $5, $6,
+       array_agg(m.event_id ORDER BY m.c_offset), array_agg(DISTINCT m.host_id),
+       jsonb_agg(to_jsonb(m) ORDER BY m.c_offset), $7, $8, $9, $10, $11
+FROM outbox_message_t m
+WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
+RETURNING id, host_ids`
+
+	// parkHostsSQL parks hosts behind dead letter $5. A host already parked
+	// stays behind its first dead letter.
+	parkHostsSQL = `INSERT INTO parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
+SELECT $1, $2, $3, h, $5 FROM unnest($4::text[]) AS h
+ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
+
+	// parkEventsSQL holds back the events of a unit behind dead letter $6,
+	// with a copy of each, and parks every host of the unit (a unit is
+	// handled whole, so all its hosts now wait behind the same dead letter).
+	parkEventsSQL = `WITH ev AS (
+    INSERT INTO parked_events (group_id, topic_id, partition_id, c_offset, dead_letter_id, event)
+    SELECT $1, $2, $3, m.c_offset, $6, to_jsonb(m)
+    FROM outbox_message_t m
+    WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
+    RETURNING (event->>'host_id') AS host_id
+)
+INSERT INTO parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
+SELECT DISTINCT $1, $2, $3, host_id, $6::bigint FROM ev
+ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
+
+	// parkedSQL lists the partition's parked hosts. Queued right after the
+	// claim, it reads them under the partition's lock.
+	parkedSQL = `SELECT host_id, dead_letter_id FROM parked_hosts
+WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
+
+	haltSQL = `INSERT INTO partition_halts (group_id, topic_id, partition_id, c_offset, reason)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (group_id, topic_id, partition_id)
+DO UPDATE SET c_offset = excluded.c_offset, reason = excluded.reason, halted_at = now()`
+
+	haltsSQL = `SELECT partition_id, c_offset, reason FROM partition_halts WHERE group_id = $1 AND topic_id = $2`
+
+	unhaltSQL = `DELETE FROM partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
+
+	// lockPositionSQL takes a partition's lock for the dead-letter admin.
+	lockPositionSQL = `SELECT next_offset FROM consumer_offsets
+WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 FOR UPDATE`
+
+	deadLetterColumns = `id, group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
+       event_ids::text[], host_ids, error, attempts, first_failed_at, last_failed_at, parked_hosts, created_at,
+       (SELECT count(*) FROM parked_events p WHERE p.dead_letter_id = d.id)`
+
+	listDeadLettersSQL = `SELECT ` + deadLetterColumns + `
+FROM dead_letter_queue d
+WHERE ($1 = '' OR group_id = $1)
+ORDER BY id`
+
+	getDeadLetterSQL = `SELECT ` + deadLetterColumns + `, events
+FROM dead_letter_queue d WHERE id = $1`
+
+	parkedEventsSQL = `SELECT event FROM parked_events WHERE dead_letter_id = $1 ORDER BY c_offset`
+
+	// resolveSQL removes a dead letter and everything parked behind it.
+	resolveSQL = `WITH h AS (DELETE FROM parked_hosts WHERE dead_letter_id = $1),
+     e AS (DELETE FROM parked_events WHERE dead_letter_id = $1)
+DELETE FROM dead_letter_queue WHERE id = $1`
+
+	failedReplaySQL = `UPDATE dead_letter_queue
+SET attempts = attempts + 1, last_failed_at = now(), error = $2 WHERE id = $1`
+)
+
+// DeadLetter is a unit that failed permanently, as recorded in
+// dead_letter_queue.
+type DeadLetter struct {
+	ID            int64     `json:"id"`
+	Group         string    `json:"group_id"`
+	Topic         int       `json:"topic_id"`
+	Partition     int       `json:"partition_id"`
+	FirstOffset   int64     `json:"first_offset"`
+	LastOffset    int64     `json:"last_offset"`
+	TransactionID int64     `json:"transaction_id"`
+	EventIDs      []string  `json:"event_ids"`
+	HostIDs       []string  `json:"host_ids"`
+	Error         string    `json:"error"`
+	Attempts      int       `json:"attempts"`
+	FirstFailedAt time.Time `json:"first_failed_at"`
+	LastFailedAt  time.Time `json:"last_failed_at"`
+	// ParkHosts says that the unit's hosts are parked behind it.
+	ParkHosts bool      `json:"parked_hosts"`
+	CreatedAt time.Time `json:"created_at"`
+	// Parked is the number of events parked behind the dead letter.
+	Parked int64 `json:"parked_events"`
+	// Events are the unit's events, filled by GetDeadLetter only.
+	Events []Event `json:"events,omitempty"`
+}
+
+// WriteDeadLetter records d's unit, offsets FirstOffset to LastOffset of its
+// partition, in tx, with a copy of its events; when d.ParkHosts is set it
+// also parks the unit's hosts behind it. It returns the row's id and the
+// unit's hosts.
+func WriteDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) (int64, []string, error) {
+	var (
+		id    int64
+		hosts []string
+	)
+	err := tx.QueryRow(ctx, writeDeadLetterSQL, d.Group, d.Topic, d.Partition, d.FirstOffset, d.LastOffset,
+		d.TransactionID, d.Error, d.Attempts, d.FirstFailedAt, d.LastFailedAt, d.ParkHosts).Scan(&id, &hosts)
+	if err != nil {
+		return 0, nil, fmt.Errorf("offsets: dead-letter offsets %d-%d: %w", d.FirstOffset, d.LastOffset, err)
+	}
+	if d.ParkHosts {
+		if _, err := tx.Exec(ctx, parkHostsSQL, d.Group, d.Topic, d.Partition, hosts, id); err != nil {
+			return 0, nil, fmt.Errorf("offsets: park hosts: %w", err)
+		}
+	}
+	return id, hosts, nil
+}
+
+// ParkEvents holds back the events first..last of a partition behind dead
+// letter deadLetterID, and parks their hosts, in tx.
+func ParkEvents(ctx context.Context, tx pgx.Tx, group string, topic, partition int, first, last, deadLetterID int64) error {
+	if _, err := tx.Exec(ctx, parkEventsSQL, group, topic, partition, first, last, deadLetterID); err != nil {
+		return fmt.Errorf("offsets: park offsets %d-%d: %w", first, last, err)
+	}
+	return nil
+}
+
+// Halt records that the group's partition stopped at offset, and why.
+func Halt(ctx context.Context, q Querier, group string, topic, partition int, offset int64, reason string) error {
+	if _, err := q.Exec(ctx, haltSQL, group, topic, partition, offset, reason); err != nil {
+		return fmt.Errorf("offsets: record halt: %w", err)
+	}
+	return nil
+}
+
+// HaltRecord says where and why a partition halted.
+type HaltRecord struct {
+	Partition int
+	Offset    int64
+	Reason    string
+}
+
+// Halts returns the group's halted partitions.
+func Halts(ctx context.Context, q Querier, group string, topic int) ([]HaltRecord, error) {
+	rows, err := q.Query(ctx, haltsSQL, group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: halts: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[HaltRecord])
+	if err != nil {
+		return nil, fmt.Errorf("offsets: halts: %w", err)
+	}
+	return out, nil
+}
+
+// Unhalt removes the partition's halt record.
+func Unhalt(ctx context.Context, q Querier, group string, topic, partition int) error {
+	if _, err := q.Exec(ctx, unhaltSQL, group, topic, partition); err != nil {
+		return fmt.Errorf("offsets: remove halt: %w", err)
+	}
+	return nil
+}
+
+// LockPosition locks the group's position in a partition for the rest of
+// tx, as a worker's claim does, and returns it.
+func LockPosition(ctx context.Context, tx pgx.Tx, group string, topic, partition int) (int64, error) {
+	var next int64
+	err := tx.QueryRow(ctx, lockPositionSQL, group, topic, partition).Scan(&next)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrNoPosition
+	}
+	if err != nil {
+		return 0, fmt.Errorf("offsets: lock position: %w", err)
+	}
+	return next, nil
+}
+
+func scanDeadLetter(row pgx.Row, withEvents bool) (DeadLetter, error) {
+	var d DeadLetter
+	dest := []any{&d.ID, &d.Group, &d.Topic, &d.Partition, &d.FirstOffset, &d.LastOffset, &d.TransactionID,
+		&d.EventIDs, &d.HostIDs, &d.Error, &d.Attempts, &d.FirstFailedAt, &d.LastFailedAt, &d.ParkHosts, &d.CreatedAt, &d.Parked}
+	var events []byte
+	if withEvents {
+		dest = append(dest, &events)
+	}
+	if err := row.Scan(dest...); err != nil {
+		return d, err
+	}
+	if withEvents {
+		var err error
+		if d.Events, err = decodeEvents(events); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// ListDeadLetters returns the dead letters of group (every group when
+// group is empty), oldest first.
+func ListDeadLetters(ctx context.Context, q Querier, group string) ([]DeadLetter, error) {
+	rows, err := q.Query(ctx, listDeadLettersSQL, group)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: list dead letters: %w", err)
+	}
+	defer rows.Close()
+	var out []DeadLetter
+	for rows.Next() {
+		d, err := scanDeadLetter(rows, false)
+		if err != nil {
+			return nil, fmt.Errorf("offsets: list dead letters: %w", err)
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// ErrNoDeadLetter is returned when a dead letter id does not exist.
+var ErrNoDeadLetter = errors.New("no such dead letter")
+
+// GetDeadLetter returns dead letter id with its events.
+func GetDeadLetter(ctx context.Context, q Querier, id int64) (DeadLetter, error) {
+	d, err := scanDeadLetter(q.QueryRow(ctx, getDeadLetterSQL, id), true)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d, fmt.Errorf("offsets: dead letter %d: %w", id, ErrNoDeadLetter)
+	}
+	if err != nil {
+		return d, fmt.Errorf("offsets: dead letter %d: %w", id, err)
+	}
+	return d, nil
+}
+
+// ParkedEvents returns the events parked behind dead letter id, in offset
+// order.
+func ParkedEvents(ctx context.Context, q Querier, id int64) ([]Event, error) {
+	rows, err := q.Query(ctx, parkedEventsSQL, id)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: parked events: %w", err)
+	}
+	raw, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, fmt.Errorf("offsets: parked events: %w", err)
+	}
+	out := make([]Event, 0, len(raw))
+	for _, r := range raw {
+		ev, err := decodeEvent(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ev)
+	}
+	return out, nil
+}
+
+// ResolveDeadLetter removes dead letter id and everything parked behind it,
+// in tx.
+func ResolveDeadLetter(ctx context.Context, tx pgx.Tx, id int64) error {
+	tag, err := tx.Exec(ctx, resolveSQL, id)
+	if err != nil {
+		return fmt.Errorf("offsets: resolve dead letter %d: %w", id, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("offsets: dead letter %d: %w", id, ErrNoDeadLetter)
+	}
+	return nil
+}
+
+// RecordFailedReplay counts a failed replay of dead letter id.
+func RecordFailedReplay(ctx context.Context, q Querier, id int64, reason string) error {
+	if _, err := q.Exec(ctx, failedReplaySQL, id, reason); err != nil {
+		return fmt.Errorf("offsets: record failed replay: %w", err)
+	}
+	return nil
+}
+
+// storedEvent is an event as to_jsonb(outbox_message_t) writes it.
+type storedEvent struct {
+	Offset        int64           `json:"c_offset"`
+	TopicID       int             `json:"topic_id"`
+	PartitionID   int             `json:"partition_id"`
+	EventID       string          `json:"event_id"`
+	HostID        string          `json:"host_id"`
+	UserID        string          `json:"user_id"`
+	TransactionID int64           `json:"transaction_id"`
+	EventType     string          `json:"event_type"`
+	Payload       json.RawMessage `json:"payload"`
+	Metadata      json.RawMessage `json:"metadata"`
+	CreatedAt     time.Time       `json:"created_at"`
+}
+
+func (s storedEvent) event() Event {
+	ev := Event{Offset: s.Offset, TopicID: s.TopicID, PartitionID: s.PartitionID, EventID: s.EventID,
+		HostID: s.HostID, UserID: s.UserID, TransactionID: s.TransactionID, EventType: s.EventType,
+		Payload: s.Payload, Metadata: s.Metadata, CreatedAt: s.CreatedAt}
+	if string(ev.Payload) == "null" {
+		ev.Payload = nil
+	}
+	if string(ev.Metadata) == "null" {
+		ev.Metadata = nil
+	}
+	return ev
+}
+
+func decodeEvent(b []byte) (Event, error) {
+	var s storedEvent
+	if err := json.Unmarshal(b, &s); err != nil {
+		return Event{}, fmt.Errorf("offsets: decode stored event: %w", err)
+	}
+	return s.event(), nil
+}
+
+func decodeEvents(b []byte) ([]Event, error) {
+	var ss []storedEvent
+	if err := json.Unmarshal(b, &ss); err != nil {
+		return nil, fmt.Errorf("offsets: decode stored events: %w", err)
+	}
+	out := make([]Event, len(ss))
+	for i, s := range ss {
+		out[i] = s.event()
+	}
+	return out, nil
+}
