@@ -3,6 +3,7 @@ package pgevents
 import (
 	"context"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,6 +42,14 @@ func newTopic(t *testing.T, partitions int) *pgxpool.Pool {
 // until the test ends, and fails the test if Run returns an error.
 func startConsumer(t *testing.T, pool *pgxpool.Pool, cfg Config) *Consumer {
 	t.Helper()
+	c, _ := startStoppableConsumer(t, pool, cfg)
+	return c
+}
+
+// startStoppableConsumer is startConsumer with a function that stops the
+// consumer and waits for Run to return.
+func startStoppableConsumer(t *testing.T, pool *pgxpool.Pool, cfg Config) (*Consumer, func()) {
+	t.Helper()
 	if cfg.GroupID == "" {
 		cfg.GroupID = "g"
 	}
@@ -48,7 +57,8 @@ func startConsumer(t *testing.T, pool *pgxpool.Pool, cfg Config) *Consumer {
 		cfg.TotalPartitions = 4
 	}
 	if cfg.Logger == nil {
-		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).Level(zerolog.WarnLevel).With().Timestamp().Str("test", t.Name()).Logger()
+		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(zerolog.WarnLevel).
+			With().Timestamp().Str("test", t.Name()).Logger()
 		cfg.Logger = &l
 	}
 	c, err := NewConsumer(pool, cfg)
@@ -58,19 +68,23 @@ func startConsumer(t *testing.T, pool *pgxpool.Pool, cfg Config) *Consumer {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("consumer: %v", err)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("consumer: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("consumer did not stop within 30 s")
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("consumer did not stop within 30 s")
-		}
-	})
+		})
+	}
+	t.Cleanup(stop)
 	pgtest.WaitFor(t, 10*time.Second, "consumer listener connected", c.Ready)
-	return c
+	return c, stop
 }
 
 // appendTx appends evs in one transaction and returns their offsets.

@@ -11,8 +11,10 @@ import (
 // ParsePoolConfig parses a connection URL into a pool configuration suited
 // to a consumer: TCP keepalive and TCP_USER_TIMEOUT on every connection (so
 // that the server and the client notice a dead peer in seconds, and a batch
-// stuck on a vanished server fails instead of hanging), and application_name
-// "pgevents-consumer" unless the URL sets one. Adjust MaxConns before
+// stuck on a vanished server fails instead of hanging), application_name
+// "pgevents-consumer", statement_timeout 30 s and
+// idle_in_transaction_session_timeout 60 s (so that no consumer pins the
+// xmin horizon for long), each unless the URL sets it. Adjust MaxConns before
 // creating the pool: a consumer needs one connection per served partition
 // plus two.
 func ParsePoolConfig(url string) (*pgxpool.Config, error) {
@@ -21,8 +23,14 @@ func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 		return nil, fmt.Errorf("pgevents: parse database url: %w", err)
 	}
 	pc.ConnConfig.DialFunc = listener.Dial
-	if pc.ConnConfig.RuntimeParams["application_name"] == "" {
-		pc.ConnConfig.RuntimeParams["application_name"] = "pgevents-consumer"
+	for param, value := range map[string]string{
+		"application_name":                    "pgevents-consumer",
+		"statement_timeout":                   "30000",
+		"idle_in_transaction_session_timeout": "60000",
+	} {
+		if pc.ConnConfig.RuntimeParams[param] == "" {
+			pc.ConnConfig.RuntimeParams[param] = value
+		}
 	}
 	return pc, nil
 }

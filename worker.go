@@ -298,8 +298,10 @@ func (w *worker) breakerTripped() bool {
 		}
 	}
 	w.deadTimes = kept
-	if len(kept) >= max {
-		w.log.Error().Int("dead_letters", len(kept)).Dur("window", w.c.cfg.DeadLetterWindow).
+	// Units already marked count too: they are dead-lettered in the next
+	// attempt of this batch.
+	if n := len(kept) + len(w.poison); n >= max {
+		w.log.Error().Int("dead_letters", n).Dur("window", w.c.cfg.DeadLetterWindow).
 			Msg("dead-letter circuit breaker tripped")
 		return true
 	}
@@ -593,51 +595,69 @@ func (st *batchState) run(ctx context.Context, unit []Event) error {
 	// the handler ignored its context and returned nil.
 	fail := func(ev *Event, err error) error {
 		ue := &unitError{txID: ev.TransactionID, offset: ev.Offset, err: err}
-		if errors.Is(context.Cause(ctx), errHandlerTimeout) {
-			ue.timeout = true
-			if ue.err == nil {
-				ue.err = errHandlerTimeout
-			}
-		}
+		ue.timeout = errors.Is(context.Cause(ctx), errHandlerTimeout)
 		return ue
 	}
-	if gh := cfg.Handlers.groups; gh != nil {
-		return batching.EachRun(keys, unit, func(run []Event) error {
-			if err := st.callGroup(ctx, gh, run); err != nil || ctx.Err() != nil {
-				return fail(&run[0], err)
-			}
-			st.handled += len(run)
-			return nil
-		})
-	}
-	for i := range unit {
-		ev := &unit[i]
-		if err := st.call(ctx, ev); err != nil || ctx.Err() != nil {
-			return fail(ev, err)
-		}
-		st.handled++
+	if ev, err := st.w.c.dispatch(ctx, st.tx, unit, &st.handled); err != nil {
+		return fail(ev, err)
 	}
 	return nil
 }
 
+// dispatch runs the handlers of evs, a unit or the part of one in a chunk,
+// in order on tx: the group handler on each run when one is registered,
+// otherwise each event's handler. It counts the events handled in *handled
+// and returns the event at which it failed, also when ctx ended while a
+// handler that ignored it ran.
+func (c *Consumer) dispatch(ctx context.Context, tx handlerTx, evs []Event, handled *int) (*Event, error) {
+	var failed *Event
+	if gh := c.cfg.Handlers.groups; gh != nil {
+		err := batching.EachRun(keys, evs, func(run []Event) error {
+			if err := callGroup(ctx, tx, gh, run); err != nil || ctx.Err() != nil {
+				failed = &run[0]
+				return errOr(err, ctx)
+			}
+			*handled += len(run)
+			return nil
+		})
+		return failed, err
+	}
+	for i := range evs {
+		ev := &evs[i]
+		if err := c.call(ctx, tx, ev); err != nil || ctx.Err() != nil {
+			return ev, errOr(err, ctx)
+		}
+		*handled++
+	}
+	return nil, nil
+}
+
+// errOr returns err, or the cause of ctx's end when err is nil.
+func errOr(err error, ctx context.Context) error {
+	if err != nil {
+		return err
+	}
+	return context.Cause(ctx)
+}
+
 // call runs the handler of ev, turning a panic into a PanicError.
-func (st *batchState) call(ctx context.Context, ev *Event) (err error) {
-	h, ok := st.w.c.cfg.Handlers.Lookup(ev.EventType)
+func (c *Consumer) call(ctx context.Context, tx handlerTx, ev *Event) (err error) {
+	h, ok := c.cfg.Handlers.Lookup(ev.EventType)
 	if !ok {
-		if st.w.c.cfg.UnknownEventType == UnknownEventSkip {
+		if c.cfg.UnknownEventType == UnknownEventSkip {
 			return nil
 		}
 		return fmt.Errorf("%w %q", ErrUnknownEventType, ev.EventType)
 	}
 	defer recoverPanic(&err)
-	return h.Handle(ctx, st.tx, ev)
+	return h.Handle(ctx, tx, ev)
 }
 
-// callGroup runs the group handler on a run, turning a panic into a
+// callGroup runs a group handler on a run, turning a panic into a
 // PanicError.
-func (st *batchState) callGroup(ctx context.Context, gh GroupHandler, run []Event) (err error) {
+func callGroup(ctx context.Context, tx handlerTx, gh GroupHandler, run []Event) (err error) {
 	defer recoverPanic(&err)
-	return gh.HandleGroup(ctx, st.tx, run)
+	return gh.HandleGroup(ctx, tx, run)
 }
 
 func recoverPanic(err *error) {

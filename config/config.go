@@ -111,6 +111,38 @@ type Config struct {
 	// is final. Defaults to 5; must be greater than 0.
 	MaxAttempts int `yaml:"maxAttempts"`
 
+	// OnPermanentFailure is the policy for a unit that fails permanently:
+	// "deadLetter" records it in dead_letter_queue and moves on,
+	// "parkHost" also holds back its hosts' later events until the dead
+	// letter is replayed or discarded, "halt" stops the partition before
+	// it. Defaults to "deadLetter".
+	OnPermanentFailure string `yaml:"onPermanentFailure"`
+
+	// MaxDeadLetterRate is the circuit breaker against a bad deploy: when a
+	// partition has dead-lettered this many units within
+	// DeadLetterWindowMs, the next permanent failure halts it. Defaults to
+	// 100; -1 disables the breaker; otherwise must be greater than 0.
+	MaxDeadLetterRate int `yaml:"maxDeadLetterRate"`
+
+	// DeadLetterWindowMs is the breaker's window, in milliseconds.
+	// Defaults to 60000; must be greater than 0.
+	DeadLetterWindowMs int `yaml:"deadLetterWindowMs"`
+
+	// HandlerTimeoutMs bounds the handling of one unit per batchSize events,
+	// in milliseconds; running out is a transient failure. Defaults to
+	// 30000; must be greater than 0.
+	HandlerTimeoutMs int `yaml:"handlerTimeoutMs"`
+
+	// StatementTimeoutMs is the statement_timeout of consumer connections,
+	// in milliseconds. Defaults to 30000; 0 leaves the server's setting.
+	StatementTimeoutMs int `yaml:"statementTimeoutMs"`
+
+	// IdleInTransactionTimeoutMs is the
+	// idle_in_transaction_session_timeout of consumer connections, in
+	// milliseconds, so that no consumer pins the xmin horizon for long.
+	// Defaults to 60000; 0 leaves the server's setting.
+	IdleInTransactionTimeoutMs int `yaml:"idleInTransactionTimeoutMs"`
+
 	// Handlers lists the built-in handlers, in the order given. It may be
 	// empty.
 	Handlers []Handler `yaml:"handlers"`
@@ -156,6 +188,13 @@ func Default() Config {
 		RetryInitialMs:    100,
 		RetryMaxMs:        30000,
 		MaxAttempts:       5,
+
+		OnPermanentFailure:         "deadLetter",
+		MaxDeadLetterRate:          100,
+		DeadLetterWindowMs:         60000,
+		HandlerTimeoutMs:           30000,
+		StatementTimeoutMs:         30000,
+		IdleInTransactionTimeoutMs: 60000,
 	}
 }
 
@@ -167,6 +206,12 @@ func (c *Config) RetryInitial() time.Duration { return millis(c.RetryInitialMs) 
 
 // RetryMax returns RetryMaxMs as a duration.
 func (c *Config) RetryMax() time.Duration { return millis(c.RetryMaxMs) }
+
+// DeadLetterWindow returns DeadLetterWindowMs as a duration.
+func (c *Config) DeadLetterWindow() time.Duration { return millis(c.DeadLetterWindowMs) }
+
+// HandlerTimeout returns HandlerTimeoutMs as a duration.
+func (c *Config) HandlerTimeout() time.Duration { return millis(c.HandlerTimeoutMs) }
 
 // ShutdownTimeout returns ShutdownTimeoutMs as a duration.
 func (c *Config) ShutdownTimeout() time.Duration { return millis(c.ShutdownTimeoutMs) }
@@ -384,6 +429,13 @@ var topFields = map[string]topField{
 	"retryInitialMs":    intField(func(c *Config) *int { return &c.RetryInitialMs }),
 	"retryMaxMs":        intField(func(c *Config) *int { return &c.RetryMaxMs }),
 	"maxAttempts":       intField(func(c *Config) *int { return &c.MaxAttempts }),
+
+	"onPermanentFailure":         stringField(func(c *Config) *string { return &c.OnPermanentFailure }),
+	"maxDeadLetterRate":          intField(func(c *Config) *int { return &c.MaxDeadLetterRate }),
+	"deadLetterWindowMs":         intField(func(c *Config) *int { return &c.DeadLetterWindowMs }),
+	"handlerTimeoutMs":           intField(func(c *Config) *int { return &c.HandlerTimeoutMs }),
+	"statementTimeoutMs":         intField(func(c *Config) *int { return &c.StatementTimeoutMs }),
+	"idleInTransactionTimeoutMs": intField(func(c *Config) *int { return &c.IdleInTransactionTimeoutMs }),
 }
 
 const keyHandlers = "handlers"
@@ -532,6 +584,7 @@ var (
 	logLevels         = []string{"debug", "info", "warn", "error"}
 	logFormats        = []string{"auto", "json", "console"}
 	unknownEventTypes = []string{"skip", "fail"}
+	failurePolicies   = []string{"deadLetter", "parkHost", "halt"}
 	handlerTypes      = []string{handlerLog, handlerSQL}
 )
 
@@ -620,6 +673,19 @@ func (c *Config) problems() []*Error {
 		add("retryMaxMs", "must be greater than 0, got %d", c.RetryMaxMs)
 	}
 	positive("maxAttempts", c.MaxAttempts)
+	oneOf("onPermanentFailure", c.OnPermanentFailure, failurePolicies)
+	if c.MaxDeadLetterRate != -1 {
+		positive("maxDeadLetterRate", c.MaxDeadLetterRate)
+	}
+	positiveMillis("deadLetterWindowMs", c.DeadLetterWindowMs)
+	positiveMillis("handlerTimeoutMs", c.HandlerTimeoutMs)
+	optionalMillis := func(key string, v int) {
+		if v < 0 || v > maxMillis {
+			add(key, "must be 0 (the server's setting) or between 1 and %d, got %d", maxMillis, v)
+		}
+	}
+	optionalMillis("statementTimeoutMs", c.StatementTimeoutMs)
+	optionalMillis("idleInTransactionTimeoutMs", c.IdleInTransactionTimeoutMs)
 
 	for i, h := range c.Handlers {
 		path := keyHandlers + "[" + strconv.Itoa(i) + "]."

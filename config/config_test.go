@@ -61,6 +61,12 @@ shutdownTimeoutMs: 5000
 retryInitialMs: 50
 retryMaxMs: 60000
 maxAttempts: 9
+onPermanentFailure: parkHost
+maxDeadLetterRate: -1
+deadLetterWindowMs: 1000
+handlerTimeoutMs: 2000
+statementTimeoutMs: 0
+idleInTransactionTimeoutMs: 5000
 handlers:
   - eventType: "*"
     type: log
@@ -93,6 +99,13 @@ func TestParseFullFile(t *testing.T) {
 		RetryInitialMs:    50,
 		RetryMaxMs:        60000,
 		MaxAttempts:       9,
+
+		OnPermanentFailure:         "parkHost",
+		MaxDeadLetterRate:          -1,
+		DeadLetterWindowMs:         1000,
+		HandlerTimeoutMs:           2000,
+		StatementTimeoutMs:         0,
+		IdleInTransactionTimeoutMs: 5000,
 		Handlers: []Handler{
 			{EventType: "*", Type: "log", Output: "stdout"},
 			{EventType: "invoice_paid", Type: "log", Output: "/var/log/paid.log"},
@@ -247,6 +260,9 @@ func TestParseErrors(t *testing.T) {
 		{"topicId 0", head + "topicId: 0\n", "topicId", 3, "greater than 0"},
 		{"batchSize 0", head + "batchSize: 0\n", "batchSize", 3, "greater than 0"},
 		{"batchSize -1", head + "batchSize: -1\n", "batchSize", 3, "greater than 0"},
+		{"onPermanentFailure unknown", head + "onPermanentFailure: retry\n", "onPermanentFailure", 3, "must be one of"},
+		{"maxDeadLetterRate 0", head + "maxDeadLetterRate: 0\n", "maxDeadLetterRate", 3, "greater than 0"},
+		{"statementTimeoutMs negative", head + "statementTimeoutMs: -1\n", "statementTimeoutMs", 3, "must be 0"},
 		{"totalPartitions 0", head + "totalPartitions: 0\n", "totalPartitions", 3, "between 1 and 1024"},
 		{"totalPartitions 1025", head + "totalPartitions: 1025\n", "totalPartitions", 3, "between 1 and 1024"},
 		{"partitionId == totalPartitions", head + "totalPartitions: 4\npartitionId: 4\n", "partitionId", 4, "between 0 and 3"},

@@ -5,6 +5,7 @@
 //	consumer run     [--config FILE]   run the configured group until SIGINT/SIGTERM
 //	consumer migrate [--config FILE] [--print]
 //	                                   apply the schema and create the configured topic
+//	consumer dlq     list|replay|discard  dead-letter admin
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL
 //	consumer bench   [--json]          measure append rates and end-to-end latency
 //
@@ -48,6 +49,7 @@ const usage = `usage: consumer <command> [flags]
 commands:
   run      run the configured consumer group until SIGINT or SIGTERM
   migrate  apply the schema migrations and create the configured topic
+  dlq      list, replay or discard dead letters (consumer dlq -h)
   demo     run producers and a consumer group against a local PostgreSQL
   bench    measure append rates and commit-to-handler latency
 
@@ -73,6 +75,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runCmd(ctx, args[1:], stdout, stderr)
 	case "migrate":
 		err = migrateCmd(ctx, args[1:], stdout, stderr)
+	case "dlq":
+		err = dlqCmd(ctx, args[1:], stdout, stderr)
 	case "demo":
 		err = demoCmd(ctx, args[1:], stdout, stderr)
 	case "bench":

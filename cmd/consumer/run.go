@@ -69,6 +69,13 @@ func consumerConfig(cfg *config.Config, handlers *pgevents.Handlers, log *zerolo
 	if cfg.UnknownEventType == "skip" {
 		unknown = pgevents.UnknownEventSkip
 	}
+	policy := pgevents.PolicyDeadLetter
+	switch cfg.OnPermanentFailure {
+	case "parkHost":
+		policy = pgevents.PolicyParkHost
+	case "halt":
+		policy = pgevents.PolicyHalt
+	}
 	return pgevents.Config{
 		GroupID:          cfg.GroupID,
 		TopicID:          cfg.TopicID,
@@ -82,8 +89,13 @@ func consumerConfig(cfg *config.Config, handlers *pgevents.Handlers, log *zerolo
 		RetryMax:         cfg.RetryMax(),
 		MaxAttempts:      cfg.MaxAttempts,
 		ShutdownTimeout:  cfg.ShutdownTimeout(),
-		Handlers:         handlers,
-		Logger:           log,
+
+		OnPermanentFailure: policy,
+		MaxDeadLetters:     cfg.MaxDeadLetterRate,
+		DeadLetterWindow:   cfg.DeadLetterWindow(),
+		HandlerTimeout:     cfg.HandlerTimeout(),
+		Handlers:           handlers,
+		Logger:             log,
 	}
 }
 
@@ -95,6 +107,13 @@ func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Po
 	if err != nil {
 		return nil, &config.Error{File: path, Key: "databaseUrl", Msg: err.Error()}
 	}
+	setTimeout := func(param string, ms int) {
+		if ms > 0 {
+			pc.ConnConfig.RuntimeParams[param] = fmt.Sprint(ms)
+		}
+	}
+	setTimeout("statement_timeout", cfg.StatementTimeoutMs)
+	setTimeout("idle_in_transaction_session_timeout", cfg.IdleInTransactionTimeoutMs)
 	served := cfg.TotalPartitions
 	if cfg.PartitionID >= 0 {
 		served = 1

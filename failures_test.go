@@ -1,0 +1,445 @@
+package pgevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
+)
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}) }
+	cases := []struct {
+		err  error
+		want Class
+	}{
+		{pg("08006"), ClassTransient},
+		{pg("40001"), ClassTransient},
+		{pg("40P01"), ClassTransient},
+		{pg("53300"), ClassTransient},
+		{pg("55P03"), ClassTransient},
+		{pg("57014"), ClassTransient},
+		{pg("57P01"), ClassTransient},
+		{context.DeadlineExceeded, ClassTransient},
+		{Retryable(errors.New("downstream 503")), ClassTransient},
+		{pg("42P01"), ClassDeployment},
+		{pg("42703"), ClassDeployment},
+		{pg("28P01"), ClassDeployment},
+		{pg("3D000"), ClassDeployment},
+		{pg("3F000"), ClassDeployment},
+		{pg("22P02"), ClassPermanent},
+		{pg("23505"), ClassPermanent},
+		{Permanent(errors.New("bad data")), ClassPermanent},
+		{&PanicError{Value: "x"}, ClassPermanent},
+		{fmt.Errorf("%w %q", ErrUnknownEventType, "x"), ClassPermanent},
+		{Permanent(pg("40001")), ClassPermanent}, // the handler's word wins
+		{errors.New("something else"), ClassUnknown},
+		{pg("P0001"), ClassUnknown},
+	}
+	for _, tc := range cases {
+		if got := Classify(tc.err); got != tc.want {
+			t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// poisonHandlers records events with the SQL handler and fails
+// permanently on events whose payload is {"poison": true} while poisoned
+// is set.
+func poisonHandlers(poisoned *atomic.Bool) *Handlers {
+	record := SQLHandler("g", recordSQL)
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		if poisoned.Load() && strings.Contains(string(ev.Payload), "poison") {
+			return Permanent(errors.New("poison event"))
+		}
+		return record.Handle(ctx, tx, ev)
+	}))
+	return hs
+}
+
+// handledOffsets returns the handled offsets in handling order.
+func handledOffsets(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT c_offset FROM handled ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprint(got)
+}
+
+// waitPosition waits until the group's position in partition 0 is next.
+func waitPosition(t *testing.T, pool *pgxpool.Pool, next int64) {
+	t.Helper()
+	pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("position %d", next), func() bool {
+		return queryInt(t, pool, `SELECT next_offset FROM consumer_offsets WHERE partition_id = 0`) == next
+	})
+}
+
+// TestPolicyDeadLetter: good, poison, good for one host and user, each in
+// its own transaction: the good ones are handled in order, the poison one
+// is in the dead-letter table with its reason.
+func TestPolicyDeadLetter(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	var poisoned atomic.Bool
+	poisoned.Store(true)
+	startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: poisonHandlers(&poisoned)})
+	appendTx(t, pool, ev("h", "t", `{"n":100}`))
+	appendTx(t, pool, ev("h", "t", `{"poison":true}`))
+	appendTx(t, pool, ev("h", "t", `{"n":102}`))
+	waitPosition(t, pool, 4)
+	if got := handledOffsets(t, pool); got != "[1 3]" {
+		t.Fatalf("handled %s, want [1 3]", got)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue WHERE first_offset = 2 AND last_offset = 2
+		AND error = 'poison event' AND attempts = 1 AND group_id = 'g' AND event_ids[1] IS NOT NULL
+		AND first_failed_at <= last_failed_at`); n != 1 {
+		t.Fatalf("dead letter for offset 2 with its reason: %d rows", n)
+	}
+}
+
+// TestPolicyParkHost: the poison event's later events for the same host
+// wait behind it while another host in the same partition flows; replaying
+// it after the fix handles it and then the parked one, in order.
+func TestPolicyParkHost(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	var poisoned atomic.Bool
+	poisoned.Store(true)
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	appendTx(t, pool, ev("a", "t", `{"n":100}`))              // 1
+	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 2
+	appendTx(t, pool, ev("a", "t", `{"n":102}`))              // 3: parked
+	appendTx(t, pool, ev("b", "t", `{}`))                     // 4: flows
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 5, 6: the unit touches a; parked whole, b with it
+	appendTx(t, pool, ev("c", "t", `{}`))                     // 7: flows
+	waitPosition(t, pool, 8)
+	if got := handledOffsets(t, pool); got != "[1 4 7]" {
+		t.Fatalf("handled %s, want [1 4 7]", got)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM parked_events`); n != 3 {
+		t.Fatalf("%d parked events, want 3 (offsets 3, 5, 6)", n)
+	}
+	dls, err := ListDeadLetters(context.Background(), pool, "g")
+	if err != nil || len(dls) != 1 || dls[0].FirstOffset != 2 || dls[0].Parked != 3 {
+		t.Fatalf("dead letters %+v, %v; want one at offset 2 with 3 parked", dls, err)
+	}
+	// b is parked now (it shared a unit with a); c still flows.
+	appendTx(t, pool, ev("b", "t", `{}`)) // 8: parked
+	appendTx(t, pool, ev("c", "t", `{}`)) // 9: flows
+	waitPosition(t, pool, 10)
+	if got := handledOffsets(t, pool); got != "[1 4 7 9]" {
+		t.Fatalf("handled %s, want [1 4 7 9]", got)
+	}
+
+	poisoned.Store(false) // the fix is deployed
+	n, err := c.ReplayDeadLetter(context.Background(), dls[0].ID)
+	if err != nil || n != 5 {
+		t.Fatalf("replay handled %d events, %v; want 5", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[1 4 7 9 2 3 5 6 8]" {
+		t.Fatalf("handled %s, want the dead letter then its parked events in order", got)
+	}
+	if n := queryInt(t, pool, `SELECT (SELECT count(*) FROM dead_letter_queue) + (SELECT count(*) FROM parked_events)
+		+ (SELECT count(*) FROM parked_hosts)`); n != 0 {
+		t.Fatalf("%d dead letters, parked events or parked hosts left after the replay", n)
+	}
+	appendTx(t, pool, ev("a", "t", `{}`)) // 10: flows again
+	waitHandled(t, pool, 10, 10*time.Second)
+	checkHandledOrderOnly(t, pool)
+}
+
+// checkHandledOrderOnly asserts per-host order over the handled table.
+func checkHandledOrderOnly(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if n := queryInt(t, pool, `SELECT count(*) FROM (
+		SELECT c_offset, lag(c_offset) OVER (PARTITION BY host_id ORDER BY seq) AS prev FROM handled) x
+		WHERE prev > c_offset`); n != 0 {
+		t.Fatalf("%d events handled out of host order", n)
+	}
+}
+
+// TestDiscardReleasesParkedEvents: discarding a dead letter handles the
+// events parked behind it, in order, and not the dead unit.
+func TestDiscardReleasesParkedEvents(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	var poisoned atomic.Bool
+	poisoned.Store(true)
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	appendTx(t, pool, ev("a", "t", `{"poison":true}`)) // 1
+	appendTx(t, pool, ev("a", "t", `{}`))              // 2
+	appendTx(t, pool, ev("a", "t", `{}`))              // 3
+	waitPosition(t, pool, 4)
+	dls, err := ListDeadLetters(context.Background(), pool, "g")
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("dead letters %v, %v", dls, err)
+	}
+	if n, err := c.DiscardDeadLetter(context.Background(), dls[0].ID); err != nil || n != 2 {
+		t.Fatalf("discard handled %d, %v; want 2", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[2 3]" {
+		t.Fatalf("handled %s, want [2 3]", got)
+	}
+}
+
+// TestPolicyHalt: nothing after the failing unit in its partition is
+// handled, the stop is recorded and counted; a restart with the fix goes on
+// and clears the record.
+func TestPolicyHalt(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	var poisoned atomic.Bool
+	poisoned.Store(true)
+	cfg := Config{TotalPartitions: 1, OnPermanentFailure: PolicyHalt, Handlers: poisonHandlers(&poisoned)}
+	c1, stop1 := startStoppableConsumer(t, pool, cfg)
+	appendTx(t, pool, ev("a", "t", `{}`))              // 1
+	appendTx(t, pool, ev("a", "t", `{"poison":true}`)) // 2
+	appendTx(t, pool, ev("a", "t", `{}`))              // 3
+	appendTx(t, pool, ev("b", "t", `{}`))              // 4
+	pgtest.WaitFor(t, 10*time.Second, "halt recorded", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE c_offset = 2 AND reason = 'poison event'`) == 1
+	})
+	if c1.Stats().Halts != 1 || !c1.workers[0].halted.Load() {
+		t.Fatalf("halt not reported: %+v", c1.Stats())
+	}
+	if got := handledOffsets(t, pool); got != "[1]" {
+		t.Fatalf("handled %s, want [1]", got)
+	}
+	if n := queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`); n != 2 {
+		t.Fatalf("position %d, want 2: the partition stops at the failing unit", n)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`); n != 0 {
+		t.Fatalf("%d dead letters under halt", n)
+	}
+	stop1()
+	poisoned.Store(false)
+	startConsumer(t, pool, cfg)
+	waitHandled(t, pool, 4, 10*time.Second)
+	if got := handledOffsets(t, pool); got != "[1 2 3 4]" {
+		t.Fatalf("handled %s after the restart, want [1 2 3 4]", got)
+	}
+	pgtest.WaitFor(t, 5*time.Second, "halt record cleared", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM partition_halts`) == 0
+	})
+}
+
+// TestDeadLetterCircuitBreaker: past MaxDeadLetters within the window, the
+// next permanent failure halts the partition.
+func TestDeadLetterCircuitBreaker(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	var poisoned atomic.Bool
+	poisoned.Store(true)
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, MaxDeadLetters: 2, Handlers: poisonHandlers(&poisoned)})
+	for range 4 {
+		appendTx(t, pool, ev("a", "t", `{"poison":true}`))
+	}
+	appendTx(t, pool, ev("a", "t", `{}`))
+	pgtest.WaitFor(t, 10*time.Second, "breaker halts the partition", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE c_offset = 3`) == 1
+	})
+	if n := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`); n != 2 || c.Stats().DeadLettered != 2 {
+		t.Fatalf("%d dead letters before the breaker, want 2", n)
+	}
+}
+
+// TestSerializationFailureBacksOff: a handler failing with SQLSTATE 40001
+// for a while: nothing dead-lettered, retry intervals grow to the cap,
+// everything handled in order afterwards, and another partition keeps
+// flowing meanwhile.
+func TestSerializationFailureBacksOff(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, handledTable)
+	var (
+		mu       sync.Mutex
+		attempts []time.Time
+		until    = time.Now().Add(4 * time.Second)
+	)
+	record := SQLHandler("g", recordSQL)
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		if ev.EventType == "flaky" && time.Now().Before(until) {
+			mu.Lock()
+			attempts = append(attempts, time.Now())
+			mu.Unlock()
+			return &pgconn.PgError{Code: "40001", Message: "could not serialize access due to concurrent update"}
+		}
+		return record.Handle(ctx, tx, ev)
+	}))
+	const cap = 800 * time.Millisecond
+	startConsumer(t, pool, Config{TotalPartitions: 2, Handlers: hs, RetryInitial: 50 * time.Millisecond, RetryMax: cap})
+	a, b := hostIn(t, pool, 2, 0), hostIn(t, pool, 2, 1)
+	appendTx(t, pool, ev(a, "flaky", `{}`))
+	appendTx(t, pool, ev(a, "t", `{}`))
+	// The other partition flows while the first one retries.
+	for i := range 3 {
+		appendTx(t, pool, ev(b, "t", `{}`))
+		waitHandled(t, pool, int64(i+1), 2*time.Second)
+	}
+	waitHandled(t, pool, 5, 15*time.Second)
+	checkHandled(t, pool)
+	if n := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`); n != 0 {
+		t.Fatalf("%d dead letters for a transient failure", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(attempts) < 5 {
+		t.Fatalf("%d attempts in 4 s; the backoff should have retried more", len(attempts))
+	}
+	var gaps []time.Duration
+	for i := 1; i < len(attempts); i++ {
+		gaps = append(gaps, attempts[i].Sub(attempts[i-1]))
+	}
+	// Jitter keeps each wait in [d/2, d]: the later waits must be longer
+	// than the first ones, and none beyond the cap (plus scheduling slack).
+	if gaps[len(gaps)-1] < 2*gaps[0] {
+		t.Errorf("waits did not grow: %v", gaps)
+	}
+	for _, g := range gaps {
+		if g > cap+200*time.Millisecond {
+			t.Errorf("a wait of %s exceeds the %s cap: %v", g, cap, gaps)
+		}
+	}
+}
+
+// hostIn returns a host that maps to partition p of n.
+func hostIn(t *testing.T, pool *pgxpool.Pool, n, p int) string {
+	t.Helper()
+	for i := 0; ; i++ {
+		h := fmt.Sprintf("host-%d", i)
+		if queryInt(t, pool, `SELECT event_partition($1, $2)`, h, n) == int64(p) {
+			return h
+		}
+	}
+}
+
+// TestMissingTableIsNotDeadLettered: a consumer whose handler's table does
+// not exist yet (42P01) dead-letters nothing and catches up once it does.
+func TestMissingTableIsNotDeadLettered(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	hs := &Handlers{}
+	hs.HandleAll(SQLHandler("g", recordSQL))
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: hs, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond, MaxAttempts: 1})
+	for range 5 {
+		appendTx(t, pool, ev("a", "t", `{}`))
+	}
+	pgtest.WaitFor(t, 10*time.Second, "deployment failures counted", func() bool { return c.Stats().DeploymentFailures >= 3 })
+	if n := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`); n != 0 {
+		t.Fatalf("%d dead letters for a missing table", n)
+	}
+	mustExec(t, pool, handledTable) // the migration arrives
+	waitHandled(t, pool, 5, 10*time.Second)
+	checkHandled(t, pool)
+}
+
+// TestPanicTimeoutAndUndecodablePayload: each is classified and ends in
+// the dead-letter table with its reason, and the events around them are
+// handled.
+func TestPanicTimeoutAndUndecodablePayload(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	record := SQLHandler("g", recordSQL)
+	hs := &Handlers{}
+	hs.HandleAll(record)
+	hs.HandleFunc("panics", func(context.Context, pgx.Tx, *Event) error { panic("handler bug") })
+	var timeouts atomic.Int64
+	hs.HandleFunc("hangs", func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		timeouts.Add(1)
+		<-ctx.Done() // never finishes in time
+		return ctx.Err()
+	})
+	hs.Handle("typed", JSONHandler(func(ctx context.Context, tx pgx.Tx, ev *Event, p struct{ N int }) error {
+		return record.Handle(ctx, tx, ev)
+	}))
+	startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: hs, HandlerTimeout: 150 * time.Millisecond,
+		MaxAttempts: 2, RetryInitial: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
+	appendTx(t, pool, ev("a", "t", `{}`))            // 1
+	appendTx(t, pool, ev("a", "panics", `{}`))       // 2
+	appendTx(t, pool, ev("a", "hangs", `{}`))        // 3
+	appendTx(t, pool, ev("a", "typed", `{"N":1}`))   // 4
+	appendTx(t, pool, ev("a", "typed", `{"N":"x"}`)) // 5
+	appendTx(t, pool, ev("a", "t", `{}`))            // 6
+	waitPosition(t, pool, 7)
+	if got := handledOffsets(t, pool); got != "[1 4 6]" {
+		t.Fatalf("handled %s, want [1 4 6]", got)
+	}
+	rows, err := pool.Query(context.Background(), `SELECT first_offset || ': ' || error FROM dead_letter_queue ORDER BY first_offset`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dls, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"2: handler panicked: handler bug", "3: handler timeout", "5: decode payload"}
+	if len(dls) != len(want) {
+		t.Fatalf("dead letters %q, want %q", dls, want)
+	}
+	for i := range want {
+		if !strings.HasPrefix(dls[i], want[i]) {
+			t.Errorf("dead letter %q, want one starting %q", dls[i], want[i])
+		}
+	}
+	// Timeouts are transient: twice before narrowing, then MaxAttempts.
+	if n := timeouts.Load(); n < 3 {
+		t.Errorf("the hanging handler ran %d times; timeouts must be retried before they count", n)
+	}
+}
+
+// TestGroupHandlerReceivesRuns: a group handler gets each run of one
+// (host, user) inside a unit at once, in order.
+func TestGroupHandlerReceivesRuns(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	var (
+		mu   sync.Mutex
+		runs []string
+	)
+	hs := &Handlers{}
+	hs.HandleGroups(GroupHandlerFunc(func(ctx context.Context, tx pgx.Tx, run []Event) error {
+		var b strings.Builder
+		for _, e := range run {
+			fmt.Fprintf(&b, "%d%s/%s ", e.Offset, e.HostID, e.UserID)
+		}
+		mu.Lock()
+		runs = append(runs, strings.TrimSpace(b.String()))
+		mu.Unlock()
+		return nil
+	}))
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: hs})
+	u := func(host, user string) Event { return Event{HostID: host, UserID: user, EventType: "t"} }
+	appendTx(t, pool, u("a", "1"), u("a", "1"), u("a", "2"), u("b", "1"), u("a", "2"))
+	appendTx(t, pool, u("a", "2"))
+	pgtest.WaitFor(t, 10*time.Second, "6 events handled", func() bool { return c.Stats().Handled == 6 })
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"1a/1 2a/1", "3a/2", "4b/1", "5a/2", "6a/2"}
+	if fmt.Sprint(runs) != fmt.Sprint(want) {
+		t.Fatalf("runs %q, want %q", runs, want)
+	}
+}
