@@ -117,10 +117,8 @@ type Config struct {
 	Handlers *Handlers
 	// Logger receives the consumer's logs; default: discard.
 	Logger *zerolog.Logger
-	// OnBatch, when set, is called after each committed batch with the
-	// partition and the events handled. It is for progress reporting and
-	// must be fast; the events must not be retained.
-	OnBatch func(partition int, events []Event)
+	// Observer receives what the consumer does, for metrics; default none.
+	Observer Observer
 }
 
 // PartitionMismatchError is returned by Run when the configured partition
@@ -155,7 +153,8 @@ type Consumer struct {
 
 	deployment atomic.Int64
 	ln         atomic.Pointer[listener.Listener]
-	kick       chan struct{} // asks the poller to poll now
+	kick       chan WakeSource // asks the poller to poll now
+	clockSkew  atomic.Int64    // database clock minus local clock, ns
 }
 
 // NewConsumer validates cfg, applies its defaults and returns a Consumer
@@ -208,6 +207,9 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
 	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
 	if cfg.Handlers == nil || cfg.Handlers.Len() == 0 {
 		return nil, errors.New("pgevents: at least one handler is required")
 	}
@@ -225,7 +227,7 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 		log:     log.With().Str("group", cfg.GroupID).Int("topic", cfg.TopicID).Logger(),
 		workers: make(map[int]*worker, len(parts)),
 		order:   parts,
-		kick:    make(chan struct{}, 1),
+		kick:    make(chan WakeSource, 1),
 	}
 	for _, p := range parts {
 		c.workers[p] = newWorker(c, p)
@@ -358,39 +360,46 @@ func (c *Consumer) Ready() bool {
 func (c *Consumer) poll(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.WaitPeriod)
 	defer t.Stop()
+	source := WakePoll
 	for {
-		c.pollOnce(ctx)
+		c.pollOnce(ctx, source)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-		case <-c.kick:
+			source = WakePoll
+		case source = <-c.kick:
 		}
 	}
 }
 
 // pollNow makes the poller poll at once. It never blocks.
-func (c *Consumer) pollNow() {
+func (c *Consumer) pollNow(source WakeSource) {
 	select {
-	case c.kick <- struct{}{}:
+	case c.kick <- source:
 	default:
 	}
 }
 
-func (c *Consumer) pollOnce(ctx context.Context) {
-	work, err := offsets.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.order)
+func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
+	before := time.Now()
+	work, dbNow, err := offsets.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.order)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn().Err(err).Msg("poll failed")
 		}
 		return
 	}
+	// The database read its clock about halfway through the round trip.
+	after := time.Now()
+	c.clockSkew.Store(int64(dbNow.Sub(before.Add(after.Sub(before) / 2))))
 	for _, wk := range work {
-		if w := c.workers[wk.Partition]; w != nil {
-			w.hint(wk.MaxOffset)
+		if w := c.workers[wk.Partition]; w != nil && w.hint(wk.MaxOffset) {
+			c.cfg.Observer.Woken(wk.Partition, source)
 		}
 	}
 }
+
 
 // sink receives the listener's wake-ups.
 type sink Consumer
@@ -401,11 +410,11 @@ func (s *sink) Notify(topic, p int, maxOffset int64) {
 		return
 	}
 	if p < 0 {
-		c.pollNow()
+		c.pollNow(WakePoll)
 		return
 	}
-	if w := c.workers[p]; w != nil {
-		w.hint(maxOffset)
+	if w := c.workers[p]; w != nil && w.hint(maxOffset) {
+		c.cfg.Observer.Woken(p, WakeNotify)
 	}
 }
 
@@ -413,5 +422,10 @@ func (s *sink) Connected() {
 	c := (*Consumer)(s)
 	// Look, for every partition, for events committed while nobody
 	// listened, and wake the workers that have some.
-	c.pollNow()
+	reconnect := false
+	if ln := c.ln.Load(); ln != nil {
+		reconnect = ln.Connects() > 1
+	}
+	c.cfg.Observer.ListenerConnected(reconnect)
+	c.pollNow(WakeReconnect)
 }

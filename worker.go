@@ -60,7 +60,8 @@ type worker struct {
 	next    atomic.Int64 // the group's position after our last commit
 
 	buf      []Event
-	failures int // consecutive failed batches, for the backoff
+	e2e      []time.Duration // reused for BatchStats.EndToEnd
+	failures int             // consecutive failed batches, for the backoff
 
 	// Units that failed, by producer transaction id. Entries go once the
 	// position has moved past their offset.
@@ -127,19 +128,23 @@ func newWorker(c *Consumer, p int) *worker {
 }
 
 // hint records that the partition holds offset max and wakes the worker if
-// that is beyond its position. It never blocks.
-func (w *worker) hint(max int64) {
+// that is beyond its position. It never blocks, and reports whether it
+// woke the worker.
+func (w *worker) hint(max int64) bool {
 	for {
 		cur := w.highest.Load()
 		if max <= cur || w.highest.CompareAndSwap(cur, max) {
 			break
 		}
 	}
-	if max >= w.next.Load() {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
+	if max < w.next.Load() {
+		return false
+	}
+	select {
+	case w.wake <- struct{}{}:
+		return true
+	default:
+		return false // already woken
 	}
 }
 
@@ -195,9 +200,11 @@ func (w *worker) retry(ctx context.Context, err error) {
 	var ue *unitError
 	isUnit := errors.As(err, &ue)
 	class := ClassTransient
+	defer func() { w.c.cfg.Observer.BatchFailed(w.partition, class) }()
 	switch {
 	case isUnit && ue.parkFor != 0:
 		// Found mid-unit: run again with the whole unit parked.
+		class = ClassPermanent
 		w.park[ue.txID] = ue.parkFor
 		w.tries[ue.txID] = w.failure(ue, ue.txID)
 		return
@@ -208,7 +215,8 @@ func (w *worker) retry(ctx context.Context, err error) {
 		case w.narrow == ue.txID:
 			f.attempts++
 			if f.attempts >= w.c.cfg.MaxAttempts {
-				w.permanent(ue, f, ClassUnknown)
+				class = ClassUnknown
+				w.permanent(ue, f, class)
 				return
 			}
 		case f.timeouts >= 2:
@@ -324,6 +332,7 @@ func backoff(initial, max time.Duration, n int) time.Duration {
 func (w *worker) batch(ctx context.Context) (more bool, err error) {
 	cfg := &w.c.cfg
 	known := w.highest.Load()
+	start := time.Now()
 	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 		Limit: cfg.BatchSize + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost}.Do(ctx, w.c.pool, w.buf[:0])
 	w.buf = cl.Events
@@ -344,7 +353,7 @@ func (w *worker) batch(ctx context.Context) (more bool, err error) {
 	defer cancel(nil)
 	timer := time.AfterFunc(time.Hour, func() { cancel(errHandlerTimeout) })
 	defer timer.Stop()
-	st := batchState{w: w, tx: handlerTx{tx}, timer: timer, parked: cl.Parked, first: evs[0].Offset}
+	st := batchState{w: w, tx: handlerTx{tx}, timer: timer, parked: cl.Parked, first: evs[0].Offset, e2e: w.e2e[:0]}
 
 	n, extend, more := batching.Cut(keys, evs, cfg.BatchSize)
 	err = st.handle(hctx, evs[:n])
@@ -386,12 +395,12 @@ func (w *worker) batch(ctx context.Context) (more bool, err error) {
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("commit: %w", err)
 	}
-	w.committed(&st)
+	w.committed(&st, start)
 	return more, nil
 }
 
 // committed updates the worker after a batch committed.
-func (w *worker) committed(st *batchState) {
+func (w *worker) committed(st *batchState, start time.Time) {
 	w.next.Store(st.last + 1)
 	w.haltRecord = false
 	for id, f := range w.tries {
@@ -418,6 +427,14 @@ func (w *worker) committed(st *batchState) {
 	w.c.batches.Add(1)
 	w.c.deadLet.Add(int64(st.deadLettered))
 	w.c.parked.Add(int64(st.parkedUnits))
+	w.e2e = st.e2e
+	cfg := &w.c.cfg
+	cfg.Observer.BatchCommitted(BatchStats{
+		Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+		FirstOffset: st.first, LastOffset: st.last, Events: int(st.last - st.first + 1),
+		Handled: st.handled, DeadLettered: st.deadLettered, ParkedUnits: st.parkedUnits,
+		HandlerDuration: st.handlerTime, Duration: time.Since(start), EndToEnd: st.e2e,
+	})
 	w.log.Debug().Int64("first_offset", st.first).Int64("last_offset", st.last).Int("events", st.handled).
 		Int("dead_lettered", st.deadLettered).Int("parked", st.parkedUnits).Msg("batch committed")
 }
@@ -467,6 +484,8 @@ type batchState struct {
 	handled      int
 	deadLettered int
 	parkedUnits  int
+	handlerTime  time.Duration
+	e2e          []time.Duration // samples, at most MaxEndToEndSamples
 }
 
 // handle consumes evs, consecutive events of the partition that continue
@@ -598,8 +617,19 @@ func (st *batchState) run(ctx context.Context, unit []Event) error {
 		ue.timeout = errors.Is(context.Cause(ctx), errHandlerTimeout)
 		return ue
 	}
-	if ev, err := st.w.c.dispatch(ctx, st.tx, unit, &st.handled); err != nil {
+	began := time.Now()
+	ev, err := st.w.c.dispatch(ctx, st.tx, unit, &st.handled)
+	done := time.Now()
+	st.handlerTime += done.Sub(began)
+	if err != nil {
 		return fail(ev, err)
+	}
+	now := done.Add(time.Duration(st.w.c.clockSkew.Load())) // on the database clock
+	for i := range unit {
+		if len(st.e2e) == MaxEndToEndSamples {
+			break
+		}
+		st.e2e = append(st.e2e, now.Sub(unit[i].CreatedAt))
 	}
 	return nil
 }

@@ -71,7 +71,7 @@ ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 	// pendingSQL finds, without locking anything, the partitions among $3
 	// whose log holds an offset at or above the group's next_offset, and the
 	// highest such offset: a cheap question asked before taking a lock.
-	pendingSQL = `SELECT o.partition_id, o.next_offset, h.max_offset
+	pendingSQL = `SELECT o.partition_id, o.next_offset, h.max_offset, clock_timestamp()
 FROM consumer_offsets o
 CROSS JOIN LATERAL (
     SELECT max(m.c_offset) AS max_offset
@@ -79,7 +79,9 @@ CROSS JOIN LATERAL (
     WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
 ) h
 WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = ANY($3::integer[])
-  AND h.max_offset >= o.next_offset`
+  AND h.max_offset >= o.next_offset
+UNION ALL
+SELECT -1, 0, 0, clock_timestamp()`
 
 	eventColumns = `m.c_offset, m.topic_id, m.partition_id, m.event_id, m.host_id, m.user_id,
        m.transaction_id, m.event_type, m.payload, m.metadata, m.created_at`
@@ -153,25 +155,31 @@ type Work struct {
 }
 
 // Pending returns the partitions among partitions where the group has events
-// to handle, without taking any lock.
-func Pending(ctx context.Context, q Querier, group string, topic int, partitions []int) ([]Work, error) {
+// to handle, without taking any lock, and the database clock when it
+// answered.
+func Pending(ctx context.Context, q Querier, group string, topic int, partitions []int) ([]Work, time.Time, error) {
 	rows, err := q.Query(ctx, pendingSQL, group, topic, partitions)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: pending: %w", err)
+		return nil, time.Time{}, fmt.Errorf("offsets: pending: %w", err)
 	}
-	var out []Work
+	defer rows.Close()
+	var (
+		out []Work
+		now time.Time
+	)
 	for rows.Next() {
 		var w Work
-		if err := rows.Scan(&w.Partition, &w.NextOffset, &w.MaxOffset); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("offsets: pending: %w", err)
+		if err := rows.Scan(&w.Partition, &w.NextOffset, &w.MaxOffset, &now); err != nil {
+			return nil, now, fmt.Errorf("offsets: pending: %w", err)
 		}
-		out = append(out, w)
+		if w.Partition >= 0 {
+			out = append(out, w)
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("offsets: pending: %w", err)
+		return nil, now, fmt.Errorf("offsets: pending: %w", err)
 	}
-	return out, nil
+	return out, now, nil
 }
 
 // Position returns the group's next offset in a partition, and false when

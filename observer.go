@@ -1,0 +1,81 @@
+package pgevents
+
+import "time"
+
+// Observer receives what a consumer does, for metrics. Its methods are
+// called from the consumer's goroutines, concurrently, and must be fast and
+// never block. Set it in Config.Observer; the metrics package implements it
+// with Prometheus.
+type Observer interface {
+	// BatchCommitted is called after each committed batch.
+	BatchCommitted(b BatchStats)
+	// BatchFailed is called after each batch that was rolled back, with the
+	// class of its failure.
+	BatchFailed(partition int, class Class)
+	// Woken is called when a worker is woken, with the source of the
+	// wake-up.
+	Woken(partition int, source WakeSource)
+	// ListenerConnected is called after each connect of the listener; the
+	// first connect has reconnect false.
+	ListenerConnected(reconnect bool)
+}
+
+// WakeSource says what woke a partition worker.
+type WakeSource int
+
+const (
+	// WakeNotify is a notification naming the partition.
+	WakeNotify WakeSource = iota
+	// WakePoll is the periodic poll (every WaitPeriod) finding work.
+	WakePoll
+	// WakeReconnect is the poll run after the listener (re)connected.
+	WakeReconnect
+)
+
+// String returns the source's metric label.
+func (s WakeSource) String() string {
+	switch s {
+	case WakePoll:
+		return "poll"
+	case WakeReconnect:
+		return "reconnect"
+	}
+	return "notify"
+}
+
+// BatchStats describes one committed batch.
+type BatchStats struct {
+	// Group, Topic and Partition say whose batch it was.
+	Group     string
+	Topic     int
+	Partition int
+	// FirstOffset and LastOffset are the batch's range in the partition.
+	FirstOffset, LastOffset int64
+	// Events is the number of events in the batch: handled, dead-lettered
+	// or parked.
+	Events int
+	// Handled, DeadLettered and ParkedUnits count what happened to them.
+	Handled      int
+	DeadLettered int
+	ParkedUnits  int
+	// HandlerDuration is the time spent in handlers.
+	HandlerDuration time.Duration
+	// Duration is the batch's time from claim to commit.
+	Duration time.Duration
+	// EndToEnd holds, for up to MaxEndToEndSamples handled events, the time
+	// from the event's append to its handling, both on the database clock
+	// (the consumer estimates the offset between its clock and the
+	// database's at every poll).
+	EndToEnd []time.Duration
+}
+
+// MaxEndToEndSamples bounds BatchStats.EndToEnd.
+const MaxEndToEndSamples = 1024
+
+// nopObserver is the Observer of a consumer that has none.
+type nopObserver struct{}
+
+func (nopObserver) BatchCommitted(BatchStats)        {}
+func (nopObserver) BatchFailed(int, Class)           {}
+func (nopObserver) Woken(int, WakeSource)            {}
+func (nopObserver) ListenerConnected(reconnect bool) {}
