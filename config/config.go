@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"math"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -142,6 +143,15 @@ type Config struct {
 	// milliseconds, so that no consumer pins the xmin horizon for long.
 	// Defaults to 60000; 0 leaves the server's setting.
 	IdleInTransactionTimeoutMs int `yaml:"idleInTransactionTimeoutMs"`
+
+	// MetricsAddr is the address ("host:port" or ":port") of the HTTP
+	// server for /metrics (Prometheus), /healthz and /readyz. Defaults to
+	// "", which serves nothing.
+	MetricsAddr string `yaml:"metricsAddr"`
+
+	// Pprof adds Go's /debug/pprof/ endpoints to the MetricsAddr server.
+	// Defaults to false.
+	Pprof bool `yaml:"pprof"`
 
 	// Handlers lists the built-in handlers, in the order given. It may be
 	// empty.
@@ -436,6 +446,9 @@ var topFields = map[string]topField{
 	"handlerTimeoutMs":           intField(func(c *Config) *int { return &c.HandlerTimeoutMs }),
 	"statementTimeoutMs":         intField(func(c *Config) *int { return &c.StatementTimeoutMs }),
 	"idleInTransactionTimeoutMs": intField(func(c *Config) *int { return &c.IdleInTransactionTimeoutMs }),
+
+	"metricsAddr": stringField(func(c *Config) *string { return &c.MetricsAddr }),
+	"pprof":       boolField(func(c *Config) *bool { return &c.Pprof }),
 }
 
 const keyHandlers = "handlers"
@@ -579,6 +592,22 @@ func decodeString(v *yaml.Node, dst *string) string {
 	return ""
 }
 
+func decodeBool(v *yaml.Node, dst *bool) string {
+	if isNull(v) {
+		*dst = false
+		return ""
+	}
+	if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!bool" {
+		return "must be true or false, got " + describe(v)
+	}
+	*dst = v.Value == "true" || v.Value == "True" || v.Value == "TRUE"
+	return ""
+}
+
+func boolField(get func(c *Config) *bool) topField {
+	return func(c *Config, v *yaml.Node) string { return decodeBool(v, get(c)) }
+}
+
 // Values accepted by the enumerated keys.
 var (
 	logLevels         = []string{"debug", "info", "warn", "error"}
@@ -686,6 +715,14 @@ func (c *Config) problems() []*Error {
 	}
 	optionalMillis("statementTimeoutMs", c.StatementTimeoutMs)
 	optionalMillis("idleInTransactionTimeoutMs", c.IdleInTransactionTimeoutMs)
+	if c.MetricsAddr != "" {
+		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil || port == "" {
+			add("metricsAddr", "must be host:port or :port, got %q", c.MetricsAddr)
+		}
+	}
+	if c.Pprof && c.MetricsAddr == "" {
+		add("pprof", "needs metricsAddr, the server it is served on")
+	}
 
 	for i, h := range c.Handlers {
 		path := keyHandlers + "[" + strconv.Itoa(i) + "]."

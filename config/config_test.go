@@ -67,6 +67,8 @@ deadLetterWindowMs: 1000
 handlerTimeoutMs: 2000
 statementTimeoutMs: 0
 idleInTransactionTimeoutMs: 5000
+metricsAddr: 127.0.0.1:9464
+pprof: true
 handlers:
   - eventType: "*"
     type: log
@@ -106,6 +108,8 @@ func TestParseFullFile(t *testing.T) {
 		HandlerTimeoutMs:           2000,
 		StatementTimeoutMs:         0,
 		IdleInTransactionTimeoutMs: 5000,
+		MetricsAddr:                "127.0.0.1:9464",
+		Pprof:                      true,
 		Handlers: []Handler{
 			{EventType: "*", Type: "log", Output: "stdout"},
 			{EventType: "invoice_paid", Type: "log", Output: "/var/log/paid.log"},
@@ -263,6 +267,8 @@ func TestParseErrors(t *testing.T) {
 		{"onPermanentFailure unknown", head + "onPermanentFailure: retry\n", "onPermanentFailure", 3, "must be one of"},
 		{"maxDeadLetterRate 0", head + "maxDeadLetterRate: 0\n", "maxDeadLetterRate", 3, "greater than 0"},
 		{"statementTimeoutMs negative", head + "statementTimeoutMs: -1\n", "statementTimeoutMs", 3, "must be 0"},
+		{"metricsAddr without port", head + "metricsAddr: localhost\n", "metricsAddr", 3, "host:port"},
+		{"pprof not a bool", head + "pprof: maybe\n", "pprof", 3, "true or false"},
 		{"totalPartitions 0", head + "totalPartitions: 0\n", "totalPartitions", 3, "between 1 and 1024"},
 		{"totalPartitions 1025", head + "totalPartitions: 1025\n", "totalPartitions", 3, "between 1 and 1024"},
 		{"partitionId == totalPartitions", head + "totalPartitions: 4\npartitionId: 4\n", "partitionId", 4, "between 0 and 3"},
