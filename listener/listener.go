@@ -67,6 +67,10 @@ type Listener struct {
 	lastRx  atomic.Int64
 	connect atomic.Int64 // successful connects, including the first
 	ready   atomic.Bool
+
+	// Used by dial only, which pgxlisten calls from one goroutine.
+	lastConnect time.Time
+	quickDeaths int
 }
 
 // New validates cfg, applies defaults and returns a Listener.
@@ -135,26 +139,38 @@ func (l *Listener) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-// dial is pgxlisten's Connect: it backs off while dialling fails.
+// dial is pgxlisten's Connect: it backs off while dialling fails, and when
+// connections die right after being made (a server that accepts and then
+// refuses LISTEN, say), so that neither becomes a tight loop.
 func (l *Listener) dial(ctx context.Context) (*pgx.Conn, error) {
 	l.setConn(nil)
 	backoff := 50 * time.Millisecond
+	if !l.lastConnect.IsZero() && time.Since(l.lastConnect) < time.Second {
+		l.quickDeaths++
+		backoff <<= min(l.quickDeaths, 7)
+	} else {
+		l.quickDeaths = 0
+		backoff = 0
+	}
 	for {
+		if backoff > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(backoff):
+			}
+		}
 		conn, err := pgx.ConnectConfig(ctx, l.cfg.ConnConfig)
 		if err == nil {
+			l.lastConnect = time.Now()
 			l.setConn(conn)
 			return conn, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		backoff = min(max(backoff*2, 50*time.Millisecond), 5*time.Second)
 		l.cfg.Logger.Warn().Err(err).Dur("retry_in", backoff).Msg("listener: connect failed")
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 
@@ -178,10 +194,15 @@ func (l *Listener) HandleBacklog(ctx context.Context, channel string, conn *pgx.
 	return nil
 }
 
-// HandleNotification implements pgxlisten.Handler for the event channel.
+// HandleNotification implements pgxlisten.Handler for the event channel. A
+// payload it cannot decode (anyone may NOTIFY the channel) is logged and
+// wakes every partition; it is not a connection error.
 func (l *Listener) HandleNotification(ctx context.Context, n *pgconn.Notification, conn *pgx.Conn) error {
 	l.lastRx.Store(time.Now().UnixNano())
-	return Decode(n.Payload, l.cfg.Sink.Notify)
+	if err := Decode(n.Payload, l.cfg.Sink.Notify); err != nil {
+		l.cfg.Logger.Warn().Err(err).Msg("listener: undecodable notification, waking every partition")
+	}
+	return nil
 }
 
 func (l *Listener) logError(ctx context.Context, err error) {
@@ -240,8 +261,10 @@ func (l *Listener) kill() {
 
 // Decode parses a payload of the append trigger, "<topic>:<partition>/<max
 // offset>,..." or "<topic>:*", and calls fn for each partition it names (with
-// partition -1 for "*"). A payload it cannot parse wakes every partition of
-// every topic (topic 0), since a lost wake-up costs a poll period.
+// partition -1 for "*"). A payload it cannot parse wakes too much rather than
+// too little, since a lost wake-up costs a poll period: every partition of
+// the topic (partition -1) when the topic can be read, of every topic (topic
+// 0) otherwise; and it returns an error.
 func Decode(payload string, fn func(topic, partition int, maxOffset int64)) error {
 	ts, rest, ok := strings.Cut(payload, ":")
 	topic, err := strconv.Atoi(ts)
@@ -252,6 +275,10 @@ func Decode(payload string, fn func(topic, partition int, maxOffset int64)) erro
 	if rest == "*" {
 		fn(topic, -1, 0)
 		return nil
+	}
+	if rest == "" {
+		fn(topic, -1, 0)
+		return fmt.Errorf("listener: bad payload %q: no partition named", payload)
 	}
 	for rest != "" {
 		var item string
