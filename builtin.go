@@ -52,8 +52,8 @@ type logLine struct {
 // transaction for each event, with the pgx named arguments @c_offset,
 // @topic_id, @partition_id, @event_id, @host_id, @user_id, @transaction_id,
 // @event_type, @payload and @metadata (JSON text, NULL when absent),
-// @created_at and @group_id. Its effects commit with the group's offset,
-// exactly once.
+// @created_at, @group_id and @epoch (the partition lease's fencing token).
+// Its effects commit with the group's offset, exactly once.
 func SQLHandler(groupID, statement string) Handler {
 	return HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
 		args := pgx.NamedArgs{
@@ -61,7 +61,7 @@ func SQLHandler(groupID, statement string) Handler {
 			"event_id": ev.EventID, "host_id": ev.HostID, "user_id": ev.UserID,
 			"transaction_id": ev.TransactionID, "event_type": ev.EventType,
 			"payload": jsonText(ev.Payload), "metadata": jsonText(ev.Metadata),
-			"created_at": ev.CreatedAt, "group_id": groupID,
+			"created_at": ev.CreatedAt, "group_id": groupID, "epoch": Epoch(tx),
 		}
 		if _, err := tx.Exec(ctx, statement, args); err != nil {
 			return fmt.Errorf("sql handler: %w", err)

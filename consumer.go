@@ -72,9 +72,19 @@ type Config struct {
 	// Run refuses to start (PartitionMismatchError) when the topic records
 	// another count, because hosts would map to other partitions.
 	TotalPartitions int
-	// Partitions lists the partitions this process serves; nil means all
-	// of them.
+	// Partitions lists the partitions this process serves (static mode):
+	// it takes their leases when they are free and otherwise waits as a hot
+	// standby. Nil means auto mode: the live replicas of the group share all
+	// partitions evenly, taking over those of a replica that dies within
+	// about LeaseDuration.
 	Partitions []int
+	// ReplicaID names this process among the group's replicas; default a
+	// new id from host name and process id.
+	ReplicaID string
+	// LeaseDuration is how long a partition lease lives without a heartbeat
+	// (sent every third of it), and so how soon a dead or frozen replica's
+	// partitions are taken over; default 1 s.
+	LeaseDuration time.Duration
 	// BatchSize is the number of events read per batch, before extension
 	// to the end of a producer transaction; default 100.
 	BatchSize int
@@ -154,7 +164,9 @@ type Consumer struct {
 	deployment atomic.Int64
 	ln         atomic.Pointer[listener.Listener]
 	kick       chan WakeSource // asks the poller to poll now
-	clockSkew  atomic.Int64    // database clock minus local clock, ns
+	leaser     *partition.Leaser
+	replicaID  string
+	clockSkew  atomic.Int64 // database clock minus local clock, ns
 }
 
 // NewConsumer validates cfg, applies its defaults and returns a Consumer
@@ -207,16 +219,26 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
 	}
+	if cfg.LeaseDuration <= 0 {
+		cfg.LeaseDuration = time.Second
+	}
+	if cfg.ReplicaID == "" {
+		cfg.ReplicaID = partition.NewReplicaID()
+	}
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}
 	if cfg.Handlers == nil || cfg.Handlers.Len() == 0 {
 		return nil, errors.New("pgevents: at least one handler is required")
 	}
-	parts, err := partition.Assign(cfg.TotalPartitions, cfg.Partitions)
-	if err != nil {
-		return nil, fmt.Errorf("pgevents: %w", err)
+	var static []int
+	if cfg.Partitions != nil {
+		var err error
+		if static, err = partition.Assign(cfg.TotalPartitions, cfg.Partitions); err != nil {
+			return nil, fmt.Errorf("pgevents: %w", err)
+		}
 	}
+	parts, _ := partition.Assign(cfg.TotalPartitions, nil)
 	log := zerolog.Nop()
 	if cfg.Logger != nil {
 		log = *cfg.Logger
@@ -232,6 +254,16 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	for _, p := range parts {
 		c.workers[p] = newWorker(c, p)
 	}
+	c.replicaID = cfg.ReplicaID
+	leaser, err := partition.NewLeaser(partition.LeaserConfig{
+		DB: pool, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: cfg.TotalPartitions,
+		Static: static, ReplicaID: cfg.ReplicaID, Lease: cfg.LeaseDuration,
+		Owner: (*leaseOwner)(c), Logger: &c.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgevents: %w", err)
+	}
+	c.leaser = leaser
 	return c, nil
 }
 
@@ -267,8 +299,12 @@ func (c *Consumer) Stats() Stats {
 	return s
 }
 
-// Partitions returns the partitions this consumer serves, in ascending order.
-func (c *Consumer) Partitions() []int { return append([]int(nil), c.order...) }
+// Partitions returns the partitions whose lease this consumer holds, in
+// ascending order.
+func (c *Consumer) Partitions() []int { return c.leaser.Held() }
+
+// ReplicaID returns the id under which this consumer holds leases.
+func (c *Consumer) ReplicaID() string { return c.replicaID }
 
 // Run checks the topic, creates the group's positions where it has none,
 // and runs the listener, the poller and one worker per partition until ctx
@@ -334,11 +370,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ln.Run(gctx) })
 	g.Go(func() error { return c.poll(gctx) })
+	g.Go(func() error { return c.leaser.Run(gctx) })
 	for _, p := range c.order {
 		w := c.workers[p]
 		g.Go(func() error { return w.run(gctx, batchCtx) })
 	}
 	err = g.Wait()
+	// Every worker is done: hand the partitions over at once instead of
+	// letting the leases expire.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	if rerr := c.leaser.ReleaseAll(rctx); rerr != nil {
+		c.log.Warn().Err(rerr).Msg("could not release the partition leases; they will expire")
+	}
+	cancel()
 	c.log.Info().Int64("handled", c.handled.Load()).Msg("consumer stopped")
 	if err != nil && ctx.Err() == nil {
 		return err
@@ -400,7 +444,6 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	}
 }
 
-
 // sink receives the listener's wake-ups.
 type sink Consumer
 
@@ -428,4 +471,30 @@ func (s *sink) Connected() {
 	}
 	c.cfg.Observer.ListenerConnected(reconnect)
 	c.pollNow(WakeReconnect)
+}
+
+// leaseOwner receives the leaser's decisions.
+type leaseOwner Consumer
+
+func (o *leaseOwner) Acquired(p int, epoch int64) {
+	c := (*Consumer)(o)
+	if w := c.workers[p]; w != nil {
+		w.releasing.Store(false)
+		w.next.Store(0) // another replica moved the position: ask the database
+		w.epoch.Store(epoch)
+		c.pollNow(WakePoll)
+	}
+}
+
+func (o *leaseOwner) Lost(p int) {
+	if w := (*Consumer)(o).workers[p]; w != nil {
+		w.epoch.Store(0)
+	}
+}
+
+func (o *leaseOwner) Release(p int) {
+	if w := (*Consumer)(o).workers[p]; w != nil {
+		w.releasing.Store(true)
+		w.signal()
+	}
 }

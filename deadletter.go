@@ -84,7 +84,7 @@ func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool)
 			n++
 		}
 		hctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout*time.Duration((n+c.cfg.BatchSize-1)/c.cfg.BatchSize))
-		ev, err := c.dispatch(hctx, handlerTx{tx}, evs[:n], &handled)
+		ev, err := c.dispatch(hctx, handlerTx{Tx: tx}, evs[:n], &handled)
 		cancel()
 		if err != nil {
 			err = fmt.Errorf("dead letter %d: event at offset %d: %w", id, ev.Offset, err)

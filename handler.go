@@ -111,7 +111,23 @@ func (hs *Handlers) Len() int {
 var ErrTxManaged = errors.New("pgevents: the consumer transaction is managed by the consumer")
 
 // handlerTx is the consumer's transaction as handlers see it.
-type handlerTx struct{ pgx.Tx }
+type handlerTx struct {
+	pgx.Tx
+	epoch int64 // the partition lease's epoch, the fencing token
+}
+
+// Epoch returns the fencing token of the transaction a handler was given:
+// the epoch of the partition lease under which the batch runs. It grows
+// each time the partition changes owner, so a system outside PostgreSQL
+// that remembers the highest epoch it has seen per partition can refuse
+// writes from a replica that lost the partition (frozen, then resumed). It
+// returns 0 for a transaction that is not a consumer's.
+func Epoch(tx pgx.Tx) int64 {
+	if h, ok := tx.(handlerTx); ok {
+		return h.epoch
+	}
+	return 0
+}
 
 func (handlerTx) Commit(context.Context) error   { return ErrTxManaged }
 func (handlerTx) Rollback(context.Context) error { return ErrTxManaged }

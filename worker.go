@@ -59,6 +59,9 @@ type worker struct {
 	highest atomic.Int64 // highest offset known to exist in the partition
 	next    atomic.Int64 // the group's position after our last commit
 
+	epoch     atomic.Int64 // the lease's epoch while this replica owns it; 0: not owned
+	releasing atomic.Bool  // give the lease up after the current batch
+
 	buf      []Event
 	e2e      []time.Duration // reused for BatchStats.EndToEnd
 	failures int             // consecutive failed batches, for the backoff
@@ -148,8 +151,9 @@ func (w *worker) hint(max int64) bool {
 	}
 }
 
-// run handles batches until ctx is cancelled. Batches run on bctx, which
-// outlives ctx by the shutdown timeout.
+// run handles batches until ctx is cancelled, while the replica owns the
+// partition's lease. Batches run on bctx, which outlives ctx by the
+// shutdown timeout.
 func (w *worker) run(ctx, bctx context.Context) error {
 	for {
 		select {
@@ -157,11 +161,31 @@ func (w *worker) run(ctx, bctx context.Context) error {
 			return nil
 		case <-w.wake:
 		}
-		for ctx.Err() == nil && w.highest.Load() >= w.next.Load() {
+		for ctx.Err() == nil {
+			if w.releasing.Load() {
+				// Asked to give the partition up, between two batches.
+				epoch := w.epoch.Swap(0)
+				w.releasing.Store(false)
+				if err := w.c.leaser.Released(ctx, w.partition, epoch); err != nil {
+					w.log.Warn().Err(err).Msg("could not release the partition's lease; it will expire")
+				}
+				break
+			}
+			epoch := w.epoch.Load()
+			if epoch == 0 || w.highest.Load() < w.next.Load() {
+				break
+			}
 			if w.halted.Load() {
 				return w.waitHalted(ctx)
 			}
-			more, err := w.batch(bctx)
+			more, err := w.batch(bctx, epoch)
+			if errors.Is(err, offsets.ErrLeaseLost) {
+				// Taken over while this replica was slow, frozen or cut
+				// off: the batch rolled back, the new owner handles it.
+				w.epoch.CompareAndSwap(epoch, 0)
+				w.log.Warn().Int64("epoch", epoch).Msg("partition lease lost; batch rolled back")
+				break
+			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -174,6 +198,15 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				w.hint(w.next.Load())
 			}
 		}
+	}
+}
+
+// signal wakes the worker without saying there is work, so that it looks
+// at its lease. It never blocks.
+func (w *worker) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -329,12 +362,13 @@ func backoff(initial, max time.Duration, n int) time.Duration {
 
 // batch runs one batch transaction and reports whether more events are
 // known to follow it.
-func (w *worker) batch(ctx context.Context) (more bool, err error) {
+func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) {
 	cfg := &w.c.cfg
 	known := w.highest.Load()
 	start := time.Now()
 	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
-		Limit: cfg.BatchSize + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost}.Do(ctx, w.c.pool, w.buf[:0])
+		Limit: cfg.BatchSize + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
+		Owner: w.c.replicaID, Epoch: epoch}.Do(ctx, w.c.pool, w.buf[:0])
 	w.buf = cl.Events
 	if err != nil {
 		return false, err
@@ -353,7 +387,7 @@ func (w *worker) batch(ctx context.Context) (more bool, err error) {
 	defer cancel(nil)
 	timer := time.AfterFunc(time.Hour, func() { cancel(errHandlerTimeout) })
 	defer timer.Stop()
-	st := batchState{w: w, tx: handlerTx{tx}, timer: timer, parked: cl.Parked, first: evs[0].Offset, e2e: w.e2e[:0]}
+	st := batchState{w: w, tx: handlerTx{Tx: tx, epoch: epoch}, timer: timer, parked: cl.Parked, first: evs[0].Offset, e2e: w.e2e[:0]}
 
 	n, extend, more := batching.Cut(keys, evs, cfg.BatchSize)
 	err = st.handle(hctx, evs[:n])
@@ -384,7 +418,7 @@ func (w *worker) batch(ctx context.Context) (more bool, err error) {
 	if !st.started {
 		return more, nil // cut before the first unit: nothing to commit
 	}
-	if err := offsets.Commit(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1); err != nil {
+	if err := offsets.Commit(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.c.replicaID, epoch); err != nil {
 		return false, err
 	}
 	if w.haltRecord {

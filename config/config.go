@@ -144,6 +144,12 @@ type Config struct {
 	// Defaults to 60000; 0 leaves the server's setting.
 	IdleInTransactionTimeoutMs int `yaml:"idleInTransactionTimeoutMs"`
 
+	// LeaseMs is how long a partition lease lives without a heartbeat, in
+	// milliseconds: a dead or frozen replica's partitions are taken over
+	// about that long after it stopped. Defaults to 1000; must be at least
+	// 100.
+	LeaseMs int `yaml:"leaseMs"`
+
 	// MetricsAddr is the address ("host:port" or ":port") of the HTTP
 	// server for /metrics (Prometheus), /healthz and /readyz. Defaults to
 	// "", which serves nothing.
@@ -205,6 +211,7 @@ func Default() Config {
 		HandlerTimeoutMs:           30000,
 		StatementTimeoutMs:         30000,
 		IdleInTransactionTimeoutMs: 60000,
+		LeaseMs:                    1000,
 	}
 }
 
@@ -219,6 +226,9 @@ func (c *Config) RetryMax() time.Duration { return millis(c.RetryMaxMs) }
 
 // DeadLetterWindow returns DeadLetterWindowMs as a duration.
 func (c *Config) DeadLetterWindow() time.Duration { return millis(c.DeadLetterWindowMs) }
+
+// Lease returns LeaseMs as a duration.
+func (c *Config) Lease() time.Duration { return millis(c.LeaseMs) }
 
 // HandlerTimeout returns HandlerTimeoutMs as a duration.
 func (c *Config) HandlerTimeout() time.Duration { return millis(c.HandlerTimeoutMs) }
@@ -447,6 +457,7 @@ var topFields = map[string]topField{
 	"statementTimeoutMs":         intField(func(c *Config) *int { return &c.StatementTimeoutMs }),
 	"idleInTransactionTimeoutMs": intField(func(c *Config) *int { return &c.IdleInTransactionTimeoutMs }),
 
+	"leaseMs":     intField(func(c *Config) *int { return &c.LeaseMs }),
 	"metricsAddr": stringField(func(c *Config) *string { return &c.MetricsAddr }),
 	"pprof":       boolField(func(c *Config) *bool { return &c.Pprof }),
 }
@@ -715,6 +726,9 @@ func (c *Config) problems() []*Error {
 	}
 	optionalMillis("statementTimeoutMs", c.StatementTimeoutMs)
 	optionalMillis("idleInTransactionTimeoutMs", c.IdleInTransactionTimeoutMs)
+	if c.LeaseMs < 100 || c.LeaseMs > maxMillis {
+		add("leaseMs", "must be between 100 and %d, got %d", maxMillis, c.LeaseMs)
+	}
 	if c.MetricsAddr != "" {
 		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil || port == "" {
 			add("metricsAddr", "must be host:port or :port, got %q", c.MetricsAddr)

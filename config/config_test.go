@@ -67,6 +67,7 @@ deadLetterWindowMs: 1000
 handlerTimeoutMs: 2000
 statementTimeoutMs: 0
 idleInTransactionTimeoutMs: 5000
+leaseMs: 1500
 metricsAddr: 127.0.0.1:9464
 pprof: true
 handlers:
@@ -108,6 +109,7 @@ func TestParseFullFile(t *testing.T) {
 		HandlerTimeoutMs:           2000,
 		StatementTimeoutMs:         0,
 		IdleInTransactionTimeoutMs: 5000,
+		LeaseMs:                    1500,
 		MetricsAddr:                "127.0.0.1:9464",
 		Pprof:                      true,
 		Handlers: []Handler{
@@ -267,6 +269,7 @@ func TestParseErrors(t *testing.T) {
 		{"onPermanentFailure unknown", head + "onPermanentFailure: retry\n", "onPermanentFailure", 3, "must be one of"},
 		{"maxDeadLetterRate 0", head + "maxDeadLetterRate: 0\n", "maxDeadLetterRate", 3, "greater than 0"},
 		{"statementTimeoutMs negative", head + "statementTimeoutMs: -1\n", "statementTimeoutMs", 3, "must be 0"},
+		{"leaseMs too short", head + "leaseMs: 50\n", "leaseMs", 3, "between 100"},
 		{"metricsAddr without port", head + "metricsAddr: localhost\n", "metricsAddr", 3, "host:port"},
 		{"pprof not a bool", head + "pprof: maybe\n", "pprof", 3, "true or false"},
 		{"totalPartitions 0", head + "totalPartitions: 0\n", "totalPartitions", 3, "between 1 and 1024"},

@@ -111,9 +111,29 @@ ORDER BY m.c_offset
 LIMIT $4`
 
 	// commitSQL moves the group's position past the batch, in the batch's
-	// transaction (invariant 3). The update is HOT: no index covers it.
+	// transaction (invariant 3), if the batch's replica still owns the
+	// partition's lease with the epoch it claimed under: a replica that
+	// lost the lease while it was frozen or cut off updates nothing and
+	// rolls back. The lease row is not locked: a takeover that commits
+	// after this check cannot have handled anything yet, since its claim
+	// waits for this transaction's lock on the offsets row. The update is
+	// HOT: no index covers next_offset or updated_at.
 	commitSQL = `UPDATE consumer_offsets SET next_offset = $4, updated_at = now()
-WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
+WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
+  AND EXISTS (SELECT 1 FROM partition_leases l
+              WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = $3
+                AND l.owner = $5 AND l.epoch = $6)`
+
+	// leaseHeldSQL says, in the claim's round trip, whether the replica
+	// still owns the lease, so that a replica that lost it stops before
+	// running handlers.
+	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM partition_leases
+WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5)`
+
+	// initLeasesSQL creates the free lease rows of the group's partitions.
+	initLeasesSQL = `INSERT INTO partition_leases (group_id, topic_id, partition_id)
+SELECT $1, $2, p FROM unnest($3::integer[]) AS p
+ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 
 	// positionSQL reads a group's position in a partition.
 	positionSQL = `SELECT next_offset FROM consumer_offsets
@@ -136,10 +156,14 @@ func Append(ctx context.Context, q Querier, topic int, eventsJSON []byte) (first
 }
 
 // Init creates the group's positions for partitions of topic that it has
-// none for yet, at the first retained offset (see initSQL).
+// none for yet, at the first retained offset (see initSQL), and their free
+// lease rows.
 func Init(ctx context.Context, q Querier, group string, topic int, partitions []int) error {
 	if _, err := q.Exec(ctx, initSQL, group, topic, partitions); err != nil {
 		return fmt.Errorf("offsets: init group %q: %w", group, err)
+	}
+	if _, err := q.Exec(ctx, initLeasesSQL, group, topic, partitions); err != nil {
+		return fmt.Errorf("offsets: init leases of group %q: %w", group, err)
 	}
 	return nil
 }
@@ -196,7 +220,7 @@ func Position(ctx context.Context, q Querier, group string, topic, partition int
 	return next, true, nil
 }
 
-// ErrNoPosition is returned by Commit when the group has no
+// ErrNoPosition is returned by LockPosition when the group has no
 // consumer_offsets row for the partition (Init was not run).
 var ErrNoPosition = errors.New("offsets: no position for the partition (group not initialised)")
 
@@ -214,6 +238,9 @@ type Claim struct {
 	Limit int
 	// Parked asks for the partition's parked hosts too.
 	Parked bool
+	// Owner and Epoch are the lease the claim is made under.
+	Owner string
+	Epoch int64
 }
 
 // Claimed is what a claim returns.
@@ -229,6 +256,10 @@ type Claimed struct {
 	Parked map[string]int64
 }
 
+// ErrLeaseLost is returned by Claim and Commit when the replica no longer
+// owns the partition's lease with the epoch it claimed under.
+var ErrLeaseLost = errors.New("offsets: partition lease lost")
+
 // Do begins a transaction on db, locks the group's position in the
 // partition for the rest of it, and appends to buf up to c.Limit events
 // from that position, in offset order: BEGIN, the claim and the parked
@@ -236,6 +267,7 @@ type Claimed struct {
 func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error) {
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
+	b.Queue(leaseHeldSQL, c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
 	b.Queue(claimSQL, c.Group, c.Topic, c.Partition, c.Limit)
 	if c.Parked {
 		b.Queue(parkedSQL, c.Group, c.Topic, c.Partition)
@@ -248,6 +280,10 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 		return Claimed{Events: out.Events}, fmt.Errorf("offsets: claim: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
+		return fail(err)
+	}
+	var held bool
+	if err := br.QueryRow().Scan(&held); err != nil {
 		return fail(err)
 	}
 	rows, err := br.Query()
@@ -279,6 +315,10 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 	if err := br.Close(); err != nil {
 		return fail(err)
 	}
+	if !held {
+		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
+		return Claimed{Events: out.Events[:len(buf)]}, ErrLeaseLost
+	}
 	return out, nil
 }
 
@@ -309,14 +349,16 @@ func scanEvents(rows pgx.Rows, buf []Event, op string) ([]Event, error) {
 	return buf, nil
 }
 
-// Commit sets the group's position in the partition to next, in tx.
-func Commit(ctx context.Context, tx pgx.Tx, group string, topic, partition int, next int64) error {
-	tag, err := tx.Exec(ctx, commitSQL, group, topic, partition, next)
+// Commit sets the group's position in the partition to next, in tx, if
+// owner still holds the partition's lease with epoch; otherwise it returns
+// ErrLeaseLost and the caller must roll back.
+func Commit(ctx context.Context, tx pgx.Tx, group string, topic, partition int, next int64, owner string, epoch int64) error {
+	tag, err := tx.Exec(ctx, commitSQL, group, topic, partition, next, owner, epoch)
 	if err != nil {
 		return fmt.Errorf("offsets: commit: %w", err)
 	}
 	if tag.RowsAffected() != 1 {
-		return ErrNoPosition
+		return ErrLeaseLost
 	}
 	return nil
 }

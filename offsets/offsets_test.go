@@ -128,7 +128,7 @@ func TestClaimOrdersCompetingClaimers(t *testing.T) {
 			AND wait_event_type = 'Lock'`).Scan(&waiting)
 		return waiting == 1
 	})
-	if err := Commit(ctx, tx1, "g", 1, 0, evs1[3].Offset+1); err != nil {
+	if err := Commit(ctx, tx1, "g", 1, 0, evs1[3].Offset+1, "", 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx1.Commit(ctx); err != nil {
@@ -140,7 +140,7 @@ func TestClaimOrdersCompetingClaimers(t *testing.T) {
 	}
 }
 
-func TestCommitWithoutPositionFails(t *testing.T) {
+func TestCommitWithoutLeaseFails(t *testing.T) {
 	t.Parallel()
 	ctx, url := setup(t, 1)
 	pool := pgtest.Pool(t, url)
@@ -149,7 +149,7 @@ func TestCommitWithoutPositionFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	if err := Commit(ctx, tx, "nobody", 1, 0, 5); !errors.Is(err, ErrNoPosition) {
-		t.Fatalf("Commit without a position = %v, want ErrNoPosition", err)
+	if err := Commit(ctx, tx, "nobody", 1, 0, 5, "me", 1); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Commit without a position or lease = %v, want ErrLeaseLost", err)
 	}
 }

@@ -94,6 +94,7 @@ func consumerConfig(cfg *config.Config, handlers *pgevents.Handlers, log *zerolo
 		MaxDeadLetters:     cfg.MaxDeadLetterRate,
 		DeadLetterWindow:   cfg.DeadLetterWindow(),
 		HandlerTimeout:     cfg.HandlerTimeout(),
+		LeaseDuration:      cfg.Lease(),
 		Handlers:           handlers,
 		Logger:             log,
 	}

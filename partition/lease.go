@@ -1,0 +1,389 @@
+package partition
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+)
+
+// Lease statements. Each runs as one statement or one pipelined batch
+// without BEGIN, so it completes on the server whatever happens to the
+// client: a replica frozen mid-heartbeat holds no lease row locked.
+const (
+	// registerSQL records the replica as live until now + lease.
+	registerSQL = `INSERT INTO consumer_replicas (group_id, topic_id, replica_id, mode, hostname, pid, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + $7::interval)
+ON CONFLICT (group_id, topic_id, replica_id)
+DO UPDATE SET heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at, mode = excluded.mode`
+
+	// renewSQL extends every lease the replica owns, expired or not: a lease
+	// still owned was taken by nobody (taking it changes the owner), so it
+	// is safe to keep. It returns what the replica holds.
+	renewSQL = `UPDATE partition_leases
+SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + $4::interval
+WHERE group_id = $1 AND topic_id = $2 AND owner = $3
+RETURNING partition_id, epoch`
+
+	// liveReplicasSQL lists the live auto-mode replicas, in id order: the
+	// order that decides who holds one partition more when they do not
+	// divide evenly.
+	liveReplicasSQL = `SELECT replica_id FROM consumer_replicas
+WHERE group_id = $1 AND topic_id = $2 AND mode = 'auto' AND expires_at > clock_timestamp()
+ORDER BY replica_id`
+
+	// acquireSQL takes up to $5 free or expired leases among partitions $4,
+	// bumping their epoch. A live lease is never taken, and SKIP LOCKED
+	// keeps replicas that acquire at once from waiting on each other.
+	acquireSQL = `WITH cand AS (
+    SELECT partition_id, owner AS prev_owner FROM partition_leases
+    WHERE group_id = $1 AND topic_id = $2 AND partition_id = ANY($4::integer[])
+      AND (owner = '' OR expires_at <= clock_timestamp())
+    ORDER BY partition_id
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE partition_leases l
+SET owner = $3, epoch = l.epoch + 1, acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
+    expires_at = clock_timestamp() + $6::interval
+FROM cand
+WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = cand.partition_id
+RETURNING l.partition_id, l.epoch, cand.prev_owner`
+
+	// releaseSQL frees a lease the replica owns with that epoch.
+	releaseSQL = `UPDATE partition_leases SET owner = '', expires_at = clock_timestamp()
+WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5`
+
+	// releaseAllSQL frees every lease of the replica and removes it from
+	// the live replicas, at shutdown: the others take over at once instead
+	// of after the lease expires.
+	releaseAllSQL = `WITH r AS (
+    DELETE FROM consumer_replicas WHERE group_id = $1 AND topic_id = $2 AND replica_id = $3
+)
+UPDATE partition_leases SET owner = '', expires_at = clock_timestamp()
+WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
+
+	// fenceSQL ends the backend whose transaction holds the partition's
+	// consumer_offsets row: after a takeover, that can only be the previous
+	// owner's batch, frozen or cut off. A row locked by FOR UPDATE carries
+	// the locker's transaction id in xmax, which pg_stat_activity shows as
+	// backend_xid. The new owner's claim would otherwise wait for that
+	// transaction until the server noticed the dead peer.
+	fenceSQL = `SELECT count(pg_terminate_backend(a.pid))
+FROM consumer_offsets o
+JOIN pg_stat_activity a ON a.backend_xid = o.xmax
+WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3 AND a.pid <> pg_backend_pid()`
+)
+
+// DB is what a Leaser runs statements on; *pgxpool.Pool satisfies it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Owner is told what a Leaser acquires and loses. Its methods are called
+// from the Leaser's goroutine and must not block.
+type Owner interface {
+	// Acquired says the replica now owns partition p's lease with epoch.
+	Acquired(p int, epoch int64)
+	// Lost says the replica no longer owns partition p's lease: another
+	// replica took it over. The partition's in-flight batch, if any,
+	// cannot commit.
+	Lost(p int)
+	// Release asks that partition p stop after its current batch; its
+	// worker then calls Leaser.Released.
+	Release(p int)
+}
+
+// LeaserConfig configures a Leaser.
+type LeaserConfig struct {
+	// DB runs the lease statements; required.
+	DB DB
+	// Group and Topic say whose partitions are leased.
+	Group string
+	Topic int
+	// Partitions is the topic's partition count.
+	Partitions int
+	// Static lists the partitions a static replica serves; nil means auto
+	// mode, where live replicas share every partition.
+	Static []int
+	// ReplicaID names this replica; default NewReplicaID().
+	ReplicaID string
+	// Lease is how long a lease lives without a heartbeat; default 1 s. The
+	// heartbeat runs every Lease/3.
+	Lease time.Duration
+	// Owner is told what is acquired and lost; required.
+	Owner Owner
+	// Logger receives lease changes; default: discard.
+	Logger *zerolog.Logger
+}
+
+// Leaser keeps one replica's partition leases for one group: it registers
+// the replica, renews what it holds, acquires what its share lacks, asks
+// the owner to release what exceeds it, and fences the previous owner's
+// backend after a takeover. Create it with NewLeaser and run it with Run.
+type Leaser struct {
+	cfg      LeaserConfig
+	log      zerolog.Logger
+	hostname string
+
+	mu        sync.Mutex
+	held      map[int]int64 // partition → epoch
+	releasing map[int]bool
+	beats     int
+}
+
+// NewLeaser validates cfg and returns a Leaser.
+func NewLeaser(cfg LeaserConfig) (*Leaser, error) {
+	if cfg.DB == nil || cfg.Owner == nil || cfg.Group == "" || cfg.Partitions <= 0 {
+		return nil, errors.New("partition: DB, Owner, Group and Partitions are required")
+	}
+	if cfg.ReplicaID == "" {
+		cfg.ReplicaID = NewReplicaID()
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = time.Second
+	}
+	for _, p := range cfg.Static {
+		if p < 0 || p >= cfg.Partitions {
+			return nil, fmt.Errorf("partition: partition %d is outside [0, %d)", p, cfg.Partitions)
+		}
+	}
+	log := zerolog.Nop()
+	if cfg.Logger != nil {
+		log = *cfg.Logger
+	}
+	host, _ := os.Hostname()
+	return &Leaser{
+		cfg:       cfg,
+		log:       log.With().Str("replica", cfg.ReplicaID).Logger(),
+		hostname:  host,
+		held:      map[int]int64{},
+		releasing: map[int]bool{},
+	}, nil
+}
+
+// NewReplicaID returns an id for this process: host name, process id and a
+// random suffix, so that a restarted process is a new replica.
+func NewReplicaID() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), time.Now().UnixNano()&0xffff)
+}
+
+// ReplicaID returns the replica's id.
+func (l *Leaser) ReplicaID() string { return l.cfg.ReplicaID }
+
+// Held returns the partitions the replica holds, sorted.
+func (l *Leaser) Held() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]int, 0, len(l.held))
+	for p := range l.held {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Run heartbeats every Lease/3 until ctx is cancelled. It does not release
+// the leases then: call ReleaseAll once the partitions' workers are done.
+func (l *Leaser) Run(ctx context.Context) error {
+	t := time.NewTicker(l.cfg.Lease / 3)
+	defer t.Stop()
+	for {
+		if err := l.beat(ctx); err != nil && ctx.Err() == nil {
+			l.log.Warn().Err(err).Msg("lease heartbeat failed")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// beat renews, then rebalances.
+func (l *Leaser) beat(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.Lease)
+	defer cancel()
+	mode := "auto"
+	if l.cfg.Static != nil {
+		mode = "static"
+	}
+	lease := l.cfg.Lease.String()
+	var b pgx.Batch
+	b.Queue(registerSQL, l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, mode, l.hostname, os.Getpid(), lease)
+	b.Queue(renewSQL, l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, lease)
+	b.Queue(liveReplicasSQL, l.cfg.Group, l.cfg.Topic)
+	br := l.cfg.DB.SendBatch(ctx, &b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return fmt.Errorf("partition: register replica: %w", err)
+	}
+	rows, _ := br.Query()
+	renewed := map[int]int64{}
+	var p int
+	var epoch int64
+	_, err := pgx.ForEachRow(rows, []any{&p, &epoch}, func() error { renewed[p] = epoch; return nil })
+	if err != nil {
+		br.Close()
+		return fmt.Errorf("partition: renew leases: %w", err)
+	}
+	rows, _ = br.Query()
+	live, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		br.Close()
+		return fmt.Errorf("partition: live replicas: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("partition: heartbeat: %w", err)
+	}
+
+	l.mu.Lock()
+	for p := range l.held {
+		if e, ok := renewed[p]; !ok || e != l.held[p] {
+			delete(l.held, p)
+			delete(l.releasing, p)
+			l.log.Warn().Int("partition", p).Msg("partition lease lost to another replica")
+			l.cfg.Owner.Lost(p)
+		}
+	}
+	held := len(l.held)
+	releasing := len(l.releasing)
+	l.beats++
+	l.mu.Unlock()
+
+	want := l.cfg.Static
+	target := len(want)
+	if want == nil {
+		want = make([]int, l.cfg.Partitions)
+		for i := range want {
+			want[i] = i
+		}
+		target = Target(l.cfg.Partitions, live, l.cfg.ReplicaID)
+	}
+	switch have := held - releasing; {
+	case have < target:
+		return l.acquire(ctx, want, target-have)
+	case have > target:
+		l.releaseSurplus(have - target)
+	}
+	return nil
+}
+
+// acquire takes up to n free or expired leases among want.
+func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
+	rows, err := l.cfg.DB.Query(ctx, acquireSQL, l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, want, n, l.cfg.Lease.String())
+	if err != nil {
+		return fmt.Errorf("partition: acquire: %w", err)
+	}
+	type got struct {
+		p     int
+		epoch int64
+		prev  string
+	}
+	var acquired []got
+	var g got
+	if _, err := pgx.ForEachRow(rows, []any{&g.p, &g.epoch, &g.prev}, func() error {
+		acquired = append(acquired, g)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("partition: acquire: %w", err)
+	}
+	for _, a := range acquired {
+		if a.prev != "" && a.prev != l.cfg.ReplicaID {
+			// Taken over from a replica whose lease expired: end its
+			// batch, if it still holds the partition's offsets row.
+			var n int
+			if err := l.cfg.DB.QueryRow(ctx, fenceSQL, l.cfg.Group, l.cfg.Topic, a.p).Scan(&n); err != nil {
+				l.log.Warn().Err(err).Int("partition", a.p).Msg("could not fence the previous owner")
+			} else if n > 0 {
+				l.log.Warn().Int("partition", a.p).Str("previous_owner", a.prev).Msg("ended the previous owner's batch")
+			}
+			l.log.Info().Int("partition", a.p).Int64("epoch", a.epoch).Str("previous_owner", a.prev).Msg("partition taken over")
+		} else {
+			l.log.Info().Int("partition", a.p).Int64("epoch", a.epoch).Msg("partition acquired")
+		}
+		l.mu.Lock()
+		l.held[a.p] = a.epoch
+		l.mu.Unlock()
+		l.cfg.Owner.Acquired(a.p, a.epoch)
+	}
+	return nil
+}
+
+// releaseSurplus asks the owner to release n partitions, the highest ones,
+// after their current batch.
+func (l *Leaser) releaseSurplus(n int) {
+	l.mu.Lock()
+	var cand []int
+	for p := range l.held {
+		if !l.releasing[p] {
+			cand = append(cand, p)
+		}
+	}
+	slices.Sort(cand)
+	slices.Reverse(cand)
+	cand = cand[:min(n, len(cand))]
+	for _, p := range cand {
+		l.releasing[p] = true
+	}
+	l.mu.Unlock()
+	for _, p := range cand {
+		l.log.Info().Int("partition", p).Msg("releasing surplus partition after its current batch")
+		l.cfg.Owner.Release(p)
+	}
+}
+
+// Released frees partition p's lease once its worker has stopped, if the
+// replica still owns it with epoch.
+func (l *Leaser) Released(ctx context.Context, p int, epoch int64) error {
+	l.mu.Lock()
+	delete(l.held, p)
+	delete(l.releasing, p)
+	l.mu.Unlock()
+	if _, err := l.cfg.DB.Exec(ctx, releaseSQL, l.cfg.Group, l.cfg.Topic, p, l.cfg.ReplicaID, epoch); err != nil {
+		return fmt.Errorf("partition: release %d: %w", p, err)
+	}
+	return nil
+}
+
+// ReleaseAll frees every lease of the replica and unregisters it.
+func (l *Leaser) ReleaseAll(ctx context.Context) error {
+	l.mu.Lock()
+	l.held = map[int]int64{}
+	l.releasing = map[int]bool{}
+	l.mu.Unlock()
+	if _, err := l.cfg.DB.Exec(ctx, releaseAllSQL, l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID); err != nil {
+		return fmt.Errorf("partition: release all: %w", err)
+	}
+	return nil
+}
+
+// Target returns how many of n partitions replica me should hold when the
+// live auto-mode replicas are live, sorted by id: ⌈n/R⌉ for the first n mod
+// R of them and ⌊n/R⌋ for the others, so every replica knows its share
+// without talking to the others. A replica not yet among them counts as one
+// more, placed by its id.
+func Target(n int, live []string, me string) int {
+	if !slices.Contains(live, me) {
+		live = append(slices.Clone(live), me)
+		slices.Sort(live)
+	}
+	r := len(live)
+	i := slices.Index(live, me)
+	t := n / r
+	if i < n%r {
+		t++
+	}
+	return t
+}

@@ -1,0 +1,156 @@
+package pgevents
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
+)
+
+// balanced reports whether the consumers hold every partition between
+// them, each ⌊n/R⌋ or ⌈n/R⌉, without overlap, and the database agrees.
+func balanced(t *testing.T, pool *pgxpool.Pool, n int, cs ...*Consumer) bool {
+	t.Helper()
+	seen := map[int]bool{}
+	for _, c := range cs {
+		held := c.Partitions()
+		if len(held) < n/len(cs) || len(held) > (n+len(cs)-1)/len(cs) {
+			return false
+		}
+		for _, p := range held {
+			if seen[p] {
+				return false
+			}
+			seen[p] = true
+		}
+	}
+	if len(seen) != n {
+		return false
+	}
+	live := queryInt(t, pool, `SELECT count(*) FROM partition_ownership WHERE live`)
+	owners := queryInt(t, pool, `SELECT count(DISTINCT owner) FROM partition_ownership WHERE live`)
+	return live == int64(n) && owners == int64(len(cs))
+}
+
+// TestReplicasShareAndRebalance: replicas in auto mode split the partitions
+// evenly within seconds of a replica joining or leaving, and every event is
+// handled exactly once in host order throughout.
+func TestReplicasShareAndRebalance(t *testing.T) {
+	t.Parallel()
+	const n = 16
+	pool := newTopic(t, n)
+	mustExec(t, pool, handledTable)
+	cfg := Config{TotalPartitions: n, BatchSize: 5, Handlers: recordingHandlers(), LeaseDuration: 600 * time.Millisecond}
+	a := startConsumer(t, pool, cfg)
+	b, stopB := startStoppableConsumer(t, pool, cfg)
+	c := startConsumer(t, pool, cfg)
+	pgtest.WaitFor(t, 5*time.Second, "3 replicas balanced", func() bool { return balanced(t, pool, n, a, b, c) })
+
+	var total int64
+	appendSome := func() {
+		for i := range 40 {
+			appendTx(t, pool, ev(fmt.Sprintf("h%d", i%23), "t", `{}`), ev(fmt.Sprintf("h%d", i%23), "t", `{}`))
+			total += 2
+		}
+	}
+	appendSome()
+	heldA, heldC := a.Partitions(), c.Partitions()
+	stopB() // leaves: its leases are released at once
+	appendSome()
+	pgtest.WaitFor(t, 5*time.Second, "2 replicas balanced", func() bool { return balanced(t, pool, n, a, c) })
+	// Sticky: the survivors kept what they held and only took B's share.
+	keeps(t, "a", heldA, a.Partitions())
+	keeps(t, "c", heldC, c.Partitions())
+	heldA, heldC = a.Partitions(), c.Partitions()
+	d := startConsumer(t, pool, cfg) // joins: the others release their surplus
+	appendSome()
+	pgtest.WaitFor(t, 5*time.Second, "3 replicas balanced again", func() bool { return balanced(t, pool, n, a, c, d) })
+	// The newcomer got only what the others released.
+	keeps(t, "a", a.Partitions(), heldA)
+	keeps(t, "c", c.Partitions(), heldC)
+	waitHandled(t, pool, total, 20*time.Second)
+	checkHandled(t, pool)
+}
+
+// keeps fails the test unless every partition of before is in after.
+func keeps(t *testing.T, who string, before, after []int) {
+	t.Helper()
+	in := map[int]bool{}
+	for _, p := range after {
+		in[p] = true
+	}
+	for _, p := range before {
+		if !in[p] {
+			t.Fatalf("replica %s held %v, then %v: partition %d moved although its owner stayed live", who, before, after, p)
+		}
+	}
+}
+
+// TestStaticStandby: two consumers configured for the same partition: one
+// holds it, the other waits; when the holder stops, the standby takes over.
+func TestStaticStandby(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, handledTable)
+	cfg := Config{TotalPartitions: 2, Partitions: []int{1}, Handlers: recordingHandlers()}
+	first, stopFirst := startStoppableConsumer(t, pool, cfg)
+	pgtest.WaitFor(t, 5*time.Second, "first holds partition 1", func() bool { return fmt.Sprint(first.Partitions()) == "[1]" })
+	standby := startConsumer(t, pool, cfg)
+	host := hostIn(t, pool, 2, 1)
+	appendTx(t, pool, ev(host, "t", `{}`))
+	waitHandled(t, pool, 1, 5*time.Second)
+	if len(standby.Partitions()) != 0 {
+		t.Fatalf("the standby holds %v while the first replica is live", standby.Partitions())
+	}
+	stopFirst()
+	pgtest.WaitFor(t, 5*time.Second, "standby takes partition 1", func() bool { return fmt.Sprint(standby.Partitions()) == "[1]" })
+	appendTx(t, pool, ev(host, "t", `{}`))
+	waitHandled(t, pool, 2, 5*time.Second)
+	if queryInt(t, pool, `SELECT count(*) FROM partition_leases WHERE partition_id = 0 AND owner <> ''`) != 0 {
+		t.Fatal("a static replica of partition 1 took partition 0")
+	}
+}
+
+// TestLostLeaseCannotCommit: a batch whose lease was taken over while it ran
+// rolls back; its effects vanish and the new owner's stand.
+func TestLostLeaseCannotCommit(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	inHandler := make(chan struct{})
+	resume := make(chan struct{})
+	record := SQLHandler("g", recordSQL)
+	hs := &Handlers{}
+	var first = true
+	hs.HandleFunc("t", func(ctx context.Context, tx pgx.Tx, e *Event) error {
+		if err := record.Handle(ctx, tx, e); err != nil {
+			return err
+		}
+		if first {
+			first = false
+			close(inHandler)
+			<-resume
+		}
+		return nil
+	})
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: hs})
+	appendTx(t, pool, ev("h", "t", `{}`))
+	<-inHandler
+	// Another replica takes the lease over (as after an expiry).
+	mustExec(t, pool, `UPDATE partition_leases SET owner = 'usurper', epoch = epoch + 1`)
+	close(resume)
+	pgtest.WaitFor(t, 5*time.Second, "the batch rolled back and the lease is dropped", func() bool {
+		return len(c.Partitions()) == 0 || c.workers[0].epoch.Load() == 0
+	})
+	if n := queryInt(t, pool, `SELECT count(*) FROM handled`); n != 0 {
+		t.Fatalf("%d effects committed by a replica that lost its lease", n)
+	}
+	if n := queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`); n != 1 {
+		t.Fatalf("position moved to %d by a replica that lost its lease", n)
+	}
+}
