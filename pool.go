@@ -14,7 +14,9 @@ import (
 // stuck on a vanished server fails instead of hanging), application_name
 // "pgevents-consumer", statement_timeout 30 s and
 // idle_in_transaction_session_timeout 60 s (so that no consumer pins the
-// xmin horizon for long), each unless the URL sets it. Adjust MaxConns before
+// xmin horizon for long), and server-side TCP keepalive and user timeout so
+// that the server notices a dead consumer too, each unless the URL sets it.
+// Adjust MaxConns before
 // creating the pool: a consumer needs one connection per served partition
 // plus two.
 func ParsePoolConfig(url string) (*pgxpool.Config, error) {
@@ -27,6 +29,13 @@ func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 		"application_name":                    "pgevents-consumer",
 		"statement_timeout":                   "30000",
 		"idle_in_transaction_session_timeout": "60000",
+		// The server's side of the connection: notice a vanished consumer
+		// (power loss, network cut) in seconds and end its transaction,
+		// releasing the partition's offsets row.
+		"tcp_keepalives_idle":     "5",
+		"tcp_keepalives_interval": "1",
+		"tcp_keepalives_count":    "3",
+		"tcp_user_timeout":        "10000",
 	} {
 		if pc.ConnConfig.RuntimeParams[param] == "" {
 			pc.ConnConfig.RuntimeParams[param] = value
