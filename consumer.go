@@ -148,11 +148,11 @@ func (e *PartitionMismatchError) Error() string {
 // Consumer runs a group's partition workers. Create it with NewConsumer and
 // start it with Run.
 type Consumer struct {
-	pool    *pgxpool.Pool
-	cfg     Config
-	log     zerolog.Logger
-	workers map[int]*worker
-	order   []int
+	pool   *pgxpool.Pool
+	cfg    Config
+	log    zerolog.Logger
+	static []int // the partitions of a static replica; nil: auto mode
+	rt     atomic.Pointer[layoutRun]
 
 	handled atomic.Int64
 	batches atomic.Int64
@@ -164,7 +164,6 @@ type Consumer struct {
 	deployment atomic.Int64
 	ln         atomic.Pointer[listener.Listener]
 	kick       chan WakeSource // asks the poller to poll now
-	leaser     *partition.Leaser
 	replicaID  string
 	clockSkew  atomic.Int64 // database clock minus local clock, ns
 }
@@ -238,33 +237,18 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 			return nil, fmt.Errorf("pgevents: %w", err)
 		}
 	}
-	parts, _ := partition.Assign(cfg.TotalPartitions, nil)
 	log := zerolog.Nop()
 	if cfg.Logger != nil {
 		log = *cfg.Logger
 	}
-	c := &Consumer{
-		pool:    pool,
-		cfg:     cfg,
-		log:     log.With().Str("group", cfg.GroupID).Int("topic", cfg.TopicID).Logger(),
-		workers: make(map[int]*worker, len(parts)),
-		order:   parts,
-		kick:    make(chan WakeSource, 1),
-	}
-	for _, p := range parts {
-		c.workers[p] = newWorker(c, p)
-	}
-	c.replicaID = cfg.ReplicaID
-	leaser, err := partition.NewLeaser(partition.LeaserConfig{
-		DB: pool, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: cfg.TotalPartitions,
-		Static: static, ReplicaID: cfg.ReplicaID, Lease: cfg.LeaseDuration,
-		Owner: (*leaseOwner)(c), Logger: &c.log,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pgevents: %w", err)
-	}
-	c.leaser = leaser
-	return c, nil
+	return &Consumer{
+		pool:      pool,
+		cfg:       cfg,
+		log:       log.With().Str("group", cfg.GroupID).Int("topic", cfg.TopicID).Logger(),
+		static:    static,
+		kick:      make(chan WakeSource, 1),
+		replicaID: cfg.ReplicaID,
+	}, nil
 }
 
 // Stats are counters of a consumer since it started.
@@ -301,7 +285,12 @@ func (c *Consumer) Stats() Stats {
 
 // Partitions returns the partitions whose lease this consumer holds, in
 // ascending order.
-func (c *Consumer) Partitions() []int { return c.leaser.Held() }
+func (c *Consumer) Partitions() []int {
+	if rt := c.rt.Load(); rt != nil {
+		return rt.leaser.Held()
+	}
+	return nil
+}
 
 // ReplicaID returns the id under which this consumer holds leases.
 func (c *Consumer) ReplicaID() string { return c.replicaID }
@@ -320,28 +309,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if topic.Partitions != c.cfg.TotalPartitions {
 		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
 	}
-	if err := offsets.Init(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.order); err != nil {
+	if err := offsets.InitGroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID); err != nil {
 		return fmt.Errorf("pgevents: %w", err)
-	}
-	halts, err := offsets.Halts(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
-	if err != nil {
-		return fmt.Errorf("pgevents: %w", err)
-	}
-	for _, h := range halts {
-		if w := c.workers[h.Partition]; w != nil {
-			// Halted by an earlier run: try again, and clear the record in
-			// the batch that gets past it.
-			w.haltRecord = true
-			c.log.Warn().Int("partition", h.Partition).Int64("offset", h.Offset).Str("reason", h.Reason).
-				Msg("partition was halted; retrying it")
-		}
-	}
-	for _, p := range c.order {
-		next, _, err := offsets.Position(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, p)
-		if err != nil {
-			return fmt.Errorf("pgevents: %w", err)
-		}
-		c.workers[p].next.Store(next)
 	}
 
 	ln, err := listener.New(listener.Config{
@@ -366,23 +335,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(c.cfg.ShutdownTimeout, cancelBatches) })
 	defer stop()
 
-	c.log.Info().Ints("partitions", c.order).Int("batch_size", c.cfg.BatchSize).Msg("consumer starting")
+	c.log.Info().Str("replica", c.replicaID).Int("batch_size", c.cfg.BatchSize).Msg("consumer starting")
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ln.Run(gctx) })
 	g.Go(func() error { return c.poll(gctx) })
-	g.Go(func() error { return c.leaser.Run(gctx) })
-	for _, p := range c.order {
-		w := c.workers[p]
-		g.Go(func() error { return w.run(gctx, batchCtx) })
-	}
+	g.Go(func() error { return c.consume(gctx, batchCtx) })
 	err = g.Wait()
-	// Every worker is done: hand the partitions over at once instead of
-	// letting the leases expire.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	if rerr := c.leaser.ReleaseAll(rctx); rerr != nil {
-		c.log.Warn().Err(rerr).Msg("could not release the partition leases; they will expire")
-	}
-	cancel()
 	c.log.Info().Int64("handled", c.handled.Load()).Msg("consumer stopped")
 	if err != nil && ctx.Err() == nil {
 		return err
@@ -426,8 +384,15 @@ func (c *Consumer) pollNow(source WakeSource) {
 }
 
 func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
+	rt := c.rt.Load()
+	if rt == nil {
+		return
+	}
+	if !c.checkLayout(ctx, rt) {
+		return
+	}
 	before := time.Now()
-	work, dbNow, err := offsets.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.order)
+	work, dbNow, err := offsets.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, rt.order, rt.below.Load())
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn().Err(err).Msg("poll failed")
@@ -438,7 +403,7 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	after := time.Now()
 	c.clockSkew.Store(int64(dbNow.Sub(before.Add(after.Sub(before) / 2))))
 	for _, wk := range work {
-		if w := c.workers[wk.Partition]; w != nil && w.hint(wk.MaxOffset) {
+		if w := rt.workers[wk.Partition]; w != nil && w.hint(wk.MaxOffset) {
 			c.cfg.Observer.Woken(wk.Partition, source)
 		}
 	}
@@ -456,8 +421,10 @@ func (s *sink) Notify(topic, p int, maxOffset int64) {
 		c.pollNow(WakePoll)
 		return
 	}
-	if w := c.workers[p]; w != nil && w.hint(maxOffset) {
-		c.cfg.Observer.Woken(p, WakeNotify)
+	if rt := c.rt.Load(); rt != nil {
+		if w := rt.workers[p]; w != nil && w.hint(maxOffset) {
+			c.cfg.Observer.Woken(p, WakeNotify)
+		}
 	}
 }
 
@@ -471,30 +438,4 @@ func (s *sink) Connected() {
 	}
 	c.cfg.Observer.ListenerConnected(reconnect)
 	c.pollNow(WakeReconnect)
-}
-
-// leaseOwner receives the leaser's decisions.
-type leaseOwner Consumer
-
-func (o *leaseOwner) Acquired(p int, epoch int64) {
-	c := (*Consumer)(o)
-	if w := c.workers[p]; w != nil {
-		w.releasing.Store(false)
-		w.next.Store(0) // another replica moved the position: ask the database
-		w.epoch.Store(epoch)
-		c.pollNow(WakePoll)
-	}
-}
-
-func (o *leaseOwner) Lost(p int) {
-	if w := (*Consumer)(o).workers[p]; w != nil {
-		w.epoch.Store(0)
-	}
-}
-
-func (o *leaseOwner) Release(p int) {
-	if w := (*Consumer)(o).workers[p]; w != nil {
-		w.releasing.Store(true)
-		w.signal()
-	}
 }

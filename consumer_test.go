@@ -276,7 +276,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	record := SQLHandler("g", recordSQL)
 	hs := &Handlers{}
 	hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
-		if n := int64(cap(c.workers[0].buf)); n > maxBuf.Load() {
+		if n := int64(cap(workerOf(c, 0).buf)); n > maxBuf.Load() {
 			maxBuf.Store(n)
 		}
 		return record.Handle(ctx, tx, ev)

@@ -220,7 +220,7 @@ func TestPolicyHalt(t *testing.T) {
 	pgtest.WaitFor(t, 10*time.Second, "halt recorded", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE c_offset = 2 AND reason = 'poison event'`) == 1
 	})
-	if c1.Stats().Halts != 1 || !c1.workers[0].halted.Load() {
+	if c1.Stats().Halts != 1 || !workerOf(c1, 0).halted.Load() {
 		t.Fatalf("halt not reported: %+v", c1.Stats())
 	}
 	if got := handledOffsets(t, pool); got != "[1]" {

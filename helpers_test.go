@@ -134,3 +134,12 @@ func waitHandled(t *testing.T, pool *pgxpool.Pool, n int64, timeout time.Duratio
 	t.Helper()
 	eventtest.WaitHandled(t, pool, n, timeout)
 }
+
+// workerOf returns the consumer's worker of partition p in the layout it
+// runs now, or nil.
+func workerOf(c *Consumer, p int) *worker {
+	if rt := c.rt.Load(); rt != nil {
+		return rt.workers[p]
+	}
+	return nil
+}

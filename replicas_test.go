@@ -2,7 +2,10 @@ package pgevents
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // balanced reports whether the consumers hold every partition between
@@ -145,12 +149,80 @@ func TestLostLeaseCannotCommit(t *testing.T) {
 	mustExec(t, pool, `UPDATE partition_leases SET owner = 'usurper', epoch = epoch + 1`)
 	close(resume)
 	pgtest.WaitFor(t, 5*time.Second, "the batch rolled back and the lease is dropped", func() bool {
-		return len(c.Partitions()) == 0 || c.workers[0].epoch.Load() == 0
+		return len(c.Partitions()) == 0 || workerOf(c, 0).epoch.Load() == 0
 	})
 	if n := queryInt(t, pool, `SELECT count(*) FROM handled`); n != 0 {
 		t.Fatalf("%d effects committed by a replica that lost its lease", n)
 	}
 	if n := queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`); n != 1 {
 		t.Fatalf("position moved to %d by a replica that lost its lease", n)
+	}
+}
+
+// TestRepartitionWhileProducing: the topic goes from 8 to 12 partitions
+// while producers append and two replicas consume: every event is handled
+// exactly once, and each host's events in offset order across the change,
+// although most hosts move to another partition.
+func TestRepartitionWhileProducing(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 8)
+	mustExec(t, pool, handledTable)
+	cfg := Config{TotalPartitions: 8, BatchSize: 7, Handlers: recordingHandlers(), WaitPeriod: time.Second}
+	startConsumer(t, pool, cfg)
+	startConsumer(t, pool, cfg)
+
+	ctx := context.Background()
+	var (
+		total atomic.Int64
+		stop  atomic.Bool
+		wg    sync.WaitGroup
+	)
+	defer stop.Store(true)
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; !stop.Load(); k++ {
+				host := fmt.Sprintf("h%d", (i*31+k)%40)
+				evs := []Event{ev(host, "t", `{}`), ev(host, "t", `{}`), ev(fmt.Sprintf("h%d", k%40), "t", `{}`)}
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := Append(ctx, tx, evs...)
+					return err
+				}); err != nil {
+					t.Error(err)
+					return
+				}
+				total.Add(int64(len(evs)))
+			}
+		}()
+	}
+	pgtest.WaitFor(t, 10*time.Second, "600 events handled before the change", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM handled`) >= 600
+	})
+	cut, err := schema.Repartition(ctx, pool, 1, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitFor(t, 20*time.Second, "600 events handled after the cut", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM handled WHERE c_offset >= $1`, cut) >= 600
+	})
+	stop.Store(true)
+	wg.Wait()
+	waitHandled(t, pool, total.Load(), 30*time.Second)
+	checkHandled(t, pool)
+	if n := queryInt(t, pool, `SELECT count(DISTINCT partition_id) FROM handled WHERE c_offset >= $1`, cut); n != 12 {
+		t.Fatalf("events after the cut were handled in %d partitions, want 12", n)
+	}
+	if n := queryInt(t, pool, `SELECT version FROM group_layouts WHERE group_id = 'g'`); n != 2 {
+		t.Fatalf("group at layout %d, want 2", n)
+	}
+	// A consumer configured with the old count now refuses to start.
+	c, err := NewConsumer(pool, Config{GroupID: "g", TotalPartitions: 8, Handlers: recordingHandlers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mm *PartitionMismatchError
+	if err := c.Run(context.Background()); !errors.As(err, &mm) || mm.Recorded != 12 {
+		t.Fatalf("a consumer configured for 8 partitions after the change: %v", err)
 	}
 }

@@ -52,6 +52,7 @@ var keys = batching.Keys[Event]{
 //     where MaxAttempts applies.
 type worker struct {
 	c         *Consumer
+	lr        *layoutRun
 	partition int
 	log       zerolog.Logger
 
@@ -116,9 +117,10 @@ var (
 	errHalt = errors.New("partition halts before this unit")
 )
 
-func newWorker(c *Consumer, p int) *worker {
+func newWorker(c *Consumer, lr *layoutRun, p int) *worker {
 	w := &worker{
 		c:         c,
+		lr:        lr,
 		partition: p,
 		log:       c.log.With().Int("partition", p).Logger(),
 		wake:      make(chan struct{}, 1),
@@ -132,8 +134,12 @@ func newWorker(c *Consumer, p int) *worker {
 
 // hint records that the partition holds offset max and wakes the worker if
 // that is beyond its position. It never blocks, and reports whether it
-// woke the worker.
+// woke the worker. Offsets at or after the layout's cut belong to another
+// layout's partition of the same number and are ignored.
 func (w *worker) hint(max int64) bool {
+	if below := w.lr.below.Load(); max >= below {
+		max = below - 1
+	}
 	for {
 		cur := w.highest.Load()
 		if max <= cur || w.highest.CompareAndSwap(cur, max) {
@@ -166,7 +172,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				// Asked to give the partition up, between two batches.
 				epoch := w.epoch.Swap(0)
 				w.releasing.Store(false)
-				if err := w.c.leaser.Released(ctx, w.partition, epoch); err != nil {
+				if err := w.lr.leaser.Released(ctx, w.partition, epoch); err != nil {
 					w.log.Warn().Err(err).Msg("could not release the partition's lease; it will expire")
 				}
 				break
@@ -368,7 +374,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	start := time.Now()
 	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 		Limit: cfg.BatchSize + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
-		Owner: w.c.replicaID, Epoch: epoch}.Do(ctx, w.c.pool, w.buf[:0])
+		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version}.Do(ctx, w.c.pool, w.buf[:0])
 	w.buf = cl.Events
 	if err != nil {
 		return false, err
@@ -380,6 +386,9 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		// The position is past everything known: another process of the
 		// group handled it. Remember that instead of claiming again.
 		w.next.Store(max(w.next.Load(), known+1))
+		if w.lr.below.Load() != offsets.NoLimit {
+			w.c.pollNow(WakePoll) // finished below the cut? the group may move on
+		}
 		return false, nil
 	}
 
@@ -394,9 +403,10 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	for err == nil && extend {
 		// The producer transaction of the last event goes on: read it in
 		// chunks of BatchSize, handling each before reading the next, so
-		// memory stays bounded whatever its size.
+		// memory stays bounded whatever its size. (A transaction never
+		// straddles a layout's cut: both take the counter row's lock.)
 		txID := st.lastTx
-		evs, err = offsets.Fetch(ctx, tx, cfg.TopicID, w.partition, st.last, cfg.BatchSize+1, w.buf[:0])
+		evs, err = offsets.Fetch(ctx, tx, cfg.TopicID, w.partition, st.last, w.lr.below.Load(), cfg.BatchSize+1, w.buf[:0])
 		w.buf = evs
 		if err != nil {
 			return false, err
@@ -430,6 +440,9 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		return false, fmt.Errorf("commit: %w", err)
 	}
 	w.committed(&st, start)
+	if !more && w.lr.below.Load() != offsets.NoLimit {
+		w.c.pollNow(WakePoll) // finished below the cut? the group may move on
+	}
 	return more, nil
 }
 

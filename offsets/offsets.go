@@ -69,14 +69,15 @@ FROM unnest($3::integer[]) AS p(partition_id)
 ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 
 	// pendingSQL finds, without locking anything, the partitions among $3
-	// whose log holds an offset at or above the group's next_offset, and the
-	// highest such offset: a cheap question asked before taking a lock.
+	// whose log holds an offset at or above the group's next_offset (and
+	// below $4, the end of the group's layout), and the highest such
+	// offset: a cheap question asked before taking a lock.
 	pendingSQL = `SELECT o.partition_id, o.next_offset, h.max_offset, clock_timestamp()
 FROM consumer_offsets o
 CROSS JOIN LATERAL (
     SELECT max(m.c_offset) AS max_offset
     FROM outbox_message_t m
-    WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
+    WHERE m.topic_id = $2 AND m.partition_id = o.partition_id AND m.c_offset < $4
 ) h
 WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = ANY($3::integer[])
   AND h.max_offset >= o.next_offset
@@ -90,6 +91,12 @@ SELECT -1, 0, 0, clock_timestamp()`
 	// round trip, reads up to $4 events from it. The lock is held until the
 	// batch transaction ends and orders batches (invariants 2 and 3): a
 	// second claimer waits here and then reads the advanced position.
+	//
+	// Events stop at the end of the claimer's layout $5: the first offset
+	// of the next layout, read in the same statement, so in the same
+	// snapshot as the events. A repartition records the next layout and
+	// moves the counter in one transaction, so an event past the cut is
+	// never visible to a claim that does not see the cut.
 	claimSQL = `WITH o AS (
     SELECT next_offset FROM consumer_offsets
     WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
@@ -98,6 +105,8 @@ SELECT -1, 0, 0, clock_timestamp()`
 SELECT ` + eventColumns + `
 FROM outbox_message_t m
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= (SELECT next_offset FROM o)
+  AND m.c_offset < coalesce((SELECT n.from_offset FROM topic_layouts n
+                             WHERE n.topic_id = $2 AND n.version = $5 + 1), 9223372036854775807)
 ORDER BY m.c_offset
 LIMIT $4`
 
@@ -106,7 +115,7 @@ LIMIT $4`
 	// chunks under the claim's lock.
 	fetchSQL = `SELECT ` + eventColumns + `
 FROM outbox_message_t m
-WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset > $3
+WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset > $3 AND m.c_offset < $5
 ORDER BY m.c_offset
 LIMIT $4`
 
@@ -179,10 +188,10 @@ type Work struct {
 }
 
 // Pending returns the partitions among partitions where the group has events
-// to handle, without taking any lock, and the database clock when it
-// answered.
-func Pending(ctx context.Context, q Querier, group string, topic int, partitions []int) ([]Work, time.Time, error) {
-	rows, err := q.Query(ctx, pendingSQL, group, topic, partitions)
+// to handle below offset below, without taking any lock, and the database
+// clock when it answered.
+func Pending(ctx context.Context, q Querier, group string, topic int, partitions []int, below int64) ([]Work, time.Time, error) {
+	rows, err := q.Query(ctx, pendingSQL, group, topic, partitions, below)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("offsets: pending: %w", err)
 	}
@@ -236,6 +245,10 @@ type Claim struct {
 	Partition int
 	// Limit is the number of events to read.
 	Limit int
+	// Layout is the version of the layout the claimer consumes: events
+	// from the next layout's first offset on belong to that layout's
+	// partitions and are not read.
+	Layout int
 	// Parked asks for the partition's parked hosts too.
 	Parked bool
 	// Owner and Epoch are the lease the claim is made under.
@@ -268,7 +281,7 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(leaseHeldSQL, c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
-	b.Queue(claimSQL, c.Group, c.Topic, c.Partition, c.Limit)
+	b.Queue(claimSQL, c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
 	if c.Parked {
 		b.Queue(parkedSQL, c.Group, c.Topic, c.Partition)
 	}
@@ -323,10 +336,10 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 }
 
 // Fetch appends to buf up to limit events of the partition after offset
-// after, in offset order. It takes no lock: call it in the transaction that
-// claimed the partition.
-func Fetch(ctx context.Context, q Querier, topic, partition int, after int64, limit int, buf []Event) ([]Event, error) {
-	rows, err := q.Query(ctx, fetchSQL, topic, partition, after, limit)
+// after and below offset below, in offset order. It takes no lock: call it
+// in the transaction that claimed the partition.
+func Fetch(ctx context.Context, q Querier, topic, partition int, after, below int64, limit int, buf []Event) ([]Event, error) {
+	rows, err := q.Query(ctx, fetchSQL, topic, partition, after, limit, below)
 	if err != nil {
 		return buf, fmt.Errorf("offsets: fetch: %w", err)
 	}

@@ -62,7 +62,7 @@ func TestClaimPlanSurvivesGrowth(t *testing.T) {
 		t.Fatal(err)
 	}
 	stmts := map[string]string{"claim_stmt": claimSQL, "fetch_stmt": fetchSQL}
-	args := map[string]string{"claim_stmt": `('g', 1, 0, 11)`, "fetch_stmt": `(1, 0, 0, 11)`}
+	args := map[string]string{"claim_stmt": `('g', 1, 0, 11, 1)`, "fetch_stmt": `(1, 0, 0, 11, 9223372036854775807)`}
 	for name, sql := range stmts {
 		if _, err := conn.Prepare(ctx, name, sql); err != nil {
 			t.Fatal(err)
@@ -105,14 +105,14 @@ func TestClaimOrdersCompetingClaimers(t *testing.T) {
 	if err := Init(ctx, pool, "g", 1, []int{0}); err != nil {
 		t.Fatal(err)
 	}
-	c1, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4}.Do(ctx, pool, nil)
+	c1, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4, Layout: 1}.Do(ctx, pool, nil)
 	tx1, evs1 := c1.Tx, c1.Events
 	if err != nil || len(evs1) != 4 || evs1[0].Offset != 1 {
 		t.Fatalf("first claim: %d events from %v, %v", len(evs1), evs1, err)
 	}
 	second := make(chan []Event, 1)
 	go func() {
-		c2, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4}.Do(ctx, pool, nil)
+		c2, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4, Layout: 1}.Do(ctx, pool, nil)
 		if err != nil {
 			t.Error(err)
 			second <- nil

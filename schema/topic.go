@@ -21,13 +21,19 @@ type Topic struct {
 	SegmentSize int64
 }
 
-// Topic SQL. The counter row is created once and its partition count is
-// never changed here: a consumer compares its configuration with it and
-// refuses to start on a mismatch, because a different count sends hosts to
-// other partitions (invariant 5).
+// Topic SQL. The counter row is created once, with the topic's first
+// layout; its partition count changes only through Repartition, which
+// records a new layout: a consumer compares its configuration with the
+// current count and refuses to start on a mismatch, because a different
+// count sends hosts to other partitions (invariant 5).
 const (
-	createTopicSQL = `INSERT INTO log_counter (topic_id, total_partitions) VALUES ($1, $2)
-ON CONFLICT (topic_id) DO NOTHING`
+	createTopicSQL = `WITH t AS (
+    INSERT INTO log_counter (topic_id, total_partitions) VALUES ($1, $2)
+    ON CONFLICT (topic_id) DO NOTHING
+    RETURNING topic_id, total_partitions
+)
+INSERT INTO topic_layouts (topic_id, version, total_partitions, from_offset)
+SELECT topic_id, 1, total_partitions, 1 FROM t`
 
 	lookupTopicSQL = `SELECT topic_id, total_partitions, next_offset, segment_size
 FROM log_counter WHERE topic_id = $1`
@@ -95,4 +101,16 @@ func EnsureSegments(ctx context.Context, db DB, topicID int) (int, error) {
 		return 0, fmt.Errorf("schema: ensure segments: %w", err)
 	}
 	return n, nil
+}
+
+// Repartition changes topic id's partition count to partitions from the
+// next offset on, without stopping producers, and returns that offset (the
+// cut). Consumer groups finish the old layout up to the cut before they
+// handle the new one.
+func Repartition(ctx context.Context, db DB, id, partitions int) (int64, error) {
+	var cut int64
+	if err := db.QueryRow(ctx, `SELECT repartition_topic($1, $2)`, id, partitions).Scan(&cut); err != nil {
+		return 0, fmt.Errorf("schema: repartition topic %d: %w", id, err)
+	}
+	return cut, nil
 }

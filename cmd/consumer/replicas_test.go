@@ -315,3 +315,32 @@ func TestFencingFrozenInsideHandler(t *testing.T) {
 		t.Fatalf("the fenced unit was handled under %d epochs", n)
 	}
 }
+
+// TestRepartitionCommand: `consumer repartition` records the new layout;
+// a consumer still configured with the old count then exits with status 2
+// naming the key and the command, and one with the new count runs.
+func TestRepartitionCommand(t *testing.T) {
+	url, pool := migrated(t, 8)
+	cfg8 := writeConfig(t, recordingConfig(8, -1, 10))
+	if code, out := runOnce(t, url, "repartition", "--config", cfg8, "--partitions", "0"); code != 2 {
+		t.Fatalf("--partitions 0: exit %d, want 2\n%s", code, out)
+	}
+	code, out := runOnce(t, url, "repartition", "--config", cfg8, "--partitions", "12")
+	if code != 0 || !strings.Contains(out, "8 -> 12 partitions from offset 1") {
+		t.Fatalf("repartition: exit %d\n%s", code, out)
+	}
+	if n := eventtest.QueryInt(t, pool, `SELECT total_partitions FROM log_counter WHERE topic_id = 1`); n != 12 {
+		t.Fatalf("topic has %d partitions after repartition, want 12", n)
+	}
+	code, out = runOnce(t, url, "run", "--config", cfg8)
+	if code != 2 || !strings.Contains(out, "totalPartitions") || !strings.Contains(out, "consumer repartition") {
+		t.Fatalf("consumer configured for 8 after the change: exit %d, want 2 naming totalPartitions and the command\n%s", code, out)
+	}
+	p := start(t, url, "run", "--config", writeConfig(t, recordingConfig(12, -1, 10)))
+	pgtest.WaitFor(t, 10*time.Second, "12 partitions owned", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM partition_ownership WHERE live`) == 12
+	})
+	if code := p.stop(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
+	}
+}

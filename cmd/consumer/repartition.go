@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// repartitionCmd changes a topic's partition count online.
+func repartitionCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("repartition", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, and topicId when --topic is not given")
+	topic := fs.Int("topic", 0, "topic to repartition (default: the configuration's topicId)")
+	partitions := fs.Int("partitions", 0, "the new partition count, 1 to 1024")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	if *partitions < 1 || *partitions > 1024 {
+		return usagef("repartition: --partitions must be between 1 and 1024, got %d", *partitions)
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	if *topic == 0 {
+		*topic = cfg.TopicID
+	}
+	pool, err := openPool(ctx, cfg, *path)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	before, err := schema.LookupTopic(ctx, pool, *topic)
+	if err != nil {
+		return err
+	}
+	cut, err := schema.Repartition(ctx, pool, *topic, *partitions)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, `topic %d: %d -> %d partitions from offset %d.
+Running consumers finish every old partition up to offset %d, then move to the new layout by themselves.
+Set totalPartitions: %d in the configuration of every consumer of topic %d before they restart:
+a consumer configured with another count refuses to start.
+`, *topic, before.Partitions, *partitions, cut, cut, *partitions, *topic)
+	return nil
+}

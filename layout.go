@@ -1,0 +1,200 @@
+package pgevents
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/partition"
+)
+
+// layoutRun is a consumer's work on one layout of the topic: a worker per
+// partition of the layout and the leaser that decides which of them this
+// replica runs. The group moves to the next layout (after a repartition)
+// once every partition of this one has handled every event below the cut;
+// the run then ends and the consumer starts one for the next layout.
+type layoutRun struct {
+	c       *Consumer
+	layout  offsets.Layout
+	below   atomic.Int64 // the cut: events at or after it belong to the next layout
+	workers map[int]*worker
+	order   []int
+	leaser  *partition.Leaser
+	cancel  context.CancelFunc
+}
+
+// consume runs the group's layouts one after the other until ctx is
+// cancelled. Batches run on bctx.
+func (c *Consumer) consume(ctx, bctx context.Context) error {
+	failures := 0
+	for ctx.Err() == nil {
+		l, err := offsets.GroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
+		if err == nil {
+			err = c.runLayout(ctx, bctx, l)
+		}
+		if err == nil {
+			failures = 0
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		failures++
+		d := backoff(c.cfg.RetryInitial, c.cfg.RetryMax, failures)
+		c.log.Warn().Err(err).Dur("retry_in", d).Msg("could not start consuming the group's layout")
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+	return nil
+}
+
+// runLayout consumes layout l until ctx is cancelled or the group moves
+// past l.
+func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error {
+	cfg := &c.cfg
+	parts, _ := partition.Assign(l.Partitions, nil)
+	if err := offsets.Init(ctx, c.pool, cfg.GroupID, cfg.TopicID, parts); err != nil {
+		return err
+	}
+	lr := &layoutRun{c: c, layout: l, workers: make(map[int]*worker, len(parts)), order: parts}
+	lr.below.Store(l.Below)
+	for _, p := range parts {
+		w := newWorker(c, lr, p)
+		next, _, err := offsets.Position(ctx, c.pool, cfg.GroupID, cfg.TopicID, p)
+		if err != nil {
+			return err
+		}
+		w.next.Store(next)
+		lr.workers[p] = w
+	}
+	halts, err := offsets.Halts(ctx, c.pool, cfg.GroupID, cfg.TopicID)
+	if err != nil {
+		return err
+	}
+	for _, h := range halts {
+		if w := lr.workers[h.Partition]; w != nil {
+			// Halted by an earlier run: try again, and clear the record in
+			// the batch that gets past it.
+			w.haltRecord = true
+			w.log.Warn().Int64("offset", h.Offset).Str("reason", h.Reason).Msg("partition was halted; retrying it")
+		}
+	}
+	var static []int
+	if c.static != nil {
+		static = []int{} // static mode, possibly with nothing in this layout
+		for _, p := range c.static {
+			if p < l.Partitions {
+				static = append(static, p)
+			}
+		}
+	}
+	lr.leaser, err = partition.NewLeaser(partition.LeaserConfig{
+		DB: c.pool, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: l.Partitions,
+		Static: static, ReplicaID: c.replicaID, Lease: cfg.LeaseDuration,
+		Owner: lr, Logger: &c.log,
+	})
+	if err != nil {
+		return fmt.Errorf("pgevents: %w", err)
+	}
+
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lr.cancel = cancel
+	ev := c.log.Info().Int("layout", l.Version).Int("partitions", l.Partitions).Int64("from_offset", l.From)
+	if l.Below != offsets.NoLimit {
+		ev = ev.Int64("below_offset", l.Below)
+	}
+	ev.Msg("consuming layout")
+	c.rt.Store(lr)
+	g, gctx := errgroup.WithContext(lctx)
+	g.Go(func() error { return lr.leaser.Run(gctx) })
+	for _, p := range parts {
+		w := lr.workers[p]
+		g.Go(func() error { return w.run(gctx, bctx) })
+	}
+	err = g.Wait()
+	c.rt.CompareAndSwap(lr, nil)
+	// Every worker is done: hand the partitions over at once instead of
+	// letting the leases expire.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	if rerr := lr.leaser.ReleaseAll(rctx); rerr != nil {
+		c.log.Warn().Err(rerr).Msg("could not release the partition leases; they will expire")
+	}
+	rcancel()
+	return err
+}
+
+// checkLayout compares the group's layout in the database with the one
+// being consumed. It ends the run when another replica moved the group on,
+// records the cut when a repartition added one, and moves the group on
+// when every partition is finished below the cut. It reports whether the
+// run goes on.
+func (c *Consumer) checkLayout(ctx context.Context, lr *layoutRun) bool {
+	cfg := &c.cfg
+	l, err := offsets.GroupLayout(ctx, c.pool, cfg.GroupID, cfg.TopicID)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn().Err(err).Msg("could not read the group's layout")
+		}
+		return true
+	}
+	if l.Version != lr.layout.Version {
+		lr.cancel()
+		return false
+	}
+	lr.below.Store(l.Below)
+	if l.Below == offsets.NoLimit {
+		return true
+	}
+	done, err := offsets.LayoutDone(ctx, c.pool, cfg.GroupID, cfg.TopicID, l.Below)
+	if err != nil || !done {
+		return true
+	}
+	next, ok, err := offsets.NextLayout(ctx, c.pool, cfg.TopicID, l.Version)
+	if err != nil || !ok {
+		return true
+	}
+	switched, err := offsets.SwitchLayout(ctx, c.pool, cfg.GroupID, cfg.TopicID, l, next)
+	if err != nil {
+		c.log.Warn().Err(err).Msg("could not move the group to the next layout")
+		return true
+	}
+	if !switched {
+		return true
+	}
+	c.log.Info().Int("from_layout", l.Version).Int("to_layout", next.Version).Int("partitions", next.Partitions).
+		Int64("cut", l.Below).Msg("group finished its layout up to the cut; moving to the next one")
+	lr.cancel()
+	return false
+}
+
+// Acquired implements partition.Owner.
+func (lr *layoutRun) Acquired(p int, epoch int64) {
+	if w := lr.workers[p]; w != nil {
+		w.releasing.Store(false)
+		w.next.Store(0) // another replica moved the position: ask the database
+		w.epoch.Store(epoch)
+		lr.c.pollNow(WakePoll)
+	}
+}
+
+// Lost implements partition.Owner.
+func (lr *layoutRun) Lost(p int) {
+	if w := lr.workers[p]; w != nil {
+		w.epoch.Store(0)
+	}
+}
+
+// Release implements partition.Owner.
+func (lr *layoutRun) Release(p int) {
+	if w := lr.workers[p]; w != nil {
+		w.releasing.Store(true)
+		w.signal()
+	}
+}

@@ -1,0 +1,190 @@
+package offsets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// NoLimit is the end of a layout that no newer layout follows.
+const NoLimit = int64(math.MaxInt64)
+
+// Layout statements. A group consumes one layout at a time; moving to the
+// next happens in one transaction, under the group's position locks, once
+// every partition of the layout is finished up to the cut.
+const (
+	// initGroupLayoutSQL starts a new group in the layout of the first
+	// retained event, the one initSQL starts its positions at (or in the
+	// current layout when the topic is empty).
+	initGroupLayoutSQL = `INSERT INTO group_layouts (group_id, topic_id, version)
+SELECT $1, $2, coalesce(
+    (SELECT max(l.version) FROM topic_layouts l WHERE l.topic_id = $2
+       AND l.from_offset <= (SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $2)),
+    (SELECT max(l.version) FROM topic_layouts l WHERE l.topic_id = $2))
+ON CONFLICT (group_id, topic_id) DO NOTHING`
+
+	// groupLayoutSQL reads the group's layout and where it ends: the next
+	// layout's first offset, or NULL.
+	groupLayoutSQL = `SELECT g.version, l.total_partitions, l.from_offset,
+       (SELECT n.from_offset FROM topic_layouts n WHERE n.topic_id = g.topic_id AND n.version = g.version + 1)
+FROM group_layouts g
+JOIN topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
+WHERE g.group_id = $1 AND g.topic_id = $2`
+
+	// switchLockSQL serialises layout switches of one group.
+	switchLockSQL = `SELECT version FROM group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
+
+	// lockPositionsSQL waits for the group's batches in flight and keeps
+	// new ones out until the switch commits.
+	lockPositionsSQL = `SELECT partition_id FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
+
+	// layoutDoneSQL says whether every partition of the group has handled
+	// every event below the cut $3.
+	layoutDoneSQL = `SELECT NOT EXISTS (
+    SELECT 1 FROM consumer_offsets o
+    WHERE o.group_id = $1 AND o.topic_id = $2
+      AND EXISTS (SELECT 1 FROM outbox_message_t m
+                  WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
+                    AND m.c_offset >= o.next_offset AND m.c_offset < $3))`
+
+	// switchSQL moves the group to the next layout: positions at the cut
+	// for the new partitions, leases freed with a higher epoch (epochs never
+	// go back, so fencing tokens stay monotonic per partition), parked
+	// hosts moved to their new partition, and the group's version bumped.
+	switchSQL = `WITH drop_pos AS (
+    DELETE FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
+), move_pos AS (
+    UPDATE consumer_offsets SET next_offset = $4, updated_at = now()
+    WHERE group_id = $1 AND topic_id = $2 AND partition_id < $3
+), add_pos AS (
+    INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
+    SELECT $1, $2, p, $4 FROM generate_series(0, $3 - 1) AS p
+    ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING
+), top_epoch AS (
+    SELECT coalesce(max(epoch), 0) AS e FROM partition_leases WHERE group_id = $1 AND topic_id = $2
+), drop_leases AS (
+    DELETE FROM partition_leases WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
+), free_leases AS (
+    UPDATE partition_leases SET owner = '', epoch = (SELECT e FROM top_epoch) + 1, expires_at = '-infinity'
+    WHERE group_id = $1 AND topic_id = $2 AND partition_id < $3
+), add_leases AS (
+    INSERT INTO partition_leases (group_id, topic_id, partition_id, epoch)
+    SELECT $1, $2, p, (SELECT e FROM top_epoch) + 1 FROM generate_series(0, $3 - 1) AS p
+    ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING
+), parked AS (
+    UPDATE parked_hosts SET partition_id = event_partition(host_id, $3)
+    WHERE group_id = $1 AND topic_id = $2
+)
+UPDATE group_layouts SET version = version + 1, switched_at = now()
+WHERE group_id = $1 AND topic_id = $2`
+)
+
+// Layout is the layout a group consumes.
+type Layout struct {
+	// Version numbers the topic's layouts from 1.
+	Version int
+	// Partitions is the layout's partition count.
+	Partitions int
+	// From is the layout's first offset.
+	From int64
+	// Below is the next layout's first offset (the cut), or NoLimit.
+	Below int64
+}
+
+// InitGroupLayout records the layout a new group starts in; an existing
+// group keeps its own.
+func InitGroupLayout(ctx context.Context, q Querier, group string, topic int) error {
+	if _, err := q.Exec(ctx, initGroupLayoutSQL, group, topic); err != nil {
+		return fmt.Errorf("offsets: init layout of group %q: %w", group, err)
+	}
+	return nil
+}
+
+// GroupLayout returns the layout the group consumes.
+func GroupLayout(ctx context.Context, q Querier, group string, topic int) (Layout, error) {
+	var (
+		l     Layout
+		below *int64
+	)
+	err := q.QueryRow(ctx, groupLayoutSQL, group, topic).Scan(&l.Version, &l.Partitions, &l.From, &below)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, fmt.Errorf("offsets: group %q has no layout of topic %d (not initialised)", group, topic)
+	}
+	if err != nil {
+		return l, fmt.Errorf("offsets: layout of group %q: %w", group, err)
+	}
+	l.Below = NoLimit
+	if below != nil {
+		l.Below = *below
+	}
+	return l, nil
+}
+
+// LayoutDone says, without locking anything, whether every partition of
+// the group has handled every event below the cut.
+func LayoutDone(ctx context.Context, q Querier, group string, topic int, cut int64) (bool, error) {
+	var done bool
+	if err := q.QueryRow(ctx, layoutDoneSQL, group, topic, cut).Scan(&done); err != nil {
+		return false, fmt.Errorf("offsets: layout done: %w", err)
+	}
+	return done, nil
+}
+
+// Beginner begins transactions; *pgxpool.Pool satisfies it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// SwitchLayout moves the group from layout from to the next one, if every
+// partition of from has handled every event below the cut and no other
+// replica switched first. It reports whether the group is now past from.
+// It waits for the group's batches in flight.
+func SwitchLayout(ctx context.Context, db Beginner, group string, topic int, from Layout, next Layout) (bool, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("offsets: switch layout: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	var version int
+	if err := tx.QueryRow(ctx, switchLockSQL, group, topic).Scan(&version); err != nil {
+		return false, fmt.Errorf("offsets: switch layout: %w", err)
+	}
+	if version != from.Version {
+		return true, nil // another replica switched already
+	}
+	if _, err := tx.Exec(ctx, lockPositionsSQL, group, topic); err != nil {
+		return false, fmt.Errorf("offsets: switch layout: %w", err)
+	}
+	var done bool
+	if err := tx.QueryRow(ctx, layoutDoneSQL, group, topic, from.Below).Scan(&done); err != nil {
+		return false, fmt.Errorf("offsets: switch layout: %w", err)
+	}
+	if !done {
+		return false, nil
+	}
+	if _, err := tx.Exec(ctx, switchSQL, group, topic, next.Partitions, next.From); err != nil {
+		return false, fmt.Errorf("offsets: switch layout: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("offsets: switch layout: %w", err)
+	}
+	return true, nil
+}
+
+// NextLayout returns the topic's layout after version, or false when there
+// is none.
+func NextLayout(ctx context.Context, q Querier, topic, version int) (Layout, bool, error) {
+	var l Layout
+	err := q.QueryRow(ctx, `SELECT version, total_partitions, from_offset FROM topic_layouts
+WHERE topic_id = $1 AND version = $2`, topic, version+1).Scan(&l.Version, &l.Partitions, &l.From)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, false, nil
+	}
+	if err != nil {
+		return l, false, fmt.Errorf("offsets: next layout: %w", err)
+	}
+	return l, true, nil
+}
