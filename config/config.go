@@ -162,6 +162,30 @@ type Config struct {
 	// Handlers lists the built-in handlers, in the order given. It may be
 	// empty.
 	Handlers []Handler `yaml:"handlers"`
+
+	// Groups lists several consumer groups to run in one process. Each
+	// item takes the top-level keys as defaults and may set groupId
+	// (required), topicId, totalPartitions, partitionId, batchSize,
+	// unknownEventType, onPermanentFailure, maxAttempts, handlerTimeoutMs
+	// and handlers. With groups, the top-level groupId and handlers must
+	// not be set. See [Config.GroupConfigs].
+	Groups []Config `yaml:"groups"`
+}
+
+// groupKeys are the keys a groups item may set.
+var groupKeys = []string{"groupId", "topicId", "totalPartitions", "partitionId", "batchSize",
+	"unknownEventType", "onPermanentFailure", "maxAttempts", "handlerTimeoutMs", keyHandlers}
+
+const keyGroups = "groups"
+
+// GroupConfigs returns one configuration per consumer group to run: the
+// items of Groups, or c itself when it has none.
+func (c *Config) GroupConfigs() []Config {
+	if len(c.Groups) == 0 {
+		one := *c
+		return []Config{one}
+	}
+	return c.Groups
 }
 
 // Handler configures one built-in handler.
@@ -328,11 +352,11 @@ func Parse(data []byte) (*Config, error) {
 	if url := os.Getenv(envDatabaseURL); url != "" {
 		p.cfg.DatabaseURL = url
 	}
-	for i := range p.cfg.Handlers {
-		h := &p.cfg.Handlers[i]
-		if h.Type == handlerLog && h.Output == "" {
-			h.Output = outputStdout
-		}
+	defaultOutputs(p.cfg.Handlers)
+	for i := range p.cfg.Groups {
+		g := &p.cfg.Groups[i]
+		g.DatabaseURL = p.cfg.DatabaseURL
+		defaultOutputs(g.Handlers)
 	}
 
 	problems := p.cfg.problems()
@@ -353,6 +377,15 @@ func Parse(data []byte) (*Config, error) {
 
 	c := p.cfg
 	return &c, nil
+}
+
+// defaultOutputs sets the output of log handlers that give none.
+func defaultOutputs(hs []Handler) {
+	for i := range hs {
+		if hs[i].Type == handlerLog && hs[i].Output == "" {
+			hs[i].Output = outputStdout
+		}
+	}
 }
 
 func lineRank(line int) int {
@@ -473,9 +506,16 @@ var handlerFields = map[string]func(h *Handler) *string{
 }
 
 func (p *parser) topLevel(m *yaml.Node) *Error {
-	return p.mapping(m, "", func(name string, k, v *yaml.Node) *Error {
+	var groups *yaml.Node
+	err := p.mapping(m, "", func(name string, k, v *yaml.Node) *Error {
+		if name == keyGroups {
+			groups = v
+			return nil
+		}
 		if name == keyHandlers {
-			return p.handlers(v)
+			hs, err := p.handlers(v, keyHandlers)
+			p.cfg.Handlers = hs
+			return err
 		}
 		decode, ok := topFields[name]
 		if !ok {
@@ -486,23 +526,68 @@ func (p *parser) topLevel(m *yaml.Node) *Error {
 		}
 		return nil
 	})
+	if err != nil || groups == nil {
+		return err
+	}
+	return p.groups(groups)
 }
 
-func (p *parser) handlers(v *yaml.Node) *Error {
+// groups decodes the groups list, each item over a copy of the top level.
+func (p *parser) groups(v *yaml.Node) *Error {
 	if isNull(v) {
-		p.cfg.Handlers = nil
 		return nil
 	}
 	if v.Kind != yaml.SequenceNode {
-		return &Error{Key: keyHandlers, Line: p.lines[keyHandlers], Msg: "must be a list of handlers, got " + describe(v)}
+		return &Error{Key: keyGroups, Line: p.lines[keyGroups], Msg: "must be a list of groups, got " + describe(v)}
+	}
+	for i, item := range v.Content {
+		item = resolve(item)
+		path := keyGroups + "[" + strconv.Itoa(i) + "]"
+		p.lines[path] = item.Line
+		if item.Kind != yaml.MappingNode {
+			return &Error{Key: path, Line: item.Line, Msg: "must be a mapping, got " + describe(item)}
+		}
+		g := p.cfg
+		g.Groups = nil
+		g.GroupID = ""
+		err := p.mapping(item, path+".", func(name string, k, v *yaml.Node) *Error {
+			key := path + "." + name
+			if !slices.Contains(groupKeys, name) {
+				return &Error{Key: key, Line: k.Line, Msg: "unknown key (a group may set " + strings.Join(groupKeys, ", ") + ")"}
+			}
+			if name == keyHandlers {
+				hs, err := p.handlers(v, key)
+				g.Handlers = hs
+				return err
+			}
+			if msg := topFields[name](&g, v); msg != "" {
+				return &Error{Key: key, Line: k.Line, Msg: msg}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		p.cfg.Groups = append(p.cfg.Groups, g)
+	}
+	return nil
+}
+
+// handlers decodes a list of handlers found at key path.
+func (p *parser) handlers(v *yaml.Node, key string) ([]Handler, *Error) {
+	if isNull(v) {
+		return nil, nil
+	}
+	if v.Kind != yaml.SequenceNode {
+		return nil, &Error{Key: key, Line: p.lines[key], Msg: "must be a list of handlers, got " + describe(v)}
 	}
 	handlers := make([]Handler, 0, len(v.Content))
 	for i, item := range v.Content {
 		item = resolve(item)
-		path := keyHandlers + "[" + strconv.Itoa(i) + "]"
+		path := key + "[" + strconv.Itoa(i) + "]"
 		p.lines[path] = item.Line
 		if item.Kind != yaml.MappingNode {
-			return &Error{Key: path, Line: item.Line, Msg: "must be a mapping, got " + describe(item)}
+			return nil, &Error{Key: path, Line: item.Line, Msg: "must be a mapping, got " + describe(item)}
 		}
 		var h Handler
 		err := p.mapping(item, path+".", func(name string, k, v *yaml.Node) *Error {
@@ -516,12 +601,11 @@ func (p *parser) handlers(v *yaml.Node) *Error {
 			return nil
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		handlers = append(handlers, h)
 	}
-	p.cfg.Handlers = handlers
-	return nil
+	return handlers, nil
 }
 
 // mapping walks the key/value pairs of m in document order, rejecting
@@ -674,6 +758,9 @@ func (c *Config) problems() []*Error {
 		add("databaseUrl", "is required: set databaseUrl or the %s environment variable", envDatabaseURL)
 	}
 	switch {
+	case len(c.Groups) > 0 && c.GroupID != "":
+		add("groupId", "must not be set at the top level when groups lists the groups: set it in each group")
+	case len(c.Groups) > 0:
 	case strings.TrimSpace(c.GroupID) == "":
 		add("groupId", "is required")
 	case utf8.RuneCountInString(c.GroupID) > maxGroupIDLen:
@@ -738,6 +825,26 @@ func (c *Config) problems() []*Error {
 		add("pprof", "needs metricsAddr, the server it is served on")
 	}
 
+	if len(c.Groups) > 0 && len(c.Handlers) > 0 {
+		add(keyHandlers, "must not be set at the top level when groups lists the groups: set them in each group")
+	}
+	seen := map[string]int{}
+	for i := range c.Groups {
+		g := &c.Groups[i]
+		prefix := keyGroups + "[" + strconv.Itoa(i) + "]."
+		for _, e := range g.problems() {
+			base, _, _ := strings.Cut(e.Key, "[")
+			if slices.Contains(groupKeys, base) {
+				e.Key = prefix + e.Key
+				errs = append(errs, e)
+			}
+		}
+		id := g.GroupID + "\x00" + strconv.Itoa(g.TopicID)
+		if first, dup := seen[id]; dup {
+			add(prefix+"groupId", "group %q of topic %d is already listed as groups[%d]", g.GroupID, g.TopicID, first)
+		}
+		seen[id] = i
+	}
 	for i, h := range c.Handlers {
 		path := keyHandlers + "[" + strconv.Itoa(i) + "]."
 		if h.EventType == "" {

@@ -573,3 +573,63 @@ func TestDurations(t *testing.T) {
 		}
 	}
 }
+
+func TestParseGroups(t *testing.T) {
+	clearEnv(t)
+	c := mustParse(t, `databaseUrl: postgres://x
+batchSize: 50
+totalPartitions: 4
+groups:
+  - groupId: emails
+    handlers:
+      - eventType: "*"
+        type: log
+  - groupId: search
+    batchSize: 500
+    partitionId: 2
+    handlers:
+      - eventType: user.created
+        type: sql
+        statement: SELECT 1
+`)
+	gs := c.GroupConfigs()
+	if len(gs) != 2 {
+		t.Fatalf("%d groups, want 2", len(gs))
+	}
+	if gs[0].GroupID != "emails" || gs[0].BatchSize != 50 || gs[0].TotalPartitions != 4 || gs[0].PartitionID != -1 ||
+		gs[0].DatabaseURL != "postgres://x" || gs[0].Handlers[0].Output != "stdout" {
+		t.Errorf("first group does not inherit the top level: %+v", gs[0])
+	}
+	if gs[1].GroupID != "search" || gs[1].BatchSize != 500 || gs[1].PartitionID != 2 || gs[1].Handlers[0].Type != "sql" {
+		t.Errorf("second group's own keys: %+v", gs[1])
+	}
+	one := mustParse(t, "databaseUrl: x\ngroupId: solo\n")
+	if gs := one.GroupConfigs(); len(gs) != 1 || gs[0].GroupID != "solo" {
+		t.Errorf("a file without groups runs its one group: %+v", gs)
+	}
+}
+
+func TestParseGroupsErrors(t *testing.T) {
+	clearEnv(t)
+	head := "databaseUrl: x\ngroups:\n"
+	cases := []struct{ name, yaml, key string }{
+		{"top-level groupId", "databaseUrl: x\ngroupId: g\ngroups:\n  - groupId: a\n", "groupId"},
+		{"top-level handlers", "databaseUrl: x\nhandlers:\n  - eventType: \"*\"\n    type: log\ngroups:\n  - groupId: a\n", "handlers"},
+		{"unknown group key", head + "  - groupId: a\n    channel: c\n", "groups[0].channel"},
+		{"group batchSize 0", head + "  - groupId: a\n  - groupId: b\n    batchSize: 0\n", "groups[1].batchSize"},
+		{"group without groupId", head + "  - batchSize: 5\n", "groups[0].groupId"},
+		{"group partitionId outside", head + "  - groupId: a\n    totalPartitions: 2\n    partitionId: 2\n", "groups[0].partitionId"},
+		{"duplicate group", head + "  - groupId: a\n  - groupId: a\n", "groups[1].groupId"},
+		{"bad group handler", head + "  - groupId: a\n    handlers:\n      - eventType: x\n        type: sql\n", "groups[0].handlers[0].statement"},
+		{"groups not a list", "databaseUrl: x\ngroups: 3\n", "groups"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			var ce *Error
+			if !errors.As(err, &ce) || ce.Key != tc.key {
+				t.Fatalf("Parse error %v, want one naming %q", err, tc.key)
+			}
+		})
+	}
+}

@@ -34,7 +34,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("dlq "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", defaultConfigPath, "configuration file: the database and, for replay and discard, the group's handlers")
-	group := fs.String("group", "", "consumer group (default: the configuration's groupId for replay)")
+	group := fs.String("group", "", "consumer group (replay and discard: default the configuration's only group)")
 	asJSON := fs.Bool("json", false, "list as JSON")
 	all := fs.Bool("all", false, "replay every dead letter of the group, oldest first")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -78,8 +78,16 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usagef("dlq: unknown subcommand %q", sub)
 	}
 
-	if *group != "" && *group != cfg.GroupID {
-		return usagef("dlq %s: --group %q differs from the configuration's groupId %q, whose handlers would run", sub, *group, cfg.GroupID)
+	// The handlers that run are those of the group in the configuration.
+	groups := cfg.GroupConfigs()
+	var gcfg *config.Config
+	for i := range groups {
+		if groups[i].GroupID == *group || (*group == "" && len(groups) == 1) {
+			gcfg = &groups[i]
+		}
+	}
+	if gcfg == nil {
+		return usagef("dlq %s: the configuration has no group %q: name one of its groups with --group, whose handlers will run", sub, *group)
 	}
 	var ids []int64
 	switch {
@@ -87,7 +95,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if fs.NArg() != 0 {
 			return usagef("dlq replay: give an ID or --all, not both")
 		}
-		dls, err := pgevents.ListDeadLetters(ctx, pool, cfg.GroupID)
+		dls, err := pgevents.ListDeadLetters(ctx, pool, gcfg.GroupID)
 		if err != nil {
 			return err
 		}
@@ -105,12 +113,12 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 
 	log := newLogger(cfg, stderr)
-	handlers, closeHandlers, err := buildHandlers(cfg, stdout)
+	handlers, closeHandlers, err := buildHandlers(gcfg, stdout)
 	if err != nil {
 		return err
 	}
 	defer closeHandlers()
-	c, err := pgevents.NewConsumer(pool, consumerConfig(cfg, handlers, &log))
+	c, err := pgevents.NewConsumer(pool, consumerConfig(gcfg, handlers, &log))
 	if err != nil {
 		return err
 	}

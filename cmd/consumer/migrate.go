@@ -43,18 +43,22 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	fmt.Fprintf(stdout, "schema at version %d (applied: %v)\n", schema.Latest(), applied)
-	topic, created, err := schema.EnsureTopic(ctx, conn, cfg.TopicID, cfg.TotalPartitions)
-	if err != nil {
-		return err
+	// Every topic the configured groups consume.
+	for _, g := range cfg.GroupConfigs() {
+		topic, created, err := schema.EnsureTopic(ctx, conn, g.TopicID, g.TotalPartitions)
+		if err != nil {
+			return err
+		}
+		if topic.Partitions != g.TotalPartitions {
+			return &config.Error{File: *path, Key: "totalPartitions",
+				Msg: fmt.Sprintf("topic %d already has %d partitions, not %d; change it with `consumer repartition --topic %d --partitions %d`",
+					topic.ID, topic.Partitions, g.TotalPartitions, topic.ID, g.TotalPartitions)}
+		}
+		verb := "exists"
+		if created {
+			verb = "created"
+		}
+		fmt.Fprintf(stdout, "topic %d %s with %d partitions\n", topic.ID, verb, topic.Partitions)
 	}
-	if topic.Partitions != cfg.TotalPartitions {
-		return &config.Error{File: *path, Key: "totalPartitions",
-			Msg: fmt.Sprintf("topic %d already exists with %d partitions, not %d", topic.ID, topic.Partitions, cfg.TotalPartitions)}
-	}
-	verb := "exists"
-	if created {
-		verb = "created"
-	}
-	fmt.Fprintf(stdout, "topic %d %s with %d partitions\n", topic.ID, verb, topic.Partitions)
 	return nil
 }

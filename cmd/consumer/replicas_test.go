@@ -344,3 +344,45 @@ func TestRepartitionCommand(t *testing.T) {
 		t.Fatalf("exit %d after SIGTERM", code)
 	}
 }
+
+// TestSeveralGroupsInOneProcess: a configuration listing two groups runs
+// both in one process, each handling every event once.
+func TestSeveralGroupsInOneProcess(t *testing.T) {
+	url, pool := migrated(t, 4)
+	eventtest.Exec(t, pool, `CREATE TABLE fanout (group_id text, c_offset bigint)`)
+	cfg := writeConfig(t, `totalPartitions: 4
+waitPeriodMs: 1000
+logLevel: warn
+groups:
+  - groupId: emails
+    handlers:
+      - eventType: "*"
+        type: sql
+        statement: INSERT INTO fanout VALUES (@group_id, @c_offset)
+  - groupId: search
+    batchSize: 3
+    handlers:
+      - eventType: "*"
+        type: sql
+        statement: INSERT INTO fanout VALUES (@group_id, @c_offset)
+`)
+	p := start(t, url, "run", "--config", cfg)
+	ctx := context.Background()
+	for i := range 50 {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := pgevents.Append(ctx, tx, pgevents.Event{HostID: fmt.Sprintf("h%d", i%9), EventType: "t"})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pgtest.WaitFor(t, 20*time.Second, "both groups handled 50 events", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM fanout`) >= 100
+	})
+	if n := eventtest.QueryInt(t, pool, `SELECT count(*) FROM (SELECT group_id, c_offset FROM fanout GROUP BY 1, 2 HAVING count(*) = 1) x`); n != 100 {
+		t.Fatalf("%d (group, event) pairs handled exactly once, want 100", n)
+	}
+	if code := p.stop(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
+	}
+}

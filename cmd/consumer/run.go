@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
@@ -31,30 +32,44 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	log := newLogger(cfg, stderr)
-	handlers, closeHandlers, err := buildHandlers(cfg, stdout)
-	if err != nil {
-		return err
-	}
-	defer closeHandlers()
-
 	pool, err := openPool(ctx, cfg, *path)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 
-	c, err := pgevents.NewConsumer(pool, consumerConfig(cfg, handlers, &log))
-	if err != nil {
-		return err
+	// One consumer per group, all on the pool, stopped together.
+	groups := cfg.GroupConfigs()
+	consumers := make([]*pgevents.Consumer, len(groups))
+	for i := range groups {
+		g := &groups[i]
+		handlers, closeHandlers, err := buildHandlers(g, stdout)
+		if err != nil {
+			return err
+		}
+		defer closeHandlers()
+		if consumers[i], err = pgevents.NewConsumer(pool, consumerConfig(g, handlers, &log)); err != nil {
+			return err
+		}
 	}
-	err = c.Run(ctx)
+	eg, ectx := errgroup.WithContext(ctx)
+	for i, c := range consumers {
+		g := &groups[i]
+		eg.Go(func() error { return groupError(c.Run(ectx), g, *path) })
+	}
+	return eg.Wait()
+}
+
+// groupError names the configuration key behind a consumer's refusal to
+// start.
+func groupError(err error, g *config.Config, path string) error {
 	var mismatch *pgevents.PartitionMismatchError
 	if errors.As(err, &mismatch) {
-		return &config.Error{File: *path, Key: "totalPartitions", Msg: mismatch.Error()}
+		return &config.Error{File: path, Key: "totalPartitions", Msg: fmt.Sprintf("group %s: %s", g.GroupID, mismatch.Error())}
 	}
 	if errors.Is(err, schema.ErrTopicNotFound) {
-		return &config.Error{File: *path, Key: "topicId",
-			Msg: fmt.Sprintf("topic %d does not exist; create it with `consumer migrate --config %s`", cfg.TopicID, *path)}
+		return &config.Error{File: path, Key: "topicId",
+			Msg: fmt.Sprintf("group %s: topic %d does not exist; create it with `consumer migrate --config %s`", g.GroupID, g.TopicID, path)}
 	}
 	return err
 }
@@ -101,8 +116,8 @@ func consumerConfig(cfg *config.Config, handlers *pgevents.Handlers, log *zerolo
 }
 
 // openPool connects to the configured database with room for one
-// connection per served partition plus the listener's canary, the poller
-// and a spare.
+// connection per partition each group may serve plus each group's poller,
+// canary and leaser, and a spare; maxConns overrides that.
 func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Pool, error) {
 	pc, err := pgevents.ParsePoolConfig(cfg.DatabaseURL)
 	if err != nil {
@@ -115,11 +130,17 @@ func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Po
 	}
 	setTimeout("statement_timeout", cfg.StatementTimeoutMs)
 	setTimeout("idle_in_transaction_session_timeout", cfg.IdleInTransactionTimeoutMs)
-	served := cfg.TotalPartitions
-	if cfg.PartitionID >= 0 {
-		served = 1
+	// A batch connection per partition a group may serve, and for each
+	// group its poller, canary and leaser.
+	conns := 0
+	for _, g := range cfg.GroupConfigs() {
+		if g.PartitionID >= 0 {
+			conns += 1 + 3
+		} else {
+			conns += g.TotalPartitions + 3
+		}
 	}
-	pc.MaxConns = int32(served + 4)
+	pc.MaxConns = int32(conns + 1)
 	if cfg.MaxConns > 0 {
 		pc.MaxConns = int32(cfg.MaxConns)
 	}
