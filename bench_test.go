@@ -116,6 +116,46 @@ func appendBenchTx(b *testing.B, pool *pgxpool.Pool, evs []Event) {
 	}
 }
 
+// BenchmarkDecodePayload: the client-side cost of reading a jsonb payload
+// per event, as offsets.Fetch and Claim do (into a json.RawMessage, which
+// pgx fills through json.Unmarshal: validation and a copy), against a scan
+// into a plain []byte (which pgx fills with a copy). One op is one row of
+// a 1,000-row result; the server's share is the same in both.
+func BenchmarkDecodePayload(b *testing.B) {
+	pool := benchPool(b, 1, 2)
+	ctx := context.Background()
+	const query = `SELECT jsonb_build_object('producer', 3, 'seq', g, 'name', 'bench event')
+FROM generate_series(1, 1000) g`
+	for _, tc := range []struct {
+		name string
+		scan func(rows pgx.Rows, ev *Event) error
+	}{
+		{"RawMessage", func(rows pgx.Rows, ev *Event) error { return rows.Scan(&ev.Payload) }},
+		{"Bytes", func(rows pgx.Rows, ev *Event) error { return rows.Scan((*[]byte)(&ev.Payload)) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var ev Event
+			b.ReportAllocs()
+			for n := 0; n < b.N; {
+				rows, err := pool.Query(ctx, query)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for rows.Next() && n < b.N {
+					if err := tc.scan(rows, &ev); err != nil {
+						b.Fatal(err)
+					}
+					n++
+				}
+				rows.Close()
+				if err := rows.Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkJSONHandler: the cost of JSONHandler decoding an event's payload
 // into a struct before calling the function, per event.
 func BenchmarkJSONHandler(b *testing.B) {

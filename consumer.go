@@ -292,6 +292,22 @@ func (c *Consumer) Partitions() []int {
 	return nil
 }
 
+// Owned returns the number of partitions whose lease this consumer holds
+// and whose worker is not halted.
+func (c *Consumer) Owned() int {
+	rt := c.rt.Load()
+	if rt == nil {
+		return 0
+	}
+	n := 0
+	for _, p := range rt.leaser.Held() {
+		if w := rt.workers[p]; w != nil && !w.halted.Load() {
+			n++
+		}
+	}
+	return n
+}
+
 // ReplicaID returns the id under which this consumer holds leases.
 func (c *Consumer) ReplicaID() string { return c.replicaID }
 

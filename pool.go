@@ -14,8 +14,9 @@ import (
 // stuck on a vanished server fails instead of hanging), application_name
 // "pgevents-consumer", statement_timeout 30 s and
 // idle_in_transaction_session_timeout 60 s (so that no consumer pins the
-// xmin horizon for long), and server-side TCP keepalive and user timeout so
-// that the server notices a dead consumer too, each unless the URL sets it.
+// xmin horizon for long), server-side TCP keepalive and user timeout so
+// that the server notices a dead consumer too, and jit off, each unless the
+// URL sets it.
 // Adjust MaxConns before
 // creating the pool: a consumer needs one connection per served partition
 // plus two.
@@ -36,6 +37,10 @@ func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 		"tcp_keepalives_interval": "1",
 		"tcp_keepalives_count":    "3",
 		"tcp_user_timeout":        "10000",
+		// Every statement of a consumer is short; JIT compilation (on by
+		// default above a cost estimate) would add a second or more to
+		// the few whose estimates are inflated, such as the status query.
+		"jit": "off",
 	} {
 		if pc.ConnConfig.RuntimeParams[param] == "" {
 			pc.ConnConfig.RuntimeParams[param] = value

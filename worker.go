@@ -189,7 +189,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				// Taken over while this replica was slow, frozen or cut
 				// off: the batch rolled back, the new owner handles it.
 				w.epoch.CompareAndSwap(epoch, 0)
-				w.log.Warn().Int64("epoch", epoch).Msg("partition lease lost; batch rolled back")
+				w.log.Warn().Int64("epoch", epoch).Int64("next_offset", w.next.Load()).Msg("partition lease lost; batch rolled back")
 				break
 			}
 			if err != nil {
@@ -288,7 +288,11 @@ func (w *worker) retry(ctx context.Context, err error) {
 	if class == ClassDeployment {
 		ev = w.log.Error()
 	}
-	ev.Err(err).Stringer("class", class).Int("attempt", w.failures).Dur("retry_in", d).Msg("batch failed, rolled back")
+	ev = ev.Err(err).Stringer("class", class).Int("attempt", w.failures).Dur("retry_in", d).Int64("next_offset", w.next.Load())
+	if isUnit {
+		ev = ev.Int64("offset", ue.offset)
+	}
+	ev.Msg("batch failed, rolled back")
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -478,11 +482,11 @@ func (w *worker) committed(st *batchState, start time.Time) {
 	cfg := &w.c.cfg
 	cfg.Observer.BatchCommitted(BatchStats{
 		Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
-		FirstOffset: st.first, LastOffset: st.last, Events: int(st.last - st.first + 1),
+		FirstOffset: st.first, LastOffset: st.last, Events: st.events,
 		Handled: st.handled, DeadLettered: st.deadLettered, ParkedUnits: st.parkedUnits,
 		HandlerDuration: st.handlerTime, Duration: time.Since(start), EndToEnd: st.e2e,
 	})
-	w.log.Debug().Int64("first_offset", st.first).Int64("last_offset", st.last).Int("events", st.handled).
+	w.log.Debug().Int64("first_offset", st.first).Int64("last_offset", st.last).Int("events", st.events).Int("handled", st.handled).
 		Int("dead_lettered", st.deadLettered).Int("parked", st.parkedUnits).Msg("batch committed")
 }
 
@@ -533,6 +537,7 @@ type batchState struct {
 	parkedUnits  int
 	handlerTime  time.Duration
 	e2e          []time.Duration // samples, at most MaxEndToEndSamples
+	events       int             // events consumed: handled, dead-lettered or parked
 }
 
 // handle consumes evs, consecutive events of the partition that continue
@@ -553,6 +558,7 @@ func (st *batchState) handle(ctx context.Context, evs []Event) error {
 		}
 		st.started = true
 		st.lastTx = head.TransactionID
+		st.events += len(unit)
 		if st.action != actHandle {
 			st.last = unit[len(unit)-1].Offset
 			return nil

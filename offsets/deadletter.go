@@ -309,9 +309,7 @@ type storedEvent struct {
 }
 
 func (s storedEvent) event() Event {
-	ev := Event{Offset: s.Offset, TopicID: s.TopicID, PartitionID: s.PartitionID, EventID: s.EventID,
-		HostID: s.HostID, UserID: s.UserID, TransactionID: s.TransactionID, EventType: s.EventType,
-		Payload: s.Payload, Metadata: s.Metadata, CreatedAt: s.CreatedAt}
+	ev := Event(s)
 	if string(ev.Payload) == "null" {
 		ev.Payload = nil
 	}

@@ -6,6 +6,7 @@
 //	consumer migrate [--config FILE] [--print]
 //	                                   apply the schema and create the configured topic
 //	consumer dlq     list|replay|discard  dead-letter admin
+//	consumer status  [--config FILE] [--group G] [--json] [--watch [--interval D]]
 //	consumer repartition --partitions N [--topic T]  change the partition count online
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL
 //	consumer bench   [--json]          measure append rates and end-to-end latency
@@ -51,6 +52,7 @@ commands:
   run      run the configured consumer group until SIGINT or SIGTERM
   migrate  apply the schema migrations and create the configured topic
   dlq      list, replay or discard dead letters (consumer dlq -h)
+  status   each group's position, owner, lag, dead letters and halts per partition
   repartition --partitions N [--topic T]
            change a topic's partition count online
   demo     run producers and a consumer group against a local PostgreSQL
@@ -80,6 +82,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = migrateCmd(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		err = dlqCmd(ctx, args[1:], stdout, stderr)
+	case "status":
+		err = statusCmd(ctx, args[1:], stdout, stderr)
 	case "repartition":
 		err = repartitionCmd(ctx, args[1:], stdout, stderr)
 	case "demo":

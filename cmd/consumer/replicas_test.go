@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -336,10 +337,29 @@ func TestRepartitionCommand(t *testing.T) {
 	if code != 2 || !strings.Contains(out, "totalPartitions") || !strings.Contains(out, "consumer repartition") {
 		t.Fatalf("consumer configured for 8 after the change: exit %d, want 2 naming totalPartitions and the command\n%s", code, out)
 	}
-	p := start(t, url, "run", "--config", writeConfig(t, recordingConfig(12, -1, 10)))
+	cfg12 := writeConfig(t, recordingConfig(12, -1, 10))
+	p := start(t, url, "run", "--config", cfg12)
 	pgtest.WaitFor(t, 10*time.Second, "12 partitions owned", func() bool {
 		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM partition_ownership WHERE live`) == 12
 	})
+	// consumer status shows who owns what.
+	code, out = runOnce(t, url, "status", "--config", cfg12, "--json")
+	var st struct {
+		Partitions []struct {
+			Lease *struct {
+				Owner string `json:"owner"`
+				Epoch int64  `json:"epoch"`
+			} `json:"lease"`
+		} `json:"partitions"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || len(st.Partitions) != 12 {
+		t.Fatalf("status --json: exit %d, %v\n%s", code, err, out)
+	}
+	for i, p := range st.Partitions {
+		if p.Lease == nil || p.Lease.Owner == "" || p.Lease.Epoch < 1 {
+			t.Fatalf("partition %d has no owner in status: %+v\n%s", i, p.Lease, out)
+		}
+	}
 	if code := p.stop(t, 10*time.Second); code != 0 {
 		t.Fatalf("exit %d after SIGTERM", code)
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
@@ -40,36 +39,28 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 	// One consumer per group, all on the pool, stopped together.
 	groups := cfg.GroupConfigs()
-	consumers := make([]*pgevents.Consumer, len(groups))
+	ccfgs := make([]pgevents.Config, len(groups))
 	for i := range groups {
-		g := &groups[i]
-		handlers, closeHandlers, err := buildHandlers(g, stdout)
+		handlers, closeHandlers, err := buildHandlers(&groups[i], stdout)
 		if err != nil {
 			return err
 		}
 		defer closeHandlers()
-		if consumers[i], err = pgevents.NewConsumer(pool, consumerConfig(g, handlers, &log)); err != nil {
-			return err
-		}
+		ccfgs[i] = consumerConfig(&groups[i], handlers, &log)
 	}
-	eg, ectx := errgroup.WithContext(ctx)
-	for i, c := range consumers {
-		g := &groups[i]
-		eg.Go(func() error { return groupError(c.Run(ectx), g, *path) })
-	}
-	return eg.Wait()
+	return groupError(runConsumers(ctx, cfg, pool, ccfgs), *path)
 }
 
 // groupError names the configuration key behind a consumer's refusal to
 // start.
-func groupError(err error, g *config.Config, path string) error {
+func groupError(err error, path string) error {
 	var mismatch *pgevents.PartitionMismatchError
 	if errors.As(err, &mismatch) {
-		return &config.Error{File: path, Key: "totalPartitions", Msg: fmt.Sprintf("group %s: %s", g.GroupID, mismatch.Error())}
+		return &config.Error{File: path, Key: "totalPartitions", Msg: mismatch.Error()}
 	}
 	if errors.Is(err, schema.ErrTopicNotFound) {
 		return &config.Error{File: path, Key: "topicId",
-			Msg: fmt.Sprintf("group %s: topic %d does not exist; create it with `consumer migrate --config %s`", g.GroupID, g.TopicID, path)}
+			Msg: fmt.Sprintf("%v; create it with `consumer migrate --config %s`", err, path)}
 	}
 	return err
 }

@@ -1,0 +1,4 @@
+package metrics
+
+// StateSQL exposes the state statement to the tests' plan check.
+const StateSQL = stateSQL

@@ -1,0 +1,275 @@
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultLagCap is the default cap on the number of events counted per
+// partition for the lag in events (pgevents_consumer_lag_events and the
+// status command): counting stops there, and the partition is reported as
+// capped.
+const DefaultLagCap = 100000
+
+// Querier runs statements; *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// stateSQL reads, in one statement and one round trip, the state of every
+// (group, partition) of a topic: $1 is a group (” for every group that
+// has a position on the topic), $2 the topic, $3 the cap on counted events.
+// The first row always exists and carries the database-wide values (the
+// database clock and pg_notification_queue_usage()); when no group has a
+// position its partition columns are NULL.
+//
+// Why it is cheap, whatever the size of the log:
+//
+//   - the partitions come from log_counter and the group's layout (a row
+//     each) and the positions from consumer_offsets through its primary key
+//     (group_id, topic_id, partition_id): a few rows per group, and the
+//     leases likewise from partition_leases;
+//   - every read of outbox_message_t names topic_id, partition_id and a
+//     bound on c_offset, with ORDER BY c_offset and a LIMIT, or max(), so it
+//     is an index (only) scan of outbox_message_t_partition_idx (topic_id,
+//     partition_id, c_offset) on each segment, touching only the rows it
+//     returns: log end is one descending index probe, the first unhandled
+//     event one ascending probe, and the lag count reads at most $3 index
+//     entries, never the partition's history;
+//   - open dead letters are counted through dead_letter_queue_position_idx
+//     (group_id, topic_id, partition_id, first_offset), halts are read
+//     through partition_halts' primary key.
+//
+// So a scrape costs O(groups × partitions × (log segments + lag, capped at
+// $3)), and nothing when nobody lags.
+const stateSQL = `WITH topic AS (
+    SELECT c.topic_id, c.total_partitions FROM log_counter c WHERE c.topic_id = $2
+),
+groups AS (
+    SELECT $1::text AS group_id WHERE $1::text <> ''
+    UNION
+    SELECT DISTINCT o.group_id FROM consumer_offsets o WHERE o.topic_id = $2 AND $1::text = ''
+),
+glayout AS (
+    -- Each group's partition count is its layout's (it may still be
+    -- finishing an older one after a repartition), and its partitions end
+    -- at the next layout's first offset.
+    SELECT g.group_id, t.topic_id,
+           coalesce(l.total_partitions, t.total_partitions) AS total_partitions,
+           coalesce((SELECT n.from_offset FROM topic_layouts n
+                     WHERE n.topic_id = t.topic_id AND n.version = gl.version + 1), 9223372036854775807) AS below
+    FROM topic t
+    CROSS JOIN groups g
+    LEFT JOIN group_layouts gl ON gl.group_id = g.group_id AND gl.topic_id = t.topic_id
+    LEFT JOIN topic_layouts l ON l.topic_id = t.topic_id AND l.version = gl.version
+),
+parts AS (
+    SELECT g.group_id, g.topic_id, p.partition_id, o.next_offset, g.below
+    FROM glayout g
+    CROSS JOIN generate_series(0, g.total_partitions - 1) AS p(partition_id)
+    LEFT JOIN consumer_offsets o
+           ON o.group_id = g.group_id AND o.topic_id = g.topic_id AND o.partition_id = p.partition_id
+),
+state AS (
+    SELECT s.group_id, s.partition_id, s.next_offset,
+           e.log_end,
+           CASE WHEN s.next_offset IS NULL THEN NULL ELSE l.events END AS lag_events,
+           greatest(extract(epoch FROM clock_timestamp() - f.created_at)::float8, 0) AS lag_seconds,
+           d.n AS dead_letters_open,
+           h.c_offset AS halt_offset, h.reason AS halt_reason, h.halted_at,
+           w.owner, w.epoch, w.heartbeat_at, w.live
+    FROM parts s
+    CROSS JOIN LATERAL (
+        SELECT max(m.c_offset) AS log_end FROM outbox_message_t m
+        WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset < s.below
+    ) e
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS events FROM (
+            SELECT 1 FROM outbox_message_t m
+            WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
+              AND m.c_offset < s.below
+            ORDER BY m.c_offset
+            LIMIT $3
+        ) x
+    ) l
+    LEFT JOIN LATERAL (
+        SELECT m.created_at FROM outbox_message_t m
+        WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
+          AND m.c_offset < s.below
+        ORDER BY m.c_offset
+        LIMIT 1
+    ) f ON true
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM dead_letter_queue q
+        WHERE q.group_id = s.group_id AND q.topic_id = s.topic_id AND q.partition_id = s.partition_id
+    ) d
+    LEFT JOIN partition_halts h
+           ON h.group_id = s.group_id AND h.topic_id = s.topic_id AND h.partition_id = s.partition_id
+    LEFT JOIN partition_ownership w
+           ON w.group_id = s.group_id AND w.topic_id = s.topic_id AND w.partition_id = s.partition_id
+)
+SELECT clock_timestamp(), pg_notification_queue_usage(), (SELECT t.total_partitions FROM topic t),
+       s.group_id, s.partition_id, s.next_offset, s.log_end, s.lag_events, s.lag_seconds,
+       s.dead_letters_open, s.halt_offset, s.halt_reason, s.halted_at,
+       s.owner, s.epoch, s.heartbeat_at, s.live
+FROM (SELECT 1) one
+LEFT JOIN state s ON true
+ORDER BY s.group_id, s.partition_id`
+
+// State is what the database says about a topic's consumer groups at one
+// moment, read by ReadState.
+type State struct {
+	// Topic is the topic read.
+	Topic int
+	// DatabaseTime is the database clock when the state was read.
+	DatabaseTime time.Time
+	// NotificationQueueUsage is pg_notification_queue_usage(): the fraction
+	// (0 to 1) of the server's notification queue in use. It grows when a
+	// listening session stops reading its notifications.
+	NotificationQueueUsage float64
+	// TotalPartitions is the topic's partition count; 0 when the topic
+	// does not exist.
+	TotalPartitions int
+	// LagCap is the cap on PartitionState.LagEvents.
+	LagCap int64
+	// Partitions has one entry per group and partition of the topic, by
+	// group then partition. It is empty when the topic does not exist or
+	// no group was found.
+	Partitions []PartitionState
+}
+
+// PartitionState is a group's state in one partition.
+type PartitionState struct {
+	// Group is the consumer group.
+	Group string
+	// Partition is the partition.
+	Partition int
+	// NextOffset is the group's position, the next offset it reads; nil
+	// when the group has no position in the partition (no process of the
+	// group ever served it).
+	NextOffset *int64
+	// LogEnd is the highest offset in the partition; nil when the
+	// partition holds no event.
+	LogEnd *int64
+	// LagEvents counts the partition's events at or after NextOffset, up
+	// to State.LagCap; 0 without a position.
+	LagEvents int64
+	// LagCapped says that counting stopped at State.LagCap: the lag is at
+	// least LagEvents.
+	LagCapped bool
+	// LagSeconds is the database clock minus the created_at of the first
+	// event at or after NextOffset; 0 when there is none.
+	LagSeconds float64
+	// DeadLettersOpen counts the group's rows in dead_letter_queue for the
+	// partition: dead letters neither replayed nor discarded.
+	DeadLettersOpen int64
+	// Halt says where and why the partition is halted; nil when it is not.
+	Halt *Halt
+	// Lease is the live lease of the replica that owns the partition; nil
+	// when no replica holds a live lease on it.
+	Lease *Lease
+}
+
+// Lease is the owner of a partition, from the partition_ownership view.
+type Lease struct {
+	// Owner is the replica id.
+	Owner string
+	// Epoch is the lease's epoch, the fencing token.
+	Epoch int64
+	// Heartbeat is the owner's last renewal, on the database clock.
+	Heartbeat time.Time
+}
+
+// HasPosition reports whether the group has a position in the partition.
+func (p *PartitionState) HasPosition() bool { return p.NextOffset != nil }
+
+// Halt is a row of partition_halts.
+type Halt struct {
+	// Offset is the offset of the unit the partition stopped before.
+	Offset int64
+	// Reason is the failure that halted it.
+	Reason string
+	// Since is when it halted.
+	Since time.Time
+}
+
+// ReadState reads the state of group on topic (of every group with a
+// position on the topic when group is empty) in one statement, counting
+// lag up to lagCap events per partition (DefaultLagCap when lagCap <= 0).
+func ReadState(ctx context.Context, q Querier, group string, topic int, lagCap int64) (State, error) {
+	if lagCap <= 0 {
+		lagCap = DefaultLagCap
+	}
+	st := State{Topic: topic, LagCap: lagCap}
+	rows, err := q.Query(ctx, stateSQL, group, topic, lagCap)
+	if err != nil {
+		return st, fmt.Errorf("metrics: read state: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			g                      *string
+			part                   *int32
+			lagEvents, deadLetters *int64
+			lagSeconds             *float64
+			haltOffset             *int64
+			haltReason             *string
+			haltedAt               *time.Time
+			next, logEnd           *int64
+			total                  *int32
+			owner                  *string
+			epoch                  *int64
+			heartbeat              *time.Time
+			live                   *bool
+		)
+		if err := rows.Scan(&st.DatabaseTime, &st.NotificationQueueUsage, &total, &g, &part, &next, &logEnd,
+			&lagEvents, &lagSeconds, &deadLetters, &haltOffset, &haltReason, &haltedAt,
+			&owner, &epoch, &heartbeat, &live); err != nil {
+			return st, fmt.Errorf("metrics: read state: %w", err)
+		}
+		if total != nil {
+			st.TotalPartitions = int(*total)
+		}
+		if g == nil || part == nil {
+			continue // the database-wide row of a topic without groups
+		}
+		ps := PartitionState{Group: *g, Partition: int(*part), NextOffset: next, LogEnd: logEnd}
+		if lagEvents != nil {
+			ps.LagEvents = *lagEvents
+			ps.LagCapped = *lagEvents >= lagCap
+		}
+		if lagSeconds != nil && next != nil {
+			ps.LagSeconds = *lagSeconds
+		}
+		if deadLetters != nil {
+			ps.DeadLettersOpen = *deadLetters
+		}
+		if haltOffset != nil {
+			ps.Halt = &Halt{Offset: *haltOffset}
+			if haltReason != nil {
+				ps.Halt.Reason = *haltReason
+			}
+			if haltedAt != nil {
+				ps.Halt.Since = *haltedAt
+			}
+		}
+		if owner != nil && live != nil && *live {
+			ps.Lease = &Lease{Owner: *owner}
+			if epoch != nil {
+				ps.Lease.Epoch = *epoch
+			}
+			if heartbeat != nil {
+				ps.Lease.Heartbeat = *heartbeat
+			}
+		}
+		st.Partitions = append(st.Partitions, ps)
+	}
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("metrics: read state: %w", err)
+	}
+	return st, nil
+}
