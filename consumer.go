@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/listener"
 	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/partition"
@@ -129,7 +130,25 @@ type Config struct {
 	Logger *zerolog.Logger
 	// Observer receives what the consumer does, for metrics; default none.
 	Observer Observer
+	// StartFrom is where the group starts the first time it runs:
+	// "earliest" (the default: the first retained event, so that a new
+	// projection sees the history), "latest", "offset:N" or
+	// "time:<RFC 3339>". It has no effect once the group has positions.
+	StartFrom string
+	// DeadAfter is how long the group may go without a live replica before
+	// its subscription becomes DEAD and stops holding back retention;
+	// default 1 minute.
+	DeadAfter time.Duration
+	// MaintenanceInterval is how often this process (one at a time per
+	// topic) creates the log's next segments, marks dead subscriptions and
+	// applies retention; default 10 s.
+	MaintenanceInterval time.Duration
 }
+
+// ErrSubscriptionCancelled is returned by Run when the group's subscription
+// is CANCELLED (consumer group cancel), a terminal state: the group's
+// replicas stop, and a new group id is needed to consume the topic again.
+var ErrSubscriptionCancelled = offsets.ErrCancelled
 
 // PartitionMismatchError is returned by Run when the configured partition
 // count differs from the one the topic records.
@@ -152,7 +171,9 @@ type Consumer struct {
 	cfg    Config
 	log    zerolog.Logger
 	static []int // the partitions of a static replica; nil: auto mode
+	start  config.Start
 	rt     atomic.Pointer[layoutRun]
+	paused atomic.Bool // the subscription is PAUSED: handle nothing
 
 	handled atomic.Int64
 	batches atomic.Int64
@@ -160,6 +181,7 @@ type Consumer struct {
 	retries atomic.Int64
 	parked  atomic.Int64
 	halts   atomic.Int64
+	skipped atomic.Int64
 
 	deployment atomic.Int64
 	ln         atomic.Pointer[listener.Listener]
@@ -221,6 +243,19 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if cfg.LeaseDuration <= 0 {
 		cfg.LeaseDuration = time.Second
 	}
+	if cfg.StartFrom == "" {
+		cfg.StartFrom = "earliest"
+	}
+	start, err := config.ParseStart(cfg.StartFrom)
+	if err != nil {
+		return nil, fmt.Errorf("pgevents: StartFrom: %w", err)
+	}
+	if cfg.DeadAfter <= 0 {
+		cfg.DeadAfter = time.Minute
+	}
+	if cfg.MaintenanceInterval <= 0 {
+		cfg.MaintenanceInterval = 10 * time.Second
+	}
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = partition.NewReplicaID()
 	}
@@ -232,7 +267,6 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	}
 	var static []int
 	if cfg.Partitions != nil {
-		var err error
 		if static, err = partition.Assign(cfg.TotalPartitions, cfg.Partitions); err != nil {
 			return nil, fmt.Errorf("pgevents: %w", err)
 		}
@@ -246,6 +280,7 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 		cfg:       cfg,
 		log:       log.With().Str("group", cfg.GroupID).Int("topic", cfg.TopicID).Logger(),
 		static:    static,
+		start:     start,
 		kick:      make(chan WakeSource, 1),
 		replicaID: cfg.ReplicaID,
 	}, nil
@@ -271,12 +306,16 @@ type Stats struct {
 	Halts int64
 	// ListenerConnects counts successful connects of the listener.
 	ListenerConnects int64
+	// Skipped counts events retention removed before the group handled
+	// them, as reported to this process.
+	Skipped int64
 }
 
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() Stats {
 	s := Stats{Handled: c.handled.Load(), Batches: c.batches.Load(), DeadLettered: c.deadLet.Load(),
-		Retries: c.retries.Load(), DeploymentFailures: c.deployment.Load(), ParkedUnits: c.parked.Load(), Halts: c.halts.Load()}
+		Retries: c.retries.Load(), DeploymentFailures: c.deployment.Load(), ParkedUnits: c.parked.Load(), Halts: c.halts.Load(),
+		Skipped: c.skipped.Load()}
 	if ln := c.ln.Load(); ln != nil {
 		s.ListenerConnects = ln.Connects()
 	}
@@ -325,6 +364,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if topic.Partitions != c.cfg.TotalPartitions {
 		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
 	}
+	state, isNew, err := offsets.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start, c.cfg.DeadAfter)
+	if err != nil {
+		return fmt.Errorf("pgevents: %w", err)
+	}
+	if state == offsets.StateCancelled {
+		return fmt.Errorf("pgevents: group %q on topic %d: %w", c.cfg.GroupID, c.cfg.TopicID, ErrSubscriptionCancelled)
+	}
+	if isNew {
+		c.log.Info().Str("start_from", c.start.String()).Msg("new group: subscribed to the topic")
+	}
+	c.setState(state)
+	c.reportSkips(ctx)
+	// Groups from before subscriptions and layouts existed.
 	if err := offsets.InitGroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID); err != nil {
 		return fmt.Errorf("pgevents: %w", err)
 	}
@@ -356,6 +408,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	g.Go(func() error { return ln.Run(gctx) })
 	g.Go(func() error { return c.poll(gctx) })
 	g.Go(func() error { return c.consume(gctx, batchCtx) })
+	g.Go(func() error { return c.subscription(gctx) })
+	g.Go(func() error { return c.maintain(gctx) })
 	err = g.Wait()
 	c.log.Info().Int64("handled", c.handled.Load()).Msg("consumer stopped")
 	if err != nil && ctx.Err() == nil {

@@ -18,6 +18,10 @@ type Observer interface {
 	// ListenerConnected is called after each connect of the listener; the
 	// first connect has reconnect false.
 	ListenerConnected(reconnect bool)
+	// Skipped is called when the consumer learns that retention removed n
+	// events of partition before the group handled them, and why
+	// ("retention": the group was DEAD; "max_retention": the hard cap).
+	Skipped(partition int, n int64, reason string)
 }
 
 // WakeSource says what woke a partition worker.
@@ -79,3 +83,4 @@ func (nopObserver) BatchCommitted(BatchStats)        {}
 func (nopObserver) BatchFailed(int, Class)           {}
 func (nopObserver) Woken(int, WakeSource)            {}
 func (nopObserver) ListenerConnected(reconnect bool) {}
+func (nopObserver) Skipped(int, int64, string)       {}

@@ -178,7 +178,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				break
 			}
 			epoch := w.epoch.Load()
-			if epoch == 0 || w.highest.Load() < w.next.Load() {
+			if epoch == 0 || w.highest.Load() < w.next.Load() || w.c.paused.Load() {
 				break
 			}
 			if w.halted.Load() {

@@ -144,6 +144,46 @@ type Config struct {
 	// Defaults to 60000; 0 leaves the server's setting.
 	IdleInTransactionTimeoutMs int `yaml:"idleInTransactionTimeoutMs"`
 
+	// StartFrom is where a group starts the first time it runs: "earliest"
+	// (the first retained event, so that a new projection sees the
+	// history, as in the seed design), "latest" (events appended from now
+	// on), "offset:N", or "time:<RFC 3339 timestamp>" (the first event
+	// appended at or after it). Defaults to "earliest". It has no effect
+	// on a group that has positions already: use consumer offsets reset.
+	StartFrom string `yaml:"startFrom"`
+
+	// DeadAfterMs is how long a group may go without a live replica
+	// before its subscription becomes DEAD and stops holding back
+	// retention. Defaults to 60000; must be greater than 0.
+	DeadAfterMs int `yaml:"deadAfterMs"`
+
+	// MaintenanceIntervalMs is how often a consumer creates the log's next
+	// segments, marks dead subscriptions and applies retention (one
+	// process at a time per topic). Defaults to 10000; must be greater
+	// than 0.
+	MaintenanceIntervalMs int `yaml:"maintenanceIntervalMs"`
+
+	// Retention is how long the topic keeps events that every ACTIVE or
+	// PAUSED group has handled, as a Go duration with an optional "d"
+	// for days ("168h", "7d"). Defaults to "7d". Written to the database
+	// by consumer migrate.
+	Retention string `yaml:"retention"`
+
+	// MaxRetention caps how long the topic keeps any event, whatever the
+	// groups; events removed unhandled are counted and reported to their
+	// group. Defaults to "" (no cap). Written by consumer migrate.
+	MaxRetention string `yaml:"maxRetention"`
+
+	// ZeroSubscriptionRetention is how long a topic that has no
+	// subscription at all keeps its events. Defaults to "24h". Written by
+	// consumer migrate.
+	ZeroSubscriptionRetention string `yaml:"zeroSubscriptionRetention"`
+
+	// SegmentSize is the number of offsets per segment of the log, the
+	// unit that retention removes, for a topic created by consumer
+	// migrate. Defaults to 1000000; must be at least 1000.
+	SegmentSize int `yaml:"segmentSize"`
+
 	// LeaseMs is how long a partition lease lives without a heartbeat, in
 	// milliseconds: a dead or frozen replica's partitions are taken over
 	// about that long after it stopped. Defaults to 1000; must be at least
@@ -166,15 +206,15 @@ type Config struct {
 	// Groups lists several consumer groups to run in one process. Each
 	// item takes the top-level keys as defaults and may set groupId
 	// (required), topicId, totalPartitions, partitionId, batchSize,
-	// unknownEventType, onPermanentFailure, maxAttempts, handlerTimeoutMs
-	// and handlers. With groups, the top-level groupId and handlers must
+	// unknownEventType, onPermanentFailure, maxAttempts, handlerTimeoutMs,
+	// startFrom, deadAfterMs and handlers. With groups, the top-level groupId and handlers must
 	// not be set. See [Config.GroupConfigs].
 	Groups []Config `yaml:"groups"`
 }
 
 // groupKeys are the keys a groups item may set.
 var groupKeys = []string{"groupId", "topicId", "totalPartitions", "partitionId", "batchSize",
-	"unknownEventType", "onPermanentFailure", "maxAttempts", "handlerTimeoutMs", keyHandlers}
+	"unknownEventType", "onPermanentFailure", "maxAttempts", "handlerTimeoutMs", "startFrom", "deadAfterMs", keyHandlers}
 
 const keyGroups = "groups"
 
@@ -236,6 +276,12 @@ func Default() Config {
 		StatementTimeoutMs:         30000,
 		IdleInTransactionTimeoutMs: 60000,
 		LeaseMs:                    1000,
+		StartFrom:                  "earliest",
+		DeadAfterMs:                60000,
+		MaintenanceIntervalMs:      10000,
+		Retention:                  "7d",
+		ZeroSubscriptionRetention:  "24h",
+		SegmentSize:                1000000,
 	}
 }
 
@@ -250,6 +296,12 @@ func (c *Config) RetryMax() time.Duration { return millis(c.RetryMaxMs) }
 
 // DeadLetterWindow returns DeadLetterWindowMs as a duration.
 func (c *Config) DeadLetterWindow() time.Duration { return millis(c.DeadLetterWindowMs) }
+
+// DeadAfter returns DeadAfterMs as a duration.
+func (c *Config) DeadAfter() time.Duration { return millis(c.DeadAfterMs) }
+
+// MaintenanceInterval returns MaintenanceIntervalMs as a duration.
+func (c *Config) MaintenanceInterval() time.Duration { return millis(c.MaintenanceIntervalMs) }
 
 // Lease returns LeaseMs as a duration.
 func (c *Config) Lease() time.Duration { return millis(c.LeaseMs) }
@@ -490,9 +542,17 @@ var topFields = map[string]topField{
 	"statementTimeoutMs":         intField(func(c *Config) *int { return &c.StatementTimeoutMs }),
 	"idleInTransactionTimeoutMs": intField(func(c *Config) *int { return &c.IdleInTransactionTimeoutMs }),
 
-	"leaseMs":     intField(func(c *Config) *int { return &c.LeaseMs }),
-	"metricsAddr": stringField(func(c *Config) *string { return &c.MetricsAddr }),
-	"pprof":       boolField(func(c *Config) *bool { return &c.Pprof }),
+	"leaseMs": intField(func(c *Config) *int { return &c.LeaseMs }),
+
+	"startFrom":                 stringField(func(c *Config) *string { return &c.StartFrom }),
+	"deadAfterMs":               intField(func(c *Config) *int { return &c.DeadAfterMs }),
+	"maintenanceIntervalMs":     intField(func(c *Config) *int { return &c.MaintenanceIntervalMs }),
+	"retention":                 stringField(func(c *Config) *string { return &c.Retention }),
+	"maxRetention":              stringField(func(c *Config) *string { return &c.MaxRetention }),
+	"zeroSubscriptionRetention": stringField(func(c *Config) *string { return &c.ZeroSubscriptionRetention }),
+	"segmentSize":               intField(func(c *Config) *int { return &c.SegmentSize }),
+	"metricsAddr":               stringField(func(c *Config) *string { return &c.MetricsAddr }),
+	"pprof":                     boolField(func(c *Config) *bool { return &c.Pprof }),
 }
 
 const keyHandlers = "handlers"
@@ -813,6 +873,25 @@ func (c *Config) problems() []*Error {
 	}
 	optionalMillis("statementTimeoutMs", c.StatementTimeoutMs)
 	optionalMillis("idleInTransactionTimeoutMs", c.IdleInTransactionTimeoutMs)
+	if _, err := ParseStart(c.StartFrom); err != nil {
+		add("startFrom", "%v", err)
+	}
+	positiveMillis("deadAfterMs", c.DeadAfterMs)
+	positiveMillis("maintenanceIntervalMs", c.MaintenanceIntervalMs)
+	for _, d := range []struct {
+		key, v   string
+		optional bool
+	}{{"retention", c.Retention, false}, {"maxRetention", c.MaxRetention, true}, {"zeroSubscriptionRetention", c.ZeroSubscriptionRetention, false}} {
+		if d.optional && d.v == "" {
+			continue
+		}
+		if v, err := ParseDuration(d.v); err != nil || v <= 0 {
+			add(d.key, "must be a positive duration such as \"36h\" or \"7d\", got %q", d.v)
+		}
+	}
+	if c.SegmentSize < 1000 {
+		add("segmentSize", "must be at least 1000, got %d", c.SegmentSize)
+	}
 	if c.LeaseMs < 100 || c.LeaseMs > maxMillis {
 		add("leaseMs", "must be between 100 and %d, got %d", maxMillis, c.LeaseMs)
 	}

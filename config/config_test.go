@@ -68,6 +68,13 @@ handlerTimeoutMs: 2000
 statementTimeoutMs: 0
 idleInTransactionTimeoutMs: 5000
 leaseMs: 1500
+startFrom: time:2026-01-31T12:00:00Z
+deadAfterMs: 30000
+maintenanceIntervalMs: 5000
+retention: 36h
+maxRetention: 30d
+zeroSubscriptionRetention: 2d
+segmentSize: 50000
 metricsAddr: 127.0.0.1:9464
 pprof: true
 handlers:
@@ -110,6 +117,13 @@ func TestParseFullFile(t *testing.T) {
 		StatementTimeoutMs:         0,
 		IdleInTransactionTimeoutMs: 5000,
 		LeaseMs:                    1500,
+		StartFrom:                  "time:2026-01-31T12:00:00Z",
+		DeadAfterMs:                30000,
+		MaintenanceIntervalMs:      5000,
+		Retention:                  "36h",
+		MaxRetention:               "30d",
+		ZeroSubscriptionRetention:  "2d",
+		SegmentSize:                50000,
 		MetricsAddr:                "127.0.0.1:9464",
 		Pprof:                      true,
 		Handlers: []Handler{
@@ -270,6 +284,11 @@ func TestParseErrors(t *testing.T) {
 		{"maxDeadLetterRate 0", head + "maxDeadLetterRate: 0\n", "maxDeadLetterRate", 3, "greater than 0"},
 		{"statementTimeoutMs negative", head + "statementTimeoutMs: -1\n", "statementTimeoutMs", 3, "must be 0"},
 		{"leaseMs too short", head + "leaseMs: 50\n", "leaseMs", 3, "between 100"},
+		{"startFrom unknown", head + "startFrom: beginning\n", "startFrom", 3, "earliest, latest"},
+		{"startFrom bad time", head + "startFrom: time:yesterday\n", "startFrom", 3, "RFC 3339"},
+		{"startFrom offset 0", head + "startFrom: offset:0\n", "startFrom", 3, "at least 1"},
+		{"retention not a duration", head + "retention: forever\n", "retention", 3, "positive duration"},
+		{"segmentSize too small", head + "segmentSize: 10\n", "segmentSize", 3, "at least 1000"},
 		{"metricsAddr without port", head + "metricsAddr: localhost\n", "metricsAddr", 3, "host:port"},
 		{"pprof not a bool", head + "pprof: maybe\n", "pprof", 3, "true or false"},
 		{"totalPartitions 0", head + "totalPartitions: 0\n", "totalPartitions", 3, "between 1 and 1024"},
@@ -631,5 +650,17 @@ func TestParseGroupsErrors(t *testing.T) {
 				t.Fatalf("Parse error %v, want one naming %q", err, tc.key)
 			}
 		})
+	}
+}
+
+func TestParseStartAndDuration(t *testing.T) {
+	for _, v := range []string{"earliest", "latest", "offset:42", "time:2026-01-31T12:00:00Z"} {
+		s, err := ParseStart(v)
+		if err != nil || s.String() != v {
+			t.Errorf("ParseStart(%q) = %v, %v; want it back", v, s, err)
+		}
+	}
+	if d, err := ParseDuration("1.5d"); err != nil || d != 36*time.Hour {
+		t.Errorf("ParseDuration(1.5d) = %v, %v", d, err)
 	}
 }

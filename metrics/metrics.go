@@ -21,6 +21,7 @@ const (
 	labelPartition = "partition"
 	labelClass     = "class"
 	labelSource    = "source"
+	labelReason    = "reason"
 )
 
 // Defaults of Options.
@@ -86,6 +87,7 @@ type Metrics struct {
 	retries      *prometheus.CounterVec
 	deadLetters  *prometheus.CounterVec
 	parkedUnits  *prometheus.CounterVec
+	skipped      *prometheus.CounterVec
 	wakeups      *prometheus.CounterVec
 	reconnects   *prometheus.CounterVec
 	connects     *prometheus.CounterVec
@@ -148,6 +150,10 @@ func New(opts Options) (*Metrics, error) {
 		Name: "pgevents_parked_units_total",
 		Help: "Units held back in parked_events behind a dead letter of their host (policy parkHost).",
 	}, gtp)
+	m.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pgevents_retention_skipped_events_total",
+		Help: "Events retention removed before this group handled them (it was DEAD, or max_retention struck), reported when the group runs again, by reason.",
+	}, append(gtp, labelReason))
 	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pgevents_wakeups_total",
 		Help: "Partition workers woken, by source: notify (LISTEN/NOTIFY), poll (the waitPeriod safety net found work), reconnect (the poll after a listener reconnect).",
@@ -181,7 +187,7 @@ func New(opts Options) (*Metrics, error) {
 		return 0
 	})
 	cs := []prometheus.Collector{m.handled, m.batchSize, m.handlerTime, m.batchTime, m.endToEnd, m.retries,
-		m.deadLetters, m.parkedUnits, m.wakeups, m.reconnects, m.connects, owned, listenerUp}
+		m.deadLetters, m.parkedUnits, m.skipped, m.wakeups, m.reconnects, m.connects, owned, listenerUp}
 	if !opts.NoRuntimeMetrics {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
@@ -274,6 +280,11 @@ func (m *Metrics) BatchFailed(partition int, class pgevents.Class) {
 // Woken implements pgevents.Observer.
 func (m *Metrics) Woken(_ int, source pgevents.WakeSource) {
 	m.wakeups.WithLabelValues(m.group, m.topic, source.String()).Inc()
+}
+
+// Skipped implements pgevents.Observer.
+func (m *Metrics) Skipped(partition int, n int64, reason string) {
+	m.skipped.WithLabelValues(m.group, m.topic, strconv.Itoa(partition), reason).Add(float64(n))
 }
 
 // ListenerConnected implements pgevents.Observer.

@@ -40,6 +40,10 @@ type Querier interface {
 //     returns: log end is one descending index probe, the first unhandled
 //     event one ascending probe, and the lag count reads at most $3 index
 //     entries, never the partition's history;
+//   - while a group finishes an older layout after a repartition, the lag
+//     count also includes the new layout's events of the same partition
+//     number (the first unhandled event, and so the lag in seconds, is
+//     exact);
 //   - open dead letters are counted through dead_letter_queue_position_idx
 //     (group_id, topic_id, partition_id, first_offset), halts are read
 //     through partition_halts' primary key.
@@ -81,17 +85,17 @@ state AS (
            greatest(extract(epoch FROM clock_timestamp() - f.created_at)::float8, 0) AS lag_seconds,
            d.n AS dead_letters_open,
            h.c_offset AS halt_offset, h.reason AS halt_reason, h.halted_at,
-           w.owner, w.epoch, w.heartbeat_at, w.live
+           w.owner, w.epoch, w.heartbeat_at, w.live,
+           sub.state AS subscription, k.n AS skipped
     FROM parts s
     CROSS JOIN LATERAL (
         SELECT max(m.c_offset) AS log_end FROM outbox_message_t m
-        WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset < s.below
+        WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id
     ) e
     CROSS JOIN LATERAL (
         SELECT count(*) AS events FROM (
             SELECT 1 FROM outbox_message_t m
             WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
-              AND m.c_offset < s.below
             ORDER BY m.c_offset
             LIMIT $3
         ) x
@@ -111,11 +115,17 @@ state AS (
            ON h.group_id = s.group_id AND h.topic_id = s.topic_id AND h.partition_id = s.partition_id
     LEFT JOIN partition_ownership w
            ON w.group_id = s.group_id AND w.topic_id = s.topic_id AND w.partition_id = s.partition_id
+    LEFT JOIN subscriptions sub
+           ON sub.group_id = s.group_id AND sub.topic_id = s.topic_id
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(r.skipped), 0)::bigint AS n FROM retention_skips r
+        WHERE r.group_id = s.group_id AND r.topic_id = s.topic_id AND r.partition_id = s.partition_id
+    ) k
 )
 SELECT clock_timestamp(), pg_notification_queue_usage(), (SELECT t.total_partitions FROM topic t),
        s.group_id, s.partition_id, s.next_offset, s.log_end, s.lag_events, s.lag_seconds,
        s.dead_letters_open, s.halt_offset, s.halt_reason, s.halted_at,
-       s.owner, s.epoch, s.heartbeat_at, s.live
+       s.owner, s.epoch, s.heartbeat_at, s.live, s.subscription, s.skipped
 FROM (SELECT 1) one
 LEFT JOIN state s ON true
 ORDER BY s.group_id, s.partition_id`
@@ -172,6 +182,12 @@ type PartitionState struct {
 	// Lease is the live lease of the replica that owns the partition; nil
 	// when no replica holds a live lease on it.
 	Lease *Lease
+	// Subscription is the group's subscription state (ACTIVE, PAUSED,
+	// DEAD, CANCELLED); empty when the group has none.
+	Subscription string
+	// Skipped counts the partition's events that retention removed before
+	// the group handled them.
+	Skipped int64
 }
 
 // Lease is the owner of a partition, from the partition_ownership view.
@@ -225,10 +241,12 @@ func ReadState(ctx context.Context, q Querier, group string, topic int, lagCap i
 			epoch                  *int64
 			heartbeat              *time.Time
 			live                   *bool
+			subscription           *string
+			skipped                *int64
 		)
 		if err := rows.Scan(&st.DatabaseTime, &st.NotificationQueueUsage, &total, &g, &part, &next, &logEnd,
 			&lagEvents, &lagSeconds, &deadLetters, &haltOffset, &haltReason, &haltedAt,
-			&owner, &epoch, &heartbeat, &live); err != nil {
+			&owner, &epoch, &heartbeat, &live, &subscription, &skipped); err != nil {
 			return st, fmt.Errorf("metrics: read state: %w", err)
 		}
 		if total != nil {
@@ -265,6 +283,12 @@ func ReadState(ctx context.Context, q Querier, group string, topic int, lagCap i
 			if heartbeat != nil {
 				ps.Lease.Heartbeat = *heartbeat
 			}
+		}
+		if subscription != nil {
+			ps.Subscription = *subscription
+		}
+		if skipped != nil {
+			ps.Skipped = *skipped
 		}
 		st.Partitions = append(st.Partitions, ps)
 	}

@@ -28,9 +28,11 @@ type Topic struct {
 // count sends hosts to other partitions (invariant 5).
 const (
 	createTopicSQL = `WITH t AS (
-    INSERT INTO log_counter (topic_id, total_partitions) VALUES ($1, $2)
+    INSERT INTO log_counter (topic_id, total_partitions, segment_size) VALUES ($1, $2, $3)
     ON CONFLICT (topic_id) DO NOTHING
     RETURNING topic_id, total_partitions
+), r AS (
+    INSERT INTO topic_retention (topic_id) SELECT topic_id FROM t
 )
 INSERT INTO topic_layouts (topic_id, version, total_partitions, from_offset)
 SELECT topic_id, 1, total_partitions, 1 FROM t`
@@ -48,12 +50,21 @@ FROM log_counter WHERE topic_id = $1`
 // beyond the one the counter is in.
 const SegmentsAhead = 2
 
+// DefaultSegmentSize is the number of offsets per segment of a topic's log
+// unless EnsureTopic is told otherwise.
+const DefaultSegmentSize = 1000000
+
 // EnsureTopic creates topic id with the given partition count when it does
 // not exist yet, creates its first segments, and returns the topic as the
 // database records it, which may have another partition count than asked:
-// the caller compares.
-func EnsureTopic(ctx context.Context, db DB, id, partitions int) (Topic, bool, error) {
-	tag, err := db.Exec(ctx, createTopicSQL, id, partitions)
+// the caller compares. segmentSize (offsets per segment, the unit retention
+// removes; DefaultSegmentSize when 0) applies to a topic created here only.
+func EnsureTopic(ctx context.Context, db DB, id, partitions int, segmentSize ...int) (Topic, bool, error) {
+	size := DefaultSegmentSize
+	if len(segmentSize) > 0 && segmentSize[0] > 0 {
+		size = segmentSize[0]
+	}
+	tag, err := db.Exec(ctx, createTopicSQL, id, partitions, size)
 	if err != nil {
 		return Topic{}, false, fmt.Errorf("schema: create topic %d: %w", id, err)
 	}
@@ -113,4 +124,73 @@ func Repartition(ctx context.Context, db DB, id, partitions int) (int64, error) 
 		return 0, fmt.Errorf("schema: repartition topic %d: %w", id, err)
 	}
 	return cut, nil
+}
+
+// Segment is a range-partition of outbox_message_t holding the offsets
+// [Lo, Hi) of one topic.
+type Segment struct {
+	Name   string
+	Lo, Hi int64
+}
+
+// segmentsSQL lists a topic's segments (ensure_outbox_segments names them
+// outbox_message_t_<topic>_<k> and gives segment k the offsets
+// [k*size + 1, (k+1)*size + 1)).
+const segmentsSQL = `SELECT c.relname::text, substring(c.relname FROM '_(\d+)$')::bigint, lc.segment_size
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN log_counter lc ON lc.topic_id = $1
+WHERE i.inhparent = 'outbox_message_t'::regclass
+  AND c.relname ~ ('^outbox_message_t_' || $1 || '_\d+$')
+ORDER BY 2`
+
+// Segments returns the topic's segments in offset order.
+func Segments(ctx context.Context, db DB, topicID int) ([]Segment, error) {
+	rows, err := db.Query(ctx, segmentsSQL, topicID)
+	if err != nil {
+		return nil, fmt.Errorf("schema: segments of topic %d: %w", topicID, err)
+	}
+	var (
+		out  []Segment
+		name string
+		k    int64
+		size int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&name, &k, &size}, func() error {
+		out = append(out, Segment{Name: name, Lo: k*size + 1, Hi: (k+1)*size + 1})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("schema: segments of topic %d: %w", topicID, err)
+	}
+	return out, nil
+}
+
+// Retention is how long a topic keeps its events; see topic_retention.
+type Retention struct {
+	// Retention: events every ACTIVE or PAUSED group has handled.
+	Retention time.Duration
+	// Max caps how long any event is kept, whatever the groups; 0: no cap.
+	Max time.Duration
+	// ZeroSubscription: how long a topic without subscriptions keeps
+	// events.
+	ZeroSubscription time.Duration
+}
+
+// SetRetention records the topic's retention settings.
+func SetRetention(ctx context.Context, db DB, topicID int, r Retention) error {
+	var max *string
+	if r.Max > 0 {
+		m := r.Max.String()
+		max = &m
+	}
+	_, err := db.Exec(ctx, `INSERT INTO topic_retention (topic_id, retention, max_retention, zero_subscription_retention)
+VALUES ($1, $2::interval, $3::interval, $4::interval)
+ON CONFLICT (topic_id) DO UPDATE SET retention = excluded.retention, max_retention = excluded.max_retention,
+    zero_subscription_retention = excluded.zero_subscription_retention`,
+		topicID, r.Retention.String(), max, r.ZeroSubscription.String())
+	if err != nil {
+		return fmt.Errorf("schema: set retention of topic %d: %w", topicID, err)
+	}
+	return nil
 }

@@ -6,6 +6,8 @@
 //	consumer migrate [--config FILE] [--print]
 //	                                   apply the schema and create the configured topic
 //	consumer dlq     list|replay|discard  dead-letter admin
+//	consumer offsets reset --group G --to earliest|latest|offset:N|time:T [--force]
+//	consumer group   pause|resume|cancel G
 //	consumer status  [--config FILE] [--group G] [--json] [--watch [--interval D]]
 //	consumer repartition --partitions N [--topic T]  change the partition count online
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL
@@ -52,6 +54,10 @@ commands:
   run      run the configured consumer group until SIGINT or SIGTERM
   migrate  apply the schema migrations and create the configured topic
   dlq      list, replay or discard dead letters (consumer dlq -h)
+  offsets reset --group G --to earliest|latest|offset:N|time:T [--force]
+           move a group's positions (replay or skip)
+  group pause|resume|cancel G
+           change a group's subscription state
   status   each group's position, owner, lag, dead letters and halts per partition
   repartition --partitions N [--topic T]
            change a topic's partition count online
@@ -82,6 +88,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = migrateCmd(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		err = dlqCmd(ctx, args[1:], stdout, stderr)
+	case "offsets":
+		err = offsetsCmd(ctx, args[1:], stdout, stderr)
+	case "group":
+		err = groupCmd(ctx, args[1:], stdout, stderr)
 	case "status":
 		err = statusCmd(ctx, args[1:], stdout, stderr)
 	case "repartition":

@@ -45,8 +45,11 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "schema at version %d (applied: %v)\n", schema.Latest(), applied)
 	// Every topic the configured groups consume.
 	for _, g := range cfg.GroupConfigs() {
-		topic, created, err := schema.EnsureTopic(ctx, conn, g.TopicID, g.TotalPartitions)
+		topic, created, err := schema.EnsureTopic(ctx, conn, g.TopicID, g.TotalPartitions, g.SegmentSize)
 		if err != nil {
+			return err
+		}
+		if err := schema.SetRetention(ctx, conn, g.TopicID, retentionOf(&g)); err != nil {
 			return err
 		}
 		if topic.Partitions != g.TotalPartitions {
@@ -61,4 +64,16 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintf(stdout, "topic %d %s with %d partitions\n", topic.ID, verb, topic.Partitions)
 	}
 	return nil
+}
+
+// retentionOf reads the topic's retention settings from a validated
+// configuration.
+func retentionOf(c *config.Config) schema.Retention {
+	r := schema.Retention{}
+	r.Retention, _ = config.ParseDuration(c.Retention)
+	r.ZeroSubscription, _ = config.ParseDuration(c.ZeroSubscriptionRetention)
+	if c.MaxRetention != "" {
+		r.Max, _ = config.ParseDuration(c.MaxRetention)
+	}
+	return r
 }

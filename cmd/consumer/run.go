@@ -101,8 +101,12 @@ func consumerConfig(cfg *config.Config, handlers *pgevents.Handlers, log *zerolo
 		DeadLetterWindow:   cfg.DeadLetterWindow(),
 		HandlerTimeout:     cfg.HandlerTimeout(),
 		LeaseDuration:      cfg.Lease(),
-		Handlers:           handlers,
-		Logger:             log,
+
+		StartFrom:           cfg.StartFrom,
+		DeadAfter:           cfg.DeadAfter(),
+		MaintenanceInterval: cfg.MaintenanceInterval(),
+		Handlers:            handlers,
+		Logger:              log,
 	}
 }
 

@@ -48,7 +48,10 @@ with --json it prints one JSON document per line instead.
     halted                  null, or {"offset", "reason", "since"}
     lease                   null when no replica holds a live lease, or
                             {"owner", "epoch", "heartbeat"}
-    subscription            null (reserved: subscription state)
+    subscription            the group's state: ACTIVE, PAUSED, DEAD or
+                            CANCELLED; null without a subscription
+    skipped                 events retention removed before the group
+                            handled them
 
 Flags:
 `
@@ -75,11 +78,13 @@ type partitionStatus struct {
 	LagSeconds      float64     `json:"lag_seconds"`
 	DeadLettersOpen int64       `json:"dead_letters_open"`
 	Halted          *haltStatus `json:"halted"`
-	// Lease is the live lease of the partition's owner. Subscription is a
-	// placeholder for the subscription state of a later issue: fill it in
-	// statusFrom, and its column appears in the table once a row has it.
+	// Lease is the live lease of the partition's owner; Subscription the
+	// group's subscription state.
 	Lease        *leaseStatus `json:"lease"`
 	Subscription *string      `json:"subscription"`
+	// Skipped counts events retention removed before the group handled
+	// them.
+	Skipped int64 `json:"skipped"`
 }
 
 // haltStatus says where and why a partition is halted.
@@ -117,6 +122,11 @@ func statusFrom(st metrics.State) statusJSON {
 		if p.Lease != nil {
 			ps.Lease = &leaseStatus{Owner: p.Lease.Owner, Epoch: p.Lease.Epoch, Heartbeat: p.Lease.Heartbeat}
 		}
+		if p.Subscription != "" {
+			sub := p.Subscription
+			ps.Subscription = &sub
+		}
+		ps.Skipped = p.Skipped
 		out.Partitions = append(out.Partitions, ps)
 	}
 	return out
@@ -182,6 +192,12 @@ var statusColumns = []statusColumn{
 			return ""
 		}
 		return *p.Subscription
+	}},
+	{header: "SKIPPED", optional: true, cell: func(p *partitionStatus) string {
+		if p.Skipped == 0 {
+			return ""
+		}
+		return strconv.FormatInt(p.Skipped, 10)
 	}},
 }
 

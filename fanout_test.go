@@ -1,0 +1,289 @@
+package pgevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/offsets"
+)
+
+const fxTable = `CREATE TABLE fx (group_id text NOT NULL, c_offset bigint NOT NULL)`
+
+// fxConfig is a consumer of group that records (group, offset) per event.
+func fxConfig(group string, partitions int) Config {
+	hs := &Handlers{}
+	hs.HandleAll(SQLHandler(group, `INSERT INTO fx VALUES (@group_id, @c_offset)`))
+	return Config{GroupID: group, TotalPartitions: partitions, Handlers: hs, WaitPeriod: 500 * time.Millisecond}
+}
+
+// handledBy returns how many events group handled, and how many of them
+// more than once.
+func handledBy(t *testing.T, pool *pgxpool.Pool, group string) (n, dups int64) {
+	t.Helper()
+	n = queryInt(t, pool, `SELECT count(*) FROM fx WHERE group_id = $1`, group)
+	dups = queryInt(t, pool, `SELECT count(*) FROM (SELECT c_offset FROM fx WHERE group_id = $1 GROUP BY 1 HAVING count(*) > 1) d`, group)
+	return n, dups
+}
+
+func waitGroupHandled(t *testing.T, pool *pgxpool.Pool, group string, n int64) {
+	t.Helper()
+	pgtest.WaitFor(t, 20*time.Second, fmt.Sprintf("group %s handled %d events", group, n), func() bool {
+		got, _ := handledBy(t, pool, group)
+		return got >= n
+	})
+}
+
+// TestStartFrom: a late group with each start position sees exactly the
+// events it should.
+func TestStartFrom(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, fxTable)
+	for i := range 10 {
+		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`)) // offsets 1..10
+	}
+	var at time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT created_at FROM outbox_message_t WHERE c_offset = 6`).Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		start string
+		want  string // offsets handled, after 3 more events are appended (11..13)
+	}{
+		{"earliest", "1-13"},
+		{"latest", "11-13"},
+		{"offset:4", "4-13"},
+		{"time:" + at.Format(time.RFC3339Nano), "6-13"},
+	}
+	for i, tc := range cases {
+		cfg := fxConfig(fmt.Sprintf("late%d", i), 2)
+		cfg.StartFrom = tc.start
+		startConsumer(t, pool, cfg)
+	}
+	for i := range 3 {
+		appendTx(t, pool, ev(fmt.Sprintf("x%d", i), "t", `{}`))
+	}
+	for i, tc := range cases {
+		group := fmt.Sprintf("late%d", i)
+		var lo, hi int64
+		var want1, want2 int64
+		fmt.Sscanf(tc.want, "%d-%d", &want1, &want2)
+		waitGroupHandled(t, pool, group, want2-want1+1)
+		if err := pool.QueryRow(context.Background(), `SELECT min(c_offset), max(c_offset) FROM fx WHERE group_id = $1`, group).Scan(&lo, &hi); err != nil {
+			t.Fatal(err)
+		}
+		n, dups := handledBy(t, pool, group)
+		if lo != want1 || hi != want2 || n != want2-want1+1 || dups != 0 {
+			t.Errorf("startFrom %s: handled %d events %d-%d (%d twice), want %s", tc.start, n, lo, hi, dups, tc.want)
+		}
+	}
+}
+
+// TestOffsetsResetReplaysOneGroup: resetting a group to earliest replays
+// every retained event to that group only; a reset is refused while the
+// group runs unless forced.
+func TestOffsetsResetReplaysOneGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, fxTable)
+	a, stopA := startStoppableConsumer(t, pool, fxConfig("a", 2))
+	startConsumer(t, pool, fxConfig("b", 2))
+	for i := range 20 {
+		appendTx(t, pool, ev(fmt.Sprintf("h%d", i%5), "t", `{}`))
+	}
+	waitGroupHandled(t, pool, "a", 20)
+	waitGroupHandled(t, pool, "b", 20)
+	earliest, _ := config.ParseStart("earliest")
+	if _, err := offsets.Reset(ctx, pool, "a", 1, earliest, false); !errors.Is(err, offsets.ErrGroupRunning) {
+		t.Fatalf("reset while running = %v, want ErrGroupRunning", err)
+	}
+	_ = a
+	stopA()
+	moves, err := offsets.Reset(ctx, pool, "a", 1, earliest, false)
+	if err != nil || len(moves) != 2 || moves[0].To != 1 || moves[1].To != 1 {
+		t.Fatalf("reset = %+v, %v; want both partitions at 1", moves, err)
+	}
+	startConsumer(t, pool, fxConfig("a", 2))
+	waitGroupHandled(t, pool, "a", 40)
+	if n := queryInt(t, pool, `SELECT count(*) FROM (SELECT c_offset FROM fx WHERE group_id = 'a' GROUP BY 1 HAVING count(*) <> 2) x`); n != 0 {
+		t.Fatalf("%d events not replayed exactly once to group a", n)
+	}
+	if n, dups := handledBy(t, pool, "b"); n != 20 || dups != 0 {
+		t.Fatalf("group b handled %d events (%d twice) after a's reset, want 20", n, dups)
+	}
+}
+
+// TestPauseResumeCancel follows a group's subscription through its states.
+func TestPauseResumeCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, fxTable)
+	cfg := fxConfig("g", 1)
+	cfg.DeadAfter = 400 * time.Millisecond // heartbeat every 100 ms
+	c, err := NewConsumer(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	pgtest.WaitFor(t, 10*time.Second, "ready", c.Ready)
+	appendTx(t, pool, ev("h", "t", `{}`))
+	waitGroupHandled(t, pool, "g", 1)
+
+	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StatePaused); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitFor(t, 5*time.Second, "consumer paused", c.paused.Load)
+	appendTx(t, pool, ev("h", "t", `{}`))
+	c.pollNow(WakePoll)
+	if n := queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`); n != 2 {
+		t.Fatalf("a paused group moved to %d", n)
+	}
+	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StateDead); !errors.Is(err, offsets.ErrTransition) {
+		t.Fatalf("an operator set DEAD: %v", err)
+	}
+	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StateActive); err != nil {
+		t.Fatal(err)
+	}
+	waitGroupHandled(t, pool, "g", 2)
+
+	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StateCancelled); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrSubscriptionCancelled) {
+			t.Fatalf("Run after cancel = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the consumer of a cancelled group did not stop")
+	}
+	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StateActive); !errors.Is(err, offsets.ErrTransition) {
+		t.Fatalf("CANCELLED -> ACTIVE allowed: %v", err)
+	}
+	again, _ := NewConsumer(pool, cfg)
+	if err := again.Run(ctx); !errors.Is(err, ErrSubscriptionCancelled) {
+		t.Fatalf("a consumer of a cancelled group started: %v", err)
+	}
+}
+
+// TestRetentionWithDeadGroup: three groups, one stopped mid-run. The
+// others keep handling; after deadAfter the stopped one is DEAD and
+// retention drops segments past it while producers append, so the log stays
+// bounded, and dropping segments under running consumers loses nothing. When
+// it returns, it resumes where it was for what is retained and is told how
+// many events it skipped: every event is either handled by it or counted as
+// skipped, exactly.
+func TestRetentionWithDeadGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, fxTable)
+	// Small segments, immediate retention, fast maintenance.
+	mustExec(t, pool, `UPDATE log_counter SET segment_size = 1000`)
+	mustExec(t, pool, `DROP TABLE outbox_message_t_1_0, outbox_message_t_1_1, outbox_message_t_1_2`)
+	mustExec(t, pool, `SELECT ensure_outbox_segments(1)`)
+	mustExec(t, pool, `UPDATE topic_retention SET retention = '1 millisecond'`)
+	mk := func(group string) Config {
+		cfg := fxConfig(group, 2)
+		cfg.BatchSize = 200
+		cfg.DeadAfter = 500 * time.Millisecond
+		cfg.MaintenanceInterval = 100 * time.Millisecond
+		return cfg
+	}
+	startConsumer(t, pool, mk("a"))
+	startConsumer(t, pool, mk("b"))
+	c1, stopC := startStoppableConsumer(t, pool, mk("c"))
+
+	var appended atomic.Int64
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for k := 0; !stop.Load(); k++ {
+			evs := make([]Event, 20)
+			for i := range evs {
+				evs[i] = ev(fmt.Sprintf("h%d", (k+i)%17), "t", `{}`)
+			}
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := Append(ctx, tx, evs...)
+				return err
+			}); err != nil {
+				t.Error(err)
+				return
+			}
+			appended.Add(20)
+			time.Sleep(2 * time.Millisecond) // a steady load, not a flood
+		}
+	}()
+	pgtest.WaitFor(t, 20*time.Second, "c handled 1500 events", func() bool {
+		n, _ := handledBy(t, pool, "c")
+		return n >= 1500
+	})
+	stopC()
+	_ = c1
+	pgtest.WaitFor(t, 10*time.Second, "c is DEAD", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM subscriptions WHERE group_id = 'c' AND state = 'DEAD'`) == 1
+	})
+	// Retention goes past c while producers append: the log stays bounded.
+	before := appended.Load()
+	pgtest.WaitFor(t, 30*time.Second, "8,000 more events appended", func() bool { return appended.Load() >= before+8000 })
+	pgtest.WaitFor(t, 20*time.Second, "a segment past c's position removed", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM retention_skips WHERE group_id = 'c'`) > 0
+	})
+	// Bounded: beyond what a and b have not handled yet (which they hold
+	// back, as they should), the log keeps no more than a few segments.
+	var rows, pending int64
+	pgtest.WaitFor(t, 20*time.Second, "the log bounded by the ACTIVE groups' lag plus a few segments", func() bool {
+		rows = queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`)
+		na, _ := handledBy(t, pool, "a")
+		nb, _ := handledBy(t, pool, "b")
+		pending = queryInt(t, pool, `SELECT max(c_offset) FROM outbox_message_t`) - min(na, nb)
+		return rows <= pending+4000
+	})
+	t.Logf("log: %d events, %d not yet handled by a or b, %d appended", rows, pending, appended.Load())
+	stop.Store(true)
+	wg.Wait()
+	total := appended.Load()
+	waitGroupHandled(t, pool, "a", total)
+	waitGroupHandled(t, pool, "b", total)
+	for _, g := range []string{"a", "b"} {
+		if n, dups := handledBy(t, pool, g); n != total || dups != 0 {
+			t.Fatalf("ACTIVE group %s handled %d of %d events (%d twice) while segments were dropped", g, n, total, dups)
+		}
+	}
+
+	// c returns: it is ACTIVE again, handles what is retained, and is told
+	// what it skipped.
+	skipped := queryInt(t, pool, `SELECT coalesce(sum(skipped), 0) FROM retention_skips WHERE group_id = 'c'`)
+	c2 := startConsumer(t, pool, mk("c"))
+	pgtest.WaitFor(t, 20*time.Second, "c caught up", func() bool {
+		n, _ := handledBy(t, pool, "c")
+		return n+skipped >= total
+	})
+	n, dups := handledBy(t, pool, "c")
+	if n+skipped != total || dups != 0 {
+		t.Fatalf("c handled %d and skipped %d of %d events (%d twice): each event must be one or the other", n, skipped, total, dups)
+	}
+	if got := c2.Stats().Skipped; got != skipped {
+		t.Fatalf("the returning consumer reported %d skipped events, the database counted %d", got, skipped)
+	}
+	if queryInt(t, pool, `SELECT count(*) FROM subscriptions WHERE group_id = 'c' AND state = 'ACTIVE'`) != 1 {
+		t.Fatal("c is not ACTIVE again")
+	}
+}

@@ -1,0 +1,359 @@
+package offsets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/config"
+)
+
+// Subscription states; see migration 0005 for the lifecycle.
+const (
+	StateActive    = "ACTIVE"
+	StatePaused    = "PAUSED"
+	StateDead      = "DEAD"
+	StateCancelled = "CANCELLED"
+)
+
+// Subscription and start-position statements.
+const (
+	// subscribeSQL registers a group on a topic, or records that one of its
+	// replicas is live: a DEAD subscription comes back to ACTIVE. It
+	// returns the state and whether the subscription is new (the group's
+	// first start).
+	subscribeSQL = `INSERT INTO subscriptions (group_id, topic_id, start_from, dead_after)
+VALUES ($1, $2, $3, $4::interval)
+ON CONFLICT (group_id, topic_id) DO UPDATE
+SET last_seen_at = clock_timestamp(),
+    dead_after = excluded.dead_after,
+    state = CASE WHEN subscriptions.state = 'DEAD' THEN 'ACTIVE' ELSE subscriptions.state END,
+    state_changed_at = CASE WHEN subscriptions.state = 'DEAD' THEN now() ELSE subscriptions.state_changed_at END
+RETURNING state, xmax = 0`
+
+	// heartbeatSQL is subscribeSQL for a group known to exist.
+	heartbeatSQL = `UPDATE subscriptions
+SET last_seen_at = clock_timestamp(),
+    state = CASE WHEN state = 'DEAD' THEN 'ACTIVE' ELSE state END,
+    state_changed_at = CASE WHEN state = 'DEAD' THEN now() ELSE state_changed_at END
+WHERE group_id = $1 AND topic_id = $2
+RETURNING state`
+
+	// setStateSQL applies an operator's transition if it is valid from the
+	// current state.
+	setStateSQL = `UPDATE subscriptions SET state = $3, state_changed_at = now()
+WHERE group_id = $1 AND topic_id = $2 AND state = ANY($4::text[])
+RETURNING state`
+
+	stateSQL = `SELECT state FROM subscriptions WHERE group_id = $1 AND topic_id = $2`
+
+	// sweepDeadSQL marks ACTIVE groups without a heartbeat for their
+	// dead_after as DEAD.
+	sweepDeadSQL = `UPDATE subscriptions SET state = 'DEAD', state_changed_at = now()
+WHERE topic_id = $1 AND state = 'ACTIVE' AND last_seen_at < clock_timestamp() - dead_after
+RETURNING group_id`
+
+	// startOffsetSQL resolves a start position to an offset: the first
+	// retained event (earliest), the counter (latest: events appended from
+	// now on), N, or the first event appended at or after a time. Reading
+	// the counter in READ COMMITTED gives a value no greater than any
+	// uncommitted reservation, so no event appended later is skipped.
+	startOffsetSQL = `SELECT CASE $2::text
+    WHEN 'earliest' THEN coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $1), c.next_offset)
+    WHEN 'latest' THEN c.next_offset
+    WHEN 'offset' THEN $3::bigint
+    ELSE coalesce((SELECT m.c_offset FROM outbox_message_t m
+                   WHERE m.topic_id = $1 AND m.created_at >= $4::timestamptz
+                   ORDER BY m.c_offset LIMIT 1), c.next_offset)
+END
+FROM log_counter c WHERE c.topic_id = $1`
+
+	// layoutOfSQL finds the layout an offset belongs to.
+	layoutOfSQL = `SELECT version, total_partitions FROM topic_layouts
+WHERE topic_id = $1 AND from_offset <= greatest($2, 1)
+ORDER BY version DESC LIMIT 1`
+
+	liveReplicasOfSQL = `SELECT count(*) FROM consumer_replicas
+WHERE group_id = $1 AND topic_id = $2 AND expires_at > clock_timestamp()`
+
+	lockSubscriptionSQL = `SELECT state FROM subscriptions WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
+
+	oldPositionsSQL = `SELECT partition_id, next_offset FROM consumer_offsets
+WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
+
+	// placeSQL puts the group at offset $4 in layout $5 of $3 partitions
+	// (run after deleting its positions and leases): positions, fresh
+	// leases with epoch $6 (above every earlier one, so fencing tokens
+	// never go back), parked hosts in their partition of that layout.
+	placeSQL = `WITH add_pos AS (
+    INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
+    SELECT $1, $2, p, $4 FROM generate_series(0, $3 - 1) AS p
+), add_leases AS (
+    INSERT INTO partition_leases (group_id, topic_id, partition_id, epoch)
+    SELECT $1, $2, p, $6 FROM generate_series(0, $3 - 1) AS p
+), parked AS (
+    UPDATE parked_hosts SET partition_id = event_partition(host_id, $3) WHERE group_id = $1 AND topic_id = $2
+)
+INSERT INTO group_layouts (group_id, topic_id, version) VALUES ($1, $2, $5)
+ON CONFLICT (group_id, topic_id) DO UPDATE SET version = excluded.version, switched_at = now()`
+
+	// clearSQL removes a group's positions and leases before placeSQL and
+	// returns the highest lease epoch it had.
+	clearSQL = `WITH pos AS (
+    DELETE FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2
+), l AS (
+    DELETE FROM partition_leases WHERE group_id = $1 AND topic_id = $2 RETURNING epoch
+)
+SELECT coalesce(max(epoch), 0) FROM l`
+
+	// unreportedSkipsSQL lists what retention removed before the group
+	// handled it and the group was not told yet.
+	unreportedSkipsSQL = `UPDATE retention_skips SET reported_at = now()
+WHERE group_id = $1 AND topic_id = $2 AND reported_at IS NULL
+RETURNING partition_id, skipped, first_offset, last_offset, reason`
+)
+
+// ErrCancelled is returned when a group's subscription is CANCELLED: its
+// consumers refuse to start (the state is terminal; use another group id).
+var ErrCancelled = errors.New("the group's subscription is CANCELLED")
+
+// ErrGroupRunning is returned by Reset when a replica of the group is live.
+var ErrGroupRunning = errors.New("a replica of the group is running")
+
+// ErrTransition is returned by SetState for a transition the lifecycle
+// does not allow.
+var ErrTransition = errors.New("invalid subscription transition")
+
+// Subscribe registers the group on the topic, or marks it live again, and
+// returns its state and whether this was the group's first start. On the
+// first start it places the group at start, in the same transaction, so
+// that replicas starting together agree on where the group begins.
+func Subscribe(ctx context.Context, db Beginner, group string, topic int, start config.Start, deadAfter time.Duration) (string, bool, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	var (
+		state string
+		isNew bool
+	)
+	if err := tx.QueryRow(ctx, subscribeSQL, group, topic, start.String(), deadAfter.String()).Scan(&state, &isNew); err != nil {
+		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
+	}
+	if isNew {
+		var hasPositions bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2)`,
+			group, topic).Scan(&hasPositions); err != nil {
+			return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
+		}
+		if !hasPositions {
+			at, err := ResolveStart(ctx, tx, topic, start)
+			if err != nil {
+				return "", false, err
+			}
+			if err := Place(ctx, tx, group, topic, at); err != nil {
+				return "", false, err
+			}
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
+	}
+	return state, isNew, nil
+}
+
+// Heartbeat marks the group live and returns its state.
+func Heartbeat(ctx context.Context, q Querier, group string, topic int) (string, error) {
+	var state string
+	if err := q.QueryRow(ctx, heartbeatSQL, group, topic).Scan(&state); err != nil {
+		return "", fmt.Errorf("offsets: heartbeat of %q: %w", group, err)
+	}
+	return state, nil
+}
+
+// allowedFrom lists the states an operator may move a subscription from, by
+// target state.
+var allowedFrom = map[string][]string{
+	StatePaused:    {StateActive},
+	StateActive:    {StatePaused},
+	StateCancelled: {StateActive, StatePaused, StateDead},
+}
+
+// SetState applies an operator's transition (to PAUSED, ACTIVE from
+// PAUSED, or CANCELLED) and returns the previous state.
+func SetState(ctx context.Context, db Beginner, group string, topic int, to string) (string, error) {
+	from, ok := allowedFrom[to]
+	if !ok {
+		return "", fmt.Errorf("offsets: %w: no operator transition to %s", ErrTransition, to)
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("offsets: set state: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	var prev string
+	if err := tx.QueryRow(ctx, lockSubscriptionSQL, group, topic).Scan(&prev); errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("offsets: group %q has no subscription on topic %d", group, topic)
+	} else if err != nil {
+		return "", fmt.Errorf("offsets: set state: %w", err)
+	}
+	var now string
+	if err := tx.QueryRow(ctx, setStateSQL, group, topic, to, from).Scan(&now); errors.Is(err, pgx.ErrNoRows) {
+		return prev, fmt.Errorf("offsets: %w: %s -> %s", ErrTransition, prev, to)
+	} else if err != nil {
+		return prev, fmt.Errorf("offsets: set state: %w", err)
+	}
+	return prev, tx.Commit(ctx)
+}
+
+// SubscriptionState returns the group's state on the topic, or "" when it
+// has no subscription.
+func SubscriptionState(ctx context.Context, q Querier, group string, topic int) (string, error) {
+	var state string
+	err := q.QueryRow(ctx, stateSQL, group, topic).Scan(&state)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("offsets: subscription state: %w", err)
+	}
+	return state, nil
+}
+
+// SweepDead marks the topic's ACTIVE groups that went without a heartbeat
+// for their dead_after as DEAD, and returns them.
+func SweepDead(ctx context.Context, q Querier, topic int) ([]string, error) {
+	rows, err := q.Query(ctx, sweepDeadSQL, topic)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: sweep dead groups: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("offsets: sweep dead groups: %w", err)
+	}
+	return out, nil
+}
+
+// ResolveStart returns the offset a start position designates on topic.
+func ResolveStart(ctx context.Context, q Querier, topic int, s config.Start) (int64, error) {
+	var off int64
+	if err := q.QueryRow(ctx, startOffsetSQL, topic, s.Kind, s.Offset, s.Time).Scan(&off); err != nil {
+		return 0, fmt.Errorf("offsets: resolve start %s: %w", s, err)
+	}
+	return off, nil
+}
+
+// Place puts a new group at offset at: its layout (the one at belongs to)
+// and a position at at in each of that layout's partitions, with free
+// leases. Existing positions are replaced: use it for a group's first start
+// or, through Reset, to move a group.
+func Place(ctx context.Context, tx pgx.Tx, group string, topic int, at int64) error {
+	var version, partitions int
+	if err := tx.QueryRow(ctx, layoutOfSQL, topic, at).Scan(&version, &partitions); err != nil {
+		return fmt.Errorf("offsets: layout of offset %d: %w", at, err)
+	}
+	var epoch int64
+	if err := tx.QueryRow(ctx, clearSQL, group, topic).Scan(&epoch); err != nil {
+		return fmt.Errorf("offsets: place group %q: %w", group, err)
+	}
+	if _, err := tx.Exec(ctx, placeSQL, group, topic, partitions, at, version, epoch+1); err != nil {
+		return fmt.Errorf("offsets: place group %q at %d: %w", group, at, err)
+	}
+	return nil
+}
+
+// Move is what Reset did to one partition.
+type Move struct {
+	Partition int   `json:"partition_id"`
+	From      int64 `json:"from"` // -1: no position before
+	To        int64 `json:"to"`
+}
+
+// Reset moves every position of the group to start (for a replay, or to
+// skip), in one transaction, and returns what moved. It refuses while a
+// replica of the group is live unless force is set; with force, the live
+// replicas lose their leases (their batch in flight cannot commit) and pick
+// the new positions up.
+func Reset(ctx context.Context, db Beginner, group string, topic int, start config.Start, force bool) ([]Move, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	var state string
+	if err := tx.QueryRow(ctx, lockSubscriptionSQL, group, topic).Scan(&state); errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("offsets: group %q has no subscription on topic %d", group, topic)
+	} else if err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
+	var live int
+	if err := tx.QueryRow(ctx, liveReplicasOfSQL, group, topic).Scan(&live); err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
+	if live > 0 && !force {
+		return nil, fmt.Errorf("offsets: %w (%d live): stop it first, or force", ErrGroupRunning, live)
+	}
+	rows, err := tx.Query(ctx, oldPositionsSQL, group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
+	old := map[int]int64{}
+	var (
+		p int
+		n int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { old[p] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
+	at, err := ResolveStart(ctx, tx, topic, start)
+	if err != nil {
+		return nil, err
+	}
+	if err := Place(ctx, tx, group, topic, at); err != nil {
+		return nil, err
+	}
+	rows, err = tx.Query(ctx, `SELECT partition_id, next_offset FROM consumer_offsets
+WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id`, group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
+	var moves []Move
+	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error {
+		from, ok := old[p]
+		if !ok {
+			from = -1
+		}
+		moves = append(moves, Move{Partition: p, From: from, To: n})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
+	return moves, tx.Commit(ctx)
+}
+
+// Skip is a count of events retention removed before a group handled them.
+type Skip struct {
+	Partition   int
+	Skipped     int64
+	FirstOffset int64
+	LastOffset  int64
+	Reason      string
+}
+
+// TakeSkips returns the group's skips not reported yet, and marks them
+// reported.
+func TakeSkips(ctx context.Context, q Querier, group string, topic int) ([]Skip, error) {
+	rows, err := q.Query(ctx, unreportedSkipsSQL, group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: skips: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Skip])
+	if err != nil {
+		return nil, fmt.Errorf("offsets: skips: %w", err)
+	}
+	return out, nil
+}
