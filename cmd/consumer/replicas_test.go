@@ -406,3 +406,42 @@ groups:
 		t.Fatalf("exit %d after SIGTERM", code)
 	}
 }
+
+// TestGroupAndOffsetsCommands: pause and resume through the binary show in
+// status; a reset is refused while the group runs unless forced, and prints
+// what moved.
+func TestGroupAndOffsetsCommands(t *testing.T) {
+	url, pool := migrated(t, 2)
+	cfg := writeConfig(t, recordingConfig(2, -1, 10)+"deadAfterMs: 2000\n")
+	p := start(t, url, "run", "--config", cfg)
+	pgtest.WaitFor(t, 10*time.Second, "group subscribed", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM subscriptions WHERE group_id = 'g' AND state = 'ACTIVE'`) == 1
+	})
+	if code, out := runOnce(t, url, "group", "pause", "g", "--config", cfg); code != 0 || !strings.Contains(out, "ACTIVE -> PAUSED") {
+		t.Fatalf("group pause: exit %d\n%s", code, out)
+	}
+	code, out := runOnce(t, url, "status", "--config", cfg, "--json")
+	if code != 0 || !strings.Contains(out, `"subscription": "PAUSED"`) {
+		t.Fatalf("status after pause: exit %d\n%s", code, out)
+	}
+	if code, out := runOnce(t, url, "group", "resume", "g", "--config", cfg); code != 0 || !strings.Contains(out, "PAUSED -> ACTIVE") {
+		t.Fatalf("group resume: exit %d\n%s", code, out)
+	}
+	if code, out := runOnce(t, url, "group", "freeze", "g", "--config", cfg); code != 2 {
+		t.Fatalf("group freeze: exit %d, want 2\n%s", code, out)
+	}
+	code, out = runOnce(t, url, "offsets", "reset", "--group", "g", "--to", "earliest", "--config", cfg)
+	if code != 1 || !strings.Contains(out, "running") {
+		t.Fatalf("reset while running: exit %d, want 1 saying the group runs\n%s", code, out)
+	}
+	code, out = runOnce(t, url, "offsets", "reset", "--group", "g", "--to", "latest", "--force", "--config", cfg)
+	if code != 0 || !strings.Contains(out, "partition 0: 1 -> 1") {
+		t.Fatalf("forced reset: exit %d\n%s", code, out)
+	}
+	if code, out := runOnce(t, url, "offsets", "reset", "--group", "g", "--to", "yesterday", "--config", cfg); code != 2 {
+		t.Fatalf("reset to a bad position: exit %d, want 2\n%s", code, out)
+	}
+	if code := p.stop(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
+	}
+}
