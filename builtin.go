@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -16,11 +15,7 @@ import (
 func LogHandler(out io.Writer) Handler {
 	var mu sync.Mutex
 	return HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
-		line, err := json.Marshal(logLine{
-			Offset: ev.Offset, TopicID: ev.TopicID, PartitionID: ev.PartitionID, EventID: ev.EventID,
-			HostID: ev.HostID, UserID: ev.UserID, TransactionID: ev.TransactionID, EventType: ev.EventType,
-			Payload: ev.Payload, Metadata: ev.Metadata, CreatedAt: ev.CreatedAt,
-		})
+		line, err := json.Marshal(ev)
 		if err != nil {
 			return Permanent(fmt.Errorf("log handler: encode event %d: %w", ev.Offset, err))
 		}
@@ -32,20 +27,6 @@ func LogHandler(out io.Writer) Handler {
 		}
 		return nil
 	})
-}
-
-type logLine struct {
-	Offset        int64           `json:"c_offset"`
-	TopicID       int             `json:"topic_id"`
-	PartitionID   int             `json:"partition_id"`
-	EventID       string          `json:"event_id"`
-	HostID        string          `json:"host_id"`
-	UserID        string          `json:"user_id"`
-	TransactionID int64           `json:"transaction_id"`
-	EventType     string          `json:"event_type"`
-	Payload       json.RawMessage `json:"payload"`
-	Metadata      json.RawMessage `json:"metadata,omitempty"`
-	CreatedAt     time.Time       `json:"created_at"`
 }
 
 // SQLHandler returns a Handler that runs statement in the consumer's

@@ -12,30 +12,15 @@ import (
 
 	"github.com/pgevents/pgevents/internal/eventtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
-	"github.com/pgevents/pgevents/schema"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// newTopic returns a pool on a fresh migrated database holding topic 1 with
-// the given partition count.
+// newTopic returns a pool on a fresh migrated database holding topic 1
+// with the given partition count.
 func newTopic(t *testing.T, partitions int) *pgxpool.Pool {
 	t.Helper()
-	url := pgtest.MigratedDB(t)
-	pc, err := ParsePoolConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.MaxConns = int32(partitions + 8)
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, _, err := schema.EnsureTopic(context.Background(), pool, 1, partitions); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return pgtest.TopicPool(t, partitions)
 }
 
 // startConsumer runs a consumer with cfg (defaults filled in for a test)

@@ -20,7 +20,6 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/metrics"
-	"github.com/pgevents/pgevents/schema"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -29,21 +28,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // with the given partition count.
 func newTopic(t *testing.T, partitions int) *pgxpool.Pool {
 	t.Helper()
-	url := pgtest.MigratedDB(t)
-	pc, err := pgevents.ParsePoolConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.MaxConns = int32(partitions + 8)
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, _, err := schema.EnsureTopic(context.Background(), pool, 1, partitions); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return pgtest.TopicPool(t, partitions)
 }
 
 // runConsumer runs a consumer until the returned stop function is called

@@ -293,48 +293,34 @@ func RecordFailedReplay(ctx context.Context, q Querier, id int64, reason string)
 	return nil
 }
 
-// storedEvent is an event as to_jsonb(outbox_message_t) writes it.
-type storedEvent struct {
-	Offset        int64           `json:"c_offset"`
-	TopicID       int             `json:"topic_id"`
-	PartitionID   int             `json:"partition_id"`
-	EventID       string          `json:"event_id"`
-	HostID        string          `json:"host_id"`
-	UserID        string          `json:"user_id"`
-	TransactionID int64           `json:"transaction_id"`
-	EventType     string          `json:"event_type"`
-	Payload       json.RawMessage `json:"payload"`
-	Metadata      json.RawMessage `json:"metadata"`
-	CreatedAt     time.Time       `json:"created_at"`
+// decodeEvent reads an event as to_jsonb(outbox_message_t) writes it.
+func decodeEvent(b []byte) (Event, error) {
+	var ev Event
+	if err := json.Unmarshal(b, &ev); err != nil {
+		return Event{}, fmt.Errorf("offsets: decode stored event: %w", err)
+	}
+	normalize(&ev)
+	return ev, nil
 }
 
-func (s storedEvent) event() Event {
-	ev := Event(s)
+func decodeEvents(b []byte) ([]Event, error) {
+	var evs []Event
+	if err := json.Unmarshal(b, &evs); err != nil {
+		return nil, fmt.Errorf("offsets: decode stored events: %w", err)
+	}
+	for i := range evs {
+		normalize(&evs[i])
+	}
+	return evs, nil
+}
+
+// normalize turns a JSON null payload or metadata into nil, as a scan of
+// the row gives.
+func normalize(ev *Event) {
 	if string(ev.Payload) == "null" {
 		ev.Payload = nil
 	}
 	if string(ev.Metadata) == "null" {
 		ev.Metadata = nil
 	}
-	return ev
-}
-
-func decodeEvent(b []byte) (Event, error) {
-	var s storedEvent
-	if err := json.Unmarshal(b, &s); err != nil {
-		return Event{}, fmt.Errorf("offsets: decode stored event: %w", err)
-	}
-	return s.event(), nil
-}
-
-func decodeEvents(b []byte) ([]Event, error) {
-	var ss []storedEvent
-	if err := json.Unmarshal(b, &ss); err != nil {
-		return nil, fmt.Errorf("offsets: decode stored events: %w", err)
-	}
-	out := make([]Event, len(ss))
-	for i, s := range ss {
-		out[i] = s.event()
-	}
-	return out, nil
 }

@@ -19,32 +19,33 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Event is one event of the log, as a consumer reads it.
+// Event is one event of the log, as a consumer reads it. Its JSON form
+// uses the column names of outbox_message_t, as to_jsonb() writes a row.
 type Event struct {
 	// Offset is the event's c_offset: gapless and commit-ordered per topic.
-	Offset int64
+	Offset int64 `json:"c_offset"`
 	// TopicID is the topic the event was appended to.
-	TopicID int
+	TopicID int `json:"topic_id"`
 	// PartitionID is the partition computed from HostID at append.
-	PartitionID int
+	PartitionID int `json:"partition_id"`
 	// EventID is a random UUID in text form, unique to the event: the
 	// idempotency key for effects outside PostgreSQL.
-	EventID string
+	EventID string `json:"event_id"`
 	// HostID is the partition key (the tenant).
-	HostID string
+	HostID string `json:"host_id"`
 	// UserID is the grouping key within a host; empty when not given.
-	UserID string
+	UserID string `json:"user_id"`
 	// TransactionID identifies the producer transaction; it is the same for
 	// every event that transaction appended.
-	TransactionID int64
+	TransactionID int64 `json:"transaction_id"`
 	// EventType names the kind of event and selects its handler.
-	EventType string
+	EventType string `json:"event_type"`
 	// Payload is the event's body, JSON; nil when the producer gave none.
-	Payload json.RawMessage
+	Payload json.RawMessage `json:"payload"`
 	// Metadata is optional JSON beside the payload; nil when absent.
-	Metadata json.RawMessage
+	Metadata json.RawMessage `json:"metadata,omitempty"`
 	// CreatedAt is the database clock at append (clock_timestamp()).
-	CreatedAt time.Time
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // Statements. Every statement that reads events names topic_id and

@@ -40,11 +40,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args[1:]); err != nil {
 		return &usageError{err}
 	}
-	cfg, err := config.Load(*path)
-	if err != nil {
-		return err
-	}
-	pool, err := openPool(ctx, cfg, *path)
+	cfg, pool, err := connect(ctx, *path, nil)
 	if err != nil {
 		return err
 	}

@@ -35,14 +35,7 @@ func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return usagef("offsets reset: --to %v", err)
 	}
-	cfg, err := config.Load(*path)
-	if err != nil {
-		return err
-	}
-	if *topic == 0 {
-		*topic = cfg.TopicID
-	}
-	pool, err := openPool(ctx, cfg, *path)
+	_, pool, err := connect(ctx, *path, topic)
 	if err != nil {
 		return err
 	}
@@ -83,14 +76,7 @@ func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := fs.Parse(args[2:]); err != nil {
 		return &usageError{err}
 	}
-	cfg, err := config.Load(*path)
-	if err != nil {
-		return err
-	}
-	if *topic == 0 {
-		*topic = cfg.TopicID
-	}
-	pool, err := openPool(ctx, cfg, *path)
+	_, pool, err := connect(ctx, *path, topic)
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -23,14 +22,7 @@ func repartitionCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *partitions < 1 || *partitions > 1024 {
 		return usagef("repartition: --partitions must be between 1 and 1024, got %d", *partitions)
 	}
-	cfg, err := config.Load(*path)
-	if err != nil {
-		return err
-	}
-	if *topic == 0 {
-		*topic = cfg.TopicID
-	}
-	pool, err := openPool(ctx, cfg, *path)
+	_, pool, err := connect(ctx, *path, topic)
 	if err != nil {
 		return err
 	}

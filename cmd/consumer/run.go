@@ -26,15 +26,11 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err}
 	}
-	cfg, err := config.Load(*path)
+	cfg, pool, err := connect(ctx, *path, nil)
 	if err != nil {
 		return err
 	}
 	log := newLogger(cfg, stderr)
-	pool, err := openPool(ctx, cfg, *path)
-	if err != nil {
-		return err
-	}
 	defer pool.Close()
 
 	// One consumer per group, all on the pool, stopped together.
@@ -63,6 +59,24 @@ func groupError(err error, path string) error {
 			Msg: fmt.Sprintf("%v; create it with `consumer migrate --config %s`", err, path)}
 	}
 	return err
+}
+
+// connect loads the configuration file at path and opens a pool on its
+// database; when topic points to 0, it is set to the configuration's
+// topicId.
+func connect(ctx context.Context, path string, topic *int) (*config.Config, *pgxpool.Pool, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	if topic != nil && *topic == 0 {
+		*topic = cfg.TopicID
+	}
+	pool, err := openPool(ctx, cfg, path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, pool, nil
 }
 
 // consumerConfig translates the validated file configuration.

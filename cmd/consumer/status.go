@@ -11,7 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/metrics"
 )
 
@@ -294,11 +293,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *interval <= 0 {
 		return usagef("status: --interval must be positive, got %s", *interval)
 	}
-	cfg, err := config.Load(*path)
-	if err != nil {
-		return err
-	}
-	pool, err := openPool(ctx, cfg, *path)
+	cfg, pool, err := connect(ctx, *path, nil)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/schema"
 )
@@ -25,4 +26,27 @@ func MigratedDB(tb testing.TB) string {
 		return err
 	})
 	return NewDBFrom(tb, tmpl)
+}
+
+// TopicPool returns a pool on a fresh migrated database that holds topic 1
+// with the given partition count, with room for a consumer of every
+// partition plus test queries. The pool is closed when the test ends.
+func TopicPool(tb testing.TB, partitions int) *pgxpool.Pool {
+	tb.Helper()
+	ctx := context.Background()
+	pc, err := pgxpool.ParseConfig(MigratedDB(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pc.MaxConns = int32(partitions + 8)
+	pc.ConnConfig.RuntimeParams["jit"] = "off" // as consumer pools have it
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	if _, _, err := schema.EnsureTopic(ctx, pool, 1, partitions); err != nil {
+		tb.Fatal(err)
+	}
+	return pool
 }
