@@ -94,7 +94,7 @@ func ExampleEpoch() {
 	handlers := &pgevents.Handlers{}
 	handlers.HandleFunc("invoice.paid", func(ctx context.Context, tx pgx.Tx, ev *pgevents.Event) error {
 		req := map[string]any{
-			"idempotency_key": ev.EventID,          // the same on every redelivery
+			"idempotency_key": ev.EventID,         // the same on every redelivery
 			"fencing_token":   pgevents.Epoch(tx), // refuse it if a higher one was seen for this partition
 			"partition":       ev.PartitionID,
 		}
