@@ -114,7 +114,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var pg errgroup.Group
 	const producers = 4
 	for i := range producers {
-		pg.Go(func() error { return produce(prodCtx, pool, i, *rate/producers, *hosts, &appended) })
+		pg.Go(func() error { return produce(ctx, prodCtx, pool, i, *rate/producers, *hosts, &appended) })
 	}
 
 	fmt.Fprintf(stdout, "%8s %12s %12s %8s %10s %10s\n", "elapsed", "appended/s", "handled/s", "lag", "p50", "p99")
@@ -162,17 +162,18 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 // produce appends transactions of 1–10 events for random hosts at about
-// rate events per second until ctx ends.
-func produce(ctx context.Context, pool *pgxpool.Pool, id, rate, hosts int, appended *atomic.Int64) error {
+// rate events per second until until ends. Transactions run on ctx, so
+// that none is cut short at the end and every commit is counted.
+func produce(ctx, until context.Context, pool *pgxpool.Pool, id, rate, hosts int, appended *atomic.Int64) error {
 	rng := rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano())))
 	start := time.Now()
 	var sent int64
-	for ctx.Err() == nil {
+	for until.Err() == nil {
 		// Pace: sleep until the schedule allows the next transaction.
 		due := start.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
 		if d := time.Until(due); d > 0 {
 			select {
-			case <-ctx.Done():
+			case <-until.Done():
 				return nil
 			case <-time.After(d):
 			}
