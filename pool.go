@@ -15,8 +15,8 @@ import (
 // "pgevents-consumer", statement_timeout 30 s and
 // idle_in_transaction_session_timeout 60 s (so that no consumer pins the
 // xmin horizon for long), server-side TCP keepalive and user timeout so
-// that the server notices a dead consumer too, and jit off, each unless the
-// URL sets it.
+// that the server notices a dead consumer too, synchronous_commit off (see
+// below why it keeps exactly-once) and jit off, each unless the URL sets it.
 // Adjust MaxConns before
 // creating the pool: a consumer needs one connection per served partition
 // plus two.
@@ -37,6 +37,13 @@ func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 		"tcp_keepalives_interval": "1",
 		"tcp_keepalives_count":    "3",
 		"tcp_user_timeout":        "10000",
+		// A consumer's commit need not wait for the WAL flush: a crash can
+		// lose its last few milliseconds of commits, but the offset and the
+		// handlers' effects are lost together and the batch is handled
+		// again, so exactly-once holds; and WAL is flushed in order, so
+		// nothing committed after them (by producers) survives without
+		// them.
+		"synchronous_commit": "off",
 		// Every statement of a consumer is short; JIT compilation (on by
 		// default above a cost estimate) would add a second or more to
 		// the few whose estimates are inflated, such as the status query.
