@@ -184,6 +184,13 @@ type Config struct {
 	// migrate. Defaults to 1000000; must be at least 1000.
 	SegmentSize int `yaml:"segmentSize"`
 
+	// OffsetAllocation is how the topic allocates offsets: "counter"
+	// (gapless and commit-ordered; appends slow down while any snapshot in
+	// the database stays open) or "sequence" (commit-ordered, with a gap
+	// for each rolled-back append; unaffected by open snapshots). Defaults
+	// to "counter". Written by consumer migrate.
+	OffsetAllocation string `yaml:"offsetAllocation"`
+
 	// LeaseMs is how long a partition lease lives without a heartbeat, in
 	// milliseconds: a dead or frozen replica's partitions are taken over
 	// about that long after it stopped. Defaults to 1000; must be at least
@@ -282,6 +289,7 @@ func Default() Config {
 		Retention:                  "7d",
 		ZeroSubscriptionRetention:  "24h",
 		SegmentSize:                1000000,
+		OffsetAllocation:           "counter",
 	}
 }
 
@@ -551,6 +559,7 @@ var topFields = map[string]topField{
 	"maxRetention":              stringField(func(c *Config) *string { return &c.MaxRetention }),
 	"zeroSubscriptionRetention": stringField(func(c *Config) *string { return &c.ZeroSubscriptionRetention }),
 	"segmentSize":               intField(func(c *Config) *int { return &c.SegmentSize }),
+	"offsetAllocation":          stringField(func(c *Config) *string { return &c.OffsetAllocation }),
 	"metricsAddr":               stringField(func(c *Config) *string { return &c.MetricsAddr }),
 	"pprof":                     boolField(func(c *Config) *bool { return &c.Pprof }),
 }
@@ -889,6 +898,7 @@ func (c *Config) problems() []*Error {
 			add(d.key, "must be a positive duration such as \"36h\" or \"7d\", got %q", d.v)
 		}
 	}
+	oneOf("offsetAllocation", c.OffsetAllocation, []string{"counter", "sequence"})
 	if c.SegmentSize < 1000 {
 		add("segmentSize", "must be at least 1000, got %d", c.SegmentSize)
 	}

@@ -75,6 +75,7 @@ retention: 36h
 maxRetention: 30d
 zeroSubscriptionRetention: 2d
 segmentSize: 50000
+offsetAllocation: sequence
 metricsAddr: 127.0.0.1:9464
 pprof: true
 handlers:
@@ -124,6 +125,7 @@ func TestParseFullFile(t *testing.T) {
 		MaxRetention:               "30d",
 		ZeroSubscriptionRetention:  "2d",
 		SegmentSize:                50000,
+		OffsetAllocation:           "sequence",
 		MetricsAddr:                "127.0.0.1:9464",
 		Pprof:                      true,
 		Handlers: []Handler{
@@ -288,6 +290,7 @@ func TestParseErrors(t *testing.T) {
 		{"startFrom bad time", head + "startFrom: time:yesterday\n", "startFrom", 3, "RFC 3339"},
 		{"startFrom offset 0", head + "startFrom: offset:0\n", "startFrom", 3, "at least 1"},
 		{"retention not a duration", head + "retention: forever\n", "retention", 3, "positive duration"},
+		{"offsetAllocation unknown", head + "offsetAllocation: uuid\n", "offsetAllocation", 3, "must be one of"},
 		{"segmentSize too small", head + "segmentSize: 10\n", "segmentSize", 3, "at least 1000"},
 		{"metricsAddr without port", head + "metricsAddr: localhost\n", "metricsAddr", 3, "host:port"},
 		{"pprof not a bool", head + "pprof: maybe\n", "pprof", 3, "true or false"},

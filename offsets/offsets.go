@@ -65,7 +65,7 @@ const (
 	initSQL = `INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
 SELECT $1, $2, p.partition_id,
        coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $2),
-                (SELECT c.next_offset FROM log_counter c WHERE c.topic_id = $2))
+                topic_next_offset($2))
 FROM unnest($3::integer[]) AS p(partition_id)
 ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 

@@ -20,7 +20,7 @@ const (
 	retentionSettingsSQL = `SELECT extract(epoch FROM r.retention)::float8,
        extract(epoch FROM r.max_retention)::float8,
        extract(epoch FROM r.zero_subscription_retention)::float8,
-       c.next_offset, clock_timestamp(),
+       topic_next_offset($1), clock_timestamp(),
        (SELECT count(*) FROM subscriptions s WHERE s.topic_id = $1 AND s.state <> 'CANCELLED')
 FROM topic_retention r JOIN log_counter c ON c.topic_id = r.topic_id
 WHERE r.topic_id = $1`

@@ -58,9 +58,9 @@ RETURNING group_id`
 
 	// startOffsetSQL resolves a start position to an offset: the first
 	// retained event (earliest), the counter (latest: events appended from
-	// now on), N, or the first event appended at or after a time. Reading
-	// the counter in READ COMMITTED gives a value no greater than any
-	// uncommitted reservation, so no event appended later is skipped.
+	// now on), N, or the first event appended at or after a time.
+	// topic_next_offset never exceeds an offset an append in flight holds,
+	// so no event appended later is skipped.
 	startOffsetSQL = `SELECT CASE $2::text
     WHEN 'earliest' THEN coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $1), c.next_offset)
     WHEN 'latest' THEN c.next_offset
@@ -69,7 +69,7 @@ RETURNING group_id`
                    WHERE m.topic_id = $1 AND m.created_at >= $4::timestamptz
                    ORDER BY m.c_offset LIMIT 1), c.next_offset)
 END
-FROM log_counter c WHERE c.topic_id = $1`
+FROM (SELECT topic_next_offset($1) AS next_offset) c`
 
 	// layoutOfSQL finds the layout an offset belongs to.
 	layoutOfSQL = `SELECT version, total_partitions FROM topic_layouts

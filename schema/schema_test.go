@@ -342,3 +342,90 @@ func mustExec(t *testing.T, db interface {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
+
+// TestSequenceAllocation: a topic switched to the sequence allocation keeps
+// each transaction's offsets contiguous and unique, may leave gaps for
+// rollbacks, and reports as its next offset no more than an append in
+// flight holds, waiting for it.
+func TestSequenceAllocation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	if _, _, err := schema.EnsureTopic(ctx, pool, 1, 4); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `SELECT append_event(1, 'h', 'u', 't', '{}')`) // offset 1 from the counter
+	if err := schema.SetAllocation(ctx, pool, 1, schema.AllocationSequence); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for p := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 25 {
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := tx.Exec(ctx, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||k, 'event_type', 't'))
+					FROM generate_series(1, $1) k))`, 1+(i+p)%4); err != nil {
+					t.Error(err)
+				}
+				if i%5 == 0 {
+					_ = tx.Rollback(ctx)
+				} else if err := tx.Commit(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var dups, broken, min int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) - count(DISTINCT c_offset), min(c_offset) FROM outbox_message_t`).Scan(&dups, &min); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT transaction_id FROM outbox_message_t
+		GROUP BY 1 HAVING max(c_offset) - min(c_offset) + 1 <> count(*)) x`).Scan(&broken); err != nil {
+		t.Fatal(err)
+	}
+	if dups != 0 || broken != 0 || min != 1 {
+		t.Fatalf("%d duplicate offsets, %d non-contiguous transactions, first offset %d", dups, broken, min)
+	}
+
+	// An append in flight holds the lock: the next offset waits for it.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int64
+	if err := tx.QueryRow(ctx, `SELECT append_event(1, 'h', 'u', 't', '{}')`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	next := make(chan int64, 1)
+	go func() {
+		var n int64
+		_ = pool.QueryRow(ctx, `SELECT topic_next_offset(1)`).Scan(&n)
+		next <- n
+	}()
+	pgtest.WaitFor(t, 5*time.Second, "topic_next_offset waiting for the append", func() bool {
+		var waiting int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND datname = current_database()`).Scan(&waiting)
+		return waiting == 1
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-next; n != held+1 {
+		t.Fatalf("next offset %d after the append of %d", n, held)
+	}
+	// Back to the counter: it continues after the sequence.
+	if err := schema.SetAllocation(ctx, pool, 1, schema.AllocationCounter); err != nil {
+		t.Fatal(err)
+	}
+	var off int64
+	if err := pool.QueryRow(ctx, `SELECT append_event(1, 'h', 'u', 't', '{}')`).Scan(&off); err != nil || off != held+1 {
+		t.Fatalf("counter after the sequence appended at %d (%v), want %d", off, err, held+1)
+	}
+}

@@ -19,6 +19,29 @@ type Topic struct {
 	NextOffset int64
 	// SegmentSize is the number of offsets per segment of outbox_message_t.
 	SegmentSize int64
+	// Allocation is how offsets are allocated: AllocationCounter or
+	// AllocationSequence.
+	Allocation string
+}
+
+// Offset allocations of a topic; see migration 0006.
+const (
+	// AllocationCounter draws offsets from the topic's counter row: gapless
+	// and commit-ordered; appends slow down while a snapshot stays open.
+	AllocationCounter = "counter"
+	// AllocationSequence draws them from a sequence under an advisory
+	// lock: commit-ordered, with a gap for each rolled-back append; an open
+	// snapshot costs nothing.
+	AllocationSequence = "sequence"
+)
+
+// SetAllocation switches topic id's offset allocation, continuing from its
+// next offset; it waits for the appends in flight.
+func SetAllocation(ctx context.Context, db DB, id int, allocation string) error {
+	if _, err := db.Exec(ctx, `SELECT set_offset_allocation($1, $2)`, id, allocation); err != nil {
+		return fmt.Errorf("schema: set offset allocation of topic %d: %w", id, err)
+	}
+	return nil
 }
 
 // Topic SQL. The counter row is created once, with the topic's first
@@ -37,7 +60,7 @@ const (
 INSERT INTO topic_layouts (topic_id, version, total_partitions, from_offset)
 SELECT topic_id, 1, total_partitions, 1 FROM t`
 
-	lookupTopicSQL = `SELECT topic_id, total_partitions, next_offset, segment_size
+	lookupTopicSQL = `SELECT topic_id, total_partitions, topic_next_offset(topic_id), segment_size, allocation
 FROM log_counter WHERE topic_id = $1`
 
 	// ensureSegmentsSQL runs under a short lock_timeout so that DDL never
@@ -79,7 +102,7 @@ func EnsureTopic(ctx context.Context, db DB, id, partitions int, segmentSize ...
 // LookupTopic returns topic id, or an error wrapping ErrTopicNotFound.
 func LookupTopic(ctx context.Context, db DB, id int) (Topic, error) {
 	var t Topic
-	err := db.QueryRow(ctx, lookupTopicSQL, id).Scan(&t.ID, &t.Partitions, &t.NextOffset, &t.SegmentSize)
+	err := db.QueryRow(ctx, lookupTopicSQL, id).Scan(&t.ID, &t.Partitions, &t.NextOffset, &t.SegmentSize, &t.Allocation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Topic{}, fmt.Errorf("schema: topic %d: %w", id, ErrTopicNotFound)
 	}

@@ -52,6 +52,9 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err := schema.SetRetention(ctx, conn, g.TopicID, retentionOf(&g)); err != nil {
 			return err
 		}
+		if err := schema.SetAllocation(ctx, conn, g.TopicID, g.OffsetAllocation); err != nil {
+			return err
+		}
 		if topic.Partitions != g.TotalPartitions {
 			return &config.Error{File: *path, Key: "totalPartitions",
 				Msg: fmt.Sprintf("topic %d already has %d partitions, not %d; change it with `consumer repartition --topic %d --partitions %d`",
@@ -61,7 +64,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if created {
 			verb = "created"
 		}
-		fmt.Fprintf(stdout, "topic %d %s with %d partitions\n", topic.ID, verb, topic.Partitions)
+		fmt.Fprintf(stdout, "topic %d %s with %d partitions, %s offset allocation\n", topic.ID, verb, topic.Partitions, g.OffsetAllocation)
 	}
 	return nil
 }
