@@ -135,7 +135,7 @@ func benchBacklog(ctx context.Context, e *benchEnv, partitions int, n int64) (*b
 	if err := db.exec(ctx, `VACUUM (ANALYZE) outbox_message_t`); err != nil {
 		return nil, err
 	}
-	if bl.pool, err = db.openConsumerPool(ctx, partitions, benchConsumerVariant{}); err != nil {
+	if bl.pool, err = db.openConsumerPool(ctx, partitions); err != nil {
 		return nil, err
 	}
 	if err := benchWarmPool(ctx, bl.pool); err != nil {

@@ -71,7 +71,7 @@ type benchHeader struct {
 // benchSettingNames are the server settings the header reports, in order.
 var benchSettingNames = []string{
 	"fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "wal_level",
-	"shared_buffers", "max_wal_size", "checkpoint_timeout", "max_connections",
+	"shared_buffers", "max_wal_size", "checkpoint_timeout", "max_connections", "track_commit_timestamp",
 }
 
 // benchReport is what `consumer bench` prints.

@@ -24,7 +24,7 @@ func benchSustained(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		[]float64{5000, 10000, 20000, 40000, 60000, 80000})
 	stepDur := benchPick(e, 4*time.Second, 2*time.Second)
 	var out []benchResult
-	for _, v := range []benchConsumerVariant{{}, benchAsyncConsumer} {
+	for _, v := range []benchProducerSetup{{}, benchAsyncProducers} {
 		reps := e.reps
 		if v.label != "" {
 			reps = 1
@@ -61,18 +61,18 @@ type benchStep struct {
 // benchLadder runs one ladder of offered rates on a fresh database and
 // returns the highest sustained one and why the next was not. A step that
 // fails is tried once more before the ladder stops.
-func benchLadder(ctx context.Context, e *benchEnv, steps []float64, stepDur time.Duration, v benchConsumerVariant) (float64, string, error) {
+func benchLadder(ctx context.Context, e *benchEnv, steps []float64, stepDur time.Duration, v benchProducerSetup) (float64, string, error) {
 	const partitions, producers = 8, 8
 	db, err := e.newDB(ctx, partitions)
 	if err != nil {
 		return 0, "", err
 	}
 	defer db.close()
-	cpool, err := db.openConsumerPool(ctx, partitions, v)
+	cpool, err := db.openConsumerPool(ctx, partitions)
 	if err != nil {
 		return 0, "", err
 	}
-	ppool, err := db.openPool(ctx, "bench-producer", producers+2, nil)
+	ppool, err := db.openPool(ctx, "bench-producer", producers+2, v.producer)
 	if err != nil {
 		return 0, "", err
 	}

@@ -226,7 +226,10 @@ BEGIN
            t.e->>'host_id', coalesce(t.e->>'user_id', ''),
            txid_current(), t.e->>'event_type',
            nullif(t.e->'payload', 'null'::jsonb), nullif(t.e->'metadata', 'null'::jsonb)
-      FROM jsonb_array_elements(events) WITH ORDINALITY AS t(e, ord);
+      FROM jsonb_array_elements(events) WITH ORDINALITY AS t(e, ord)
+     -- Rows of one partition next to each other on the page: a worker's
+     -- read touches fewer pages. Offsets stay in array order.
+     ORDER BY 3, 1;
     RETURN QUERY SELECT generate_series(r.first_offset, r.first_offset + n - 1);
 END;
 $$;
