@@ -31,6 +31,7 @@ var benchCases = []benchCase{
 	{"drain", "burn-down of a preloaded backlog", benchDrain, 4 * time.Minute},
 	{"sustained", "highest sustained end-to-end rate", benchSustained, 4 * time.Minute},
 	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 2 * time.Minute},
+	{"retention", "removing old events: segment drop vs DELETE, under producers", benchRetention, 3 * time.Minute},
 }
 
 // benchCmd runs the benchmark cases on a throwaway PostgreSQL (or on

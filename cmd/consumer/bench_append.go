@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // benchPlainDDL creates the plain-SQL baselines beside pgevents' tables: a
@@ -205,14 +206,22 @@ func benchSnapshot(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		buffers            int64
 		counterBytes       int64
 	}
-	var res [2]outcome
-	for k, hold := range []bool{false, true} {
+	runs := []struct {
+		hold       bool
+		allocation string
+	}{{false, schema.AllocationCounter}, {true, schema.AllocationCounter}, {true, schema.AllocationSequence}}
+	var res [3]outcome
+	for k, run := range runs {
+		hold := run.hold
 		o, err := func() (outcome, error) {
 			db, err := e.newDB(ctx, 8)
 			if err != nil {
 				return outcome{}, err
 			}
 			defer db.close()
+			if err := schema.SetAllocation(ctx, db.pool, benchTopic, run.allocation); err != nil {
+				return outcome{}, err
+			}
 			pool, err := db.openPool(ctx, "bench-producer", 6, nil)
 			if err != nil {
 				return outcome{}, err
@@ -255,8 +264,8 @@ func benchSnapshot(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 			return nil, err
 		}
 		res[k] = o
-		e.logf("append: snapshot held=%v for %s: %.0f events/s (first %s %.0f/s, last %s %.0f/s), counter lookup reads %d buffers, log_counter %d kB",
-			hold, d, o.whole, window, o.first, window, o.last, o.buffers, o.counterBytes/1024)
+		e.logf("append: %s allocation, snapshot held=%v for %s: %.0f events/s (first %s %.0f/s, last %s %.0f/s), counter lookup reads %d buffers, log_counter %d kB",
+			run.allocation, hold, d, o.whole, window, o.first, window, o.last, o.buffers, o.counterBytes/1024)
 	}
 	name := func(s string) string { return fmt.Sprintf("1-event tx, 4 producers, %s, %s", s, d) }
 	note := func(o outcome) string {
@@ -268,6 +277,10 @@ func benchSnapshot(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		newBenchResult("append", name("snapshot held open"), "events/s", []float64{res[1].whole}).noted("%s", note(res[1])),
 		newBenchResult("append", fmt.Sprintf("snapshot/no snapshot, last %s", window), "ratio", []float64{res[1].last / res[0].last}).
 			noted("one run each, on fresh databases: the effect grows with the time the snapshot has been open"),
+		newBenchResult("append", name("snapshot held open, sequence allocation"), "events/s", []float64{res[2].whole}).
+			noted("offsetAllocation: sequence (advisory lock + sequence: commit-ordered, gaps on rollback); first %s %.0f/s, last %s %.0f/s",
+				window, res[2].first, window, res[2].last),
+		newBenchResult("append", fmt.Sprintf("sequence with snapshot/counter without, last %s", window), "ratio", []float64{res[2].last / res[0].last}),
 	}, nil
 }
 

@@ -204,14 +204,23 @@ func produce(ctx, until context.Context, pool *pgxpool.Pool, id, rate, hosts int
 
 // latencies collects durations between reports.
 type latencies struct {
-	mu sync.Mutex
-	d  []time.Duration
+	mu  sync.Mutex
+	d   []time.Duration
+	max time.Duration // the longest ever added
 }
 
 func (l *latencies) add(d time.Duration) {
 	l.mu.Lock()
 	l.d = append(l.d, d)
+	l.max = max(l.max, d)
 	l.mu.Unlock()
+}
+
+// longest returns the longest duration ever added.
+func (l *latencies) longest() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.max
 }
 
 // take returns the p50 and p99 of what was added since the last call.
