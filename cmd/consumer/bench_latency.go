@@ -84,7 +84,7 @@ func benchLatencyRun(ctx context.Context, e *benchEnv, v benchProducerSetup, ste
 	}
 	from, since := "created_at (before the producer's commit, so it includes the commit)", "$2::timestamptz"
 	if commitTS {
-		from, since = "the producer's commit (pg_xact_commit_timestamp)", "pg_xact_commit_timestamp(m.xmin)"
+		from, since = "the producer's commit (pg_xact_commit_timestamp)", "coalesce(pg_xact_commit_timestamp(m.xmin), $2::timestamptz)"
 	}
 	record := `INSERT INTO bench_latency (c_offset, created_at)
 SELECT m.c_offset, ` + since + ` FROM outbox_message_t m WHERE m.topic_id = 1 AND m.c_offset = $1`
