@@ -122,31 +122,35 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var lastA, lastH int64
-	drainDeadline := time.Time{}
+	var (
+		drainDeadline time.Time
+		produced      bool // the producers have finished their last transaction
+	)
 	for {
 		select {
 		case <-ctx.Done():
 		case <-tick.C:
+		}
+		if prodCtx.Err() != nil && !produced {
+			// Wait for the transactions under way, so that every commit
+			// is counted before comparing.
+			if err := pg.Wait(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			produced = true
+			drainDeadline = time.Now().Add(10 * time.Second)
 		}
 		a, h := appended.Load(), c.Stats().Handled
 		p50, p99 := lat.take()
 		fmt.Fprintf(stdout, "%8s %12d %12d %8d %10s %10s\n", time.Since(start).Truncate(time.Second),
 			a-lastA, h-lastH, a-h, fmtDur(p50), fmtDur(p99))
 		lastA, lastH = a, h
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || (produced && (a == h || time.Now().After(drainDeadline))) {
 			break
 		}
-		if prodCtx.Err() != nil {
-			if drainDeadline.IsZero() {
-				drainDeadline = time.Now().Add(10 * time.Second)
-			}
-			if a == h || time.Now().After(drainDeadline) {
-				break
-			}
-		}
 	}
-	if err := pg.Wait(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-		return err
+	if !produced {
+		_ = pg.Wait() // interrupted: the producers stop with ctx
 	}
 	stopConsumer()
 	if err := cg.Wait(); err != nil {
