@@ -11,7 +11,7 @@
 //	consumer status  [--config FILE] [--group G] [--json] [--watch [--interval D]]
 //	consumer repartition --partitions N [--topic T]  change the partition count online
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL
-//	consumer bench   [--json]          measure append rates and end-to-end latency
+//	consumer bench   [--quick] [--only CASES] [--json]  the benchmark table
 //
 // The configuration file defaults to db-event-consumer.yml; DATABASE_URL
 // overrides its databaseUrl. Exit status: 0 on success (and after a clean
@@ -62,7 +62,7 @@ commands:
   repartition --partitions N [--topic T]
            change a topic's partition count online
   demo     run producers and a consumer group against a local PostgreSQL
-  bench    measure append rates and commit-to-handler latency
+  bench    [--quick] [--only CASES] [--json]  the benchmark table (BENCHMARKS.md)
 
 Run 'consumer <command> -h' for a command's flags.
 `
