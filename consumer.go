@@ -182,6 +182,8 @@ type Consumer struct {
 	parked  atomic.Int64
 	halts   atomic.Int64
 	skipped atomic.Int64
+	empty   atomic.Int64
+	polls   atomic.Int64 // polls answered
 
 	deployment atomic.Int64
 	ln         atomic.Pointer[listener.Listener]
@@ -293,6 +295,11 @@ type Stats struct {
 	Handled int64
 	// Batches counts committed batches.
 	Batches int64
+	// EmptyClaims counts claims that found nothing to handle. A claim locks
+	// the partition's offsets row, which writes WAL even when nothing
+	// follows; a worker claims only when it knows of an offset beyond its
+	// position, so this stays near zero (another replica handled it first).
+	EmptyClaims int64
 	// DeadLettered counts units written to dead_letter_queue.
 	DeadLettered int64
 	// Retries counts batches rolled back to be retried.
@@ -313,7 +320,7 @@ type Stats struct {
 
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() Stats {
-	s := Stats{Handled: c.handled.Load(), Batches: c.batches.Load(), DeadLettered: c.deadLet.Load(),
+	s := Stats{Handled: c.handled.Load(), Batches: c.batches.Load(), EmptyClaims: c.empty.Load(), DeadLettered: c.deadLet.Load(),
 		Retries: c.retries.Load(), DeploymentFailures: c.deployment.Load(), ParkedUnits: c.parked.Load(), Halts: c.halts.Load(),
 		Skipped: c.skipped.Load()}
 	if ln := c.ln.Load(); ln != nil {
@@ -469,6 +476,7 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 		}
 		return
 	}
+	c.polls.Add(1)
 	// The database read its clock about halfway through the round trip.
 	after := time.Now()
 	c.clockSkew.Store(int64(dbNow.Sub(before.Add(after.Sub(before) / 2))))

@@ -352,3 +352,30 @@ func TestHandlerCannotCommitConsumerTransaction(t *testing.T) {
 		t.Fatalf("tx.Commit in a handler = %v, want ErrTxManaged", err)
 	}
 }
+
+// TestNoEmptyClaims: a claim locks the offsets row and writes WAL even when
+// nothing follows, so a worker must know of work before it claims. Polls
+// with nothing to do, and notifications for events already handled, claim
+// nothing.
+func TestNoEmptyClaims(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 4)
+	mustExec(t, pool, handledTable)
+	c := startConsumer(t, pool, Config{TotalPartitions: 4, WaitPeriod: 50 * time.Millisecond, Handlers: recordingHandlers()})
+	for i := range 20 {
+		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`))
+	}
+	waitHandled(t, pool, 20, 10*time.Second)
+	before := c.Stats()
+	// Stale notifications naming every partition and offsets already
+	// handled, and twenty poll periods with nothing new.
+	for range 20 {
+		mustExec(t, pool, `SELECT pg_notify('event_channel', '1:0/1,1/2,2/3,3/4')`)
+	}
+	start := c.polls.Load()
+	pgtest.WaitFor(t, 10*time.Second, "twenty polls", func() bool { return c.polls.Load() >= start+20 })
+	if after := c.Stats(); after.EmptyClaims != before.EmptyClaims || after.Batches != before.Batches {
+		t.Fatalf("idle consumer claimed: %d empty claims, %d batches (before: %d, %d)",
+			after.EmptyClaims, after.Batches, before.EmptyClaims, before.Batches)
+	}
+}

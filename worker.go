@@ -389,6 +389,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	if len(evs) == 0 {
 		// The position is past everything known: another process of the
 		// group handled it. Remember that instead of claiming again.
+		w.c.empty.Add(1)
 		w.next.Store(max(w.next.Load(), known+1))
 		if w.lr.below.Load() != offsets.NoLimit {
 			w.c.pollNow(WakePoll) // finished below the cut? the group may move on
