@@ -429,3 +429,43 @@ func TestSequenceAllocation(t *testing.T) {
 		t.Fatalf("counter after the sequence appended at %d (%v), want %d", off, err, held+1)
 	}
 }
+
+// TestSegmentsWhileAppending: creating segments while producers append
+// never fails an append (a segment attached over offsets an append has
+// reserved but not inserted yet would make its insert violate the DEFAULT
+// partition's new constraint).
+func TestSegmentsWhileAppending(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	mustExec(t, pool, `INSERT INTO log_counter (topic_id, total_partitions, segment_size) VALUES (1, 4, 1000)`)
+	deadline := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	for p := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||k, 'event_type', 't'))
+						FROM generate_series(1, 20) k))`)
+					return err
+				})
+				if err != nil {
+					t.Errorf("producer %d: %v", p, err)
+					return
+				}
+			}
+		}()
+	}
+	// Maintenance runs now and then, as it does, so producers outrun the
+	// segments into the DEFAULT partition and new segments start right at
+	// the counter.
+	for time.Now().Before(deadline) {
+		if _, err := schema.EnsureSegments(ctx, pool, 1); err != nil {
+			t.Logf("ensure segments: %v", err) // a lock timeout is allowed; an append failure is not
+		}
+		time.Sleep(20 * time.Millisecond) // the maintenance period being simulated
+	}
+	wg.Wait()
+}

@@ -149,13 +149,15 @@ BEGIN
 END;
 $$;
 
--- ensure_outbox_segments, reading the next offset of either allocation.
+-- ensure_outbox_segments, reading the next offset of either allocation
+-- under the topic's append lock.
 CREATE OR REPLACE FUNCTION ensure_outbox_segments(p_topic_id integer, ahead integer DEFAULT 2)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     next    bigint;
     size    bigint;
+    alloc   text;
     k       bigint;
     lo      bigint;
     hi      bigint;
@@ -165,11 +167,22 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtext('pgevents.schema.segments')) THEN
         RETURN 0;
     END IF;
-    SELECT lc.segment_size INTO size FROM log_counter lc WHERE lc.topic_id = p_topic_id;
+    -- Hold the topic's append lock while attaching: an append in flight
+    -- has offsets above the committed counter, and its rows, routed to the
+    -- DEFAULT partition, would violate the constraint a new segment gives
+    -- it. With the lock, no append is between reservation and insert, and
+    -- the next ones route with the new segments. The caller's lock_timeout
+    -- bounds the wait, and producers wait for the DDL only.
+    SELECT lc.segment_size, lc.next_offset, lc.allocation INTO size, next, alloc
+      FROM log_counter lc WHERE lc.topic_id = p_topic_id FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id USING ERRCODE = '23503';
     END IF;
-    next := topic_next_offset(p_topic_id);
+    IF alloc = 'sequence' THEN
+        PERFORM pg_advisory_xact_lock(append_lock_key(p_topic_id));
+        EXECUTE format('SELECT last_value + CASE WHEN is_called THEN 1 ELSE 0 END FROM %I', offset_sequence(p_topic_id))
+           INTO next;
+    END IF;
     -- Segment k covers offsets [k*size + 1, (k+1)*size + 1). Start at the
     -- first segment that begins at or above the next offset.
     FOR k IN ((next - 2 + size) / size) .. ((next - 1) / size + ahead) LOOP
