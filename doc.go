@@ -20,8 +20,9 @@
 //
 // # Consuming
 //
-// A [Consumer] serves one group on one topic: a worker per partition it is
-// given. A worker wakes on a notification naming its partition (sent by the
+// A [Consumer] serves one group on one topic: a worker per partition whose
+// lease it holds (the live replicas of a group share the partitions; see the
+// partition package). A worker wakes on a notification naming its partition (sent by the
 // append trigger at commit), on a poll every WaitPeriod, or after the
 // listener reconnects, and then, in one transaction:
 //

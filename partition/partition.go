@@ -11,12 +11,18 @@
 // host in order. The bigint cast keeps hashtext = -2147483648 from
 // overflowing abs() while giving every other host the seed design's value.
 //
-// # Assignment
+// # Ownership
 //
-// In this version a process serves either one configured partition (the seed
-// design's partitionId) or every partition of the topic. Two processes that
-// serve the same partition do not interleave batches: the group's
-// consumer_offsets row lock orders them, so the second waits as a standby.
+// Which replica handles a partition is decided by leases (lease.go): a
+// lease per (group, topic, partition) with an owner, an epoch and an expiry
+// on the database clock. In auto mode the live replicas of a group split the
+// partitions evenly (Target); in static mode (the seed design's
+// partitionId) a replica takes only its configured partitions, and a second
+// one with the same configuration waits as a hot standby. A lease that
+// expires (the replica died, froze or lost the network) is taken over, and
+// the new owner ends the stale owner's batch if it still holds the
+// partition's consumer_offsets row. The row lock orders batches; the lease
+// and its epoch decide whose batches they are.
 package partition
 
 import (
