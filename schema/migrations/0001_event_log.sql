@@ -108,32 +108,8 @@ RETURNS integer
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN (abs(hashtext(host_id)::bigint) % total_partitions)::integer;
 
--- reserve_offsets is the single place where offsets are allocated.
---
--- It returns the first of count consecutive offsets and the topic's partition
--- count, and leaves log_counter's row locked until the caller's transaction
--- ends (invariant 1). Another allocation scheme, if one is ever offered per
--- topic, goes here and nowhere else.
-CREATE FUNCTION reserve_offsets(
-    p_topic_id integer,
-    p_count integer,
-    OUT first_offset bigint,
-    OUT total_partitions integer
-)
-LANGUAGE plpgsql AS $$
-BEGIN
-    UPDATE log_counter c
-       SET next_offset = c.next_offset + p_count
-     WHERE c.topic_id = p_topic_id
-    RETURNING c.next_offset - p_count, c.total_partitions
-         INTO first_offset, total_partitions;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id
-            USING ERRCODE = '23503',
-                  HINT = 'create it with: consumer migrate --config FILE';
-    END IF;
-END;
-$$;
+-- reserve_offsets, the single place where offsets are allocated, is defined
+-- in migration 0006 with both allocations (functions resolve at call time).
 
 -- append_event appends one event in the caller's transaction and returns its
 -- offset. Call it as late in the transaction as possible: the topic's counter
@@ -267,48 +243,5 @@ CREATE TRIGGER outbox_message_t_notify
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION notify_event('event_channel');
 
--- ensure_outbox_segments creates the segments of outbox_message_t that cover
--- the topic's offsets from the counter's current segment to `ahead` segments
--- beyond it, and returns how many it created. Only segments wholly above the
--- counter are created, so the DEFAULT partition can hold no row of theirs and
--- attaching them needs no data move. Run it with a short lock_timeout: it
--- takes a SHARE UPDATE EXCLUSIVE lock on outbox_message_t (appends are not
--- blocked) and briefly an exclusive lock on the DEFAULT partition.
-CREATE FUNCTION ensure_outbox_segments(p_topic_id integer, ahead integer DEFAULT 2)
-RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    c       record;
-    k       bigint;
-    lo      bigint;
-    hi      bigint;
-    name    text;
-    created integer := 0;
-BEGIN
-    -- One caller at a time; the others have nothing to add.
-    IF NOT pg_try_advisory_xact_lock(hashtext('pgevents.schema.segments')) THEN
-        RETURN 0;
-    END IF;
-    SELECT lc.next_offset, lc.segment_size INTO c
-      FROM log_counter lc WHERE lc.topic_id = p_topic_id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id USING ERRCODE = '23503';
-    END IF;
-    -- Segment k covers offsets [k*size + 1, (k+1)*size + 1). Start at the
-    -- first segment that begins at or above the counter.
-    FOR k IN ((c.next_offset - 2 + c.segment_size) / c.segment_size)
-          .. ((c.next_offset - 1) / c.segment_size + ahead) LOOP
-        lo := k * c.segment_size + 1;
-        hi := (k + 1) * c.segment_size + 1;
-        name := format('outbox_message_t_%s_%s', p_topic_id, k);
-        CONTINUE WHEN to_regclass(quote_ident(name)) IS NOT NULL;
-        EXECUTE format('CREATE TABLE %I (LIKE outbox_message_t INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', name);
-        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (topic_id = %s AND c_offset >= %s AND c_offset < %s)',
-                       name, name || '_bounds', p_topic_id, lo, hi);
-        EXECUTE format('ALTER TABLE outbox_message_t ATTACH PARTITION %I FOR VALUES FROM (%s, %s) TO (%s, %s)',
-                       name, p_topic_id, lo, p_topic_id, hi);
-        created := created + 1;
-    END LOOP;
-    RETURN created;
-END;
-$$;
+-- ensure_outbox_segments, which creates the segments ahead of the counter,
+-- is defined in migration 0006.

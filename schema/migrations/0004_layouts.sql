@@ -31,35 +31,5 @@ CREATE TABLE group_layouts (
     PRIMARY KEY (group_id, topic_id)
 );
 
--- repartition_topic changes a topic's partition count from the next offset
--- on, without a drain and without stopping producers: it takes the
--- counter row's lock (waiting for appends in flight, holding new ones for
--- the duration of this statement), records the new layout from the next
--- offset, and returns that offset, the cut. Appends after it compute
--- partitions with the new count; consumers finish the old layout up to the
--- cut first.
-CREATE FUNCTION repartition_topic(p_topic_id integer, p_partitions integer)
-RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    c record;
-    v integer;
-BEGIN
-    SELECT lc.next_offset, lc.total_partitions INTO c
-      FROM log_counter lc WHERE lc.topic_id = p_topic_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id USING ERRCODE = '23503';
-    END IF;
-    IF c.total_partitions = p_partitions THEN
-        RAISE EXCEPTION 'pgevents: topic % already has % partitions', p_topic_id, p_partitions
-            USING ERRCODE = '22023';
-    END IF;
-    SELECT max(version) INTO v FROM topic_layouts WHERE topic_id = p_topic_id;
-    UPDATE log_counter SET total_partitions = p_partitions WHERE topic_id = p_topic_id;
-    INSERT INTO topic_layouts (topic_id, version, total_partitions, from_offset)
-    VALUES (p_topic_id, coalesce(v, 0) + 1, p_partitions, c.next_offset);
-    -- Wake every consumer of the topic to look at the new layout.
-    PERFORM pg_notify('event_channel', p_topic_id || ':*');
-    RETURN c.next_offset;
-END;
-$$;
+-- repartition_topic, which records a new layout under the append lock, is
+-- defined in migration 0006, with both offset allocations.

@@ -27,12 +27,17 @@ CREATE FUNCTION offset_sequence(p_topic_id integer) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN 'outbox_offset_seq_' || p_topic_id;
 
--- reserve_offsets, now for both allocations. The counter path stays one
--- statement; the sequence path is taken only when it finds no counter
--- topic. In both, total_partitions is read once the append lock is held,
--- so it cannot change (repartition_topic takes the same lock) before the
--- events are written.
-CREATE OR REPLACE FUNCTION reserve_offsets(
+-- reserve_offsets is the single place where offsets are allocated.
+--
+-- It returns the first of count consecutive offsets and the topic's
+-- partition count, and leaves the topic's append lock (the counter row's
+-- lock, or the advisory lock) held until the caller's transaction ends
+-- (invariant 1: a visible offset implies every lower one is committed, or
+-- rolled back with its reservation). The counter path is one statement; the
+-- sequence path is taken only when it finds no counter topic. In both,
+-- total_partitions is read once the append lock is held, so it cannot change
+-- (repartition_topic takes the same lock) before the events are written.
+CREATE FUNCTION reserve_offsets(
     p_topic_id integer,
     p_count integer,
     OUT first_offset bigint,
@@ -116,8 +121,13 @@ BEGIN
 END;
 $$;
 
--- repartition_topic, now under either allocation's append lock.
-CREATE OR REPLACE FUNCTION repartition_topic(p_topic_id integer, p_partitions integer)
+-- repartition_topic changes a topic's partition count from the next offset
+-- on, without a drain and without stopping producers: it takes the topic's
+-- append lock (waiting for appends in flight, holding new ones for the
+-- duration of this statement), records the new layout from the next offset,
+-- and returns that offset, the cut. Appends after it compute partitions with
+-- the new count; consumers finish the old layout up to the cut first.
+CREATE FUNCTION repartition_topic(p_topic_id integer, p_partitions integer)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -149,9 +159,14 @@ BEGIN
 END;
 $$;
 
--- ensure_outbox_segments, reading the next offset of either allocation
--- under the topic's append lock.
-CREATE OR REPLACE FUNCTION ensure_outbox_segments(p_topic_id integer, ahead integer DEFAULT 2)
+-- ensure_outbox_segments creates the segments of outbox_message_t that cover
+-- the topic's offsets from the counter's current segment to `ahead` segments
+-- beyond it, and returns how many it created. Only segments that begin at or
+-- above the next offset are created, so the DEFAULT partition can hold no
+-- row of theirs and attaching them needs no data move. Run it with a short
+-- lock_timeout: it takes a SHARE UPDATE EXCLUSIVE lock on outbox_message_t
+-- and briefly an exclusive lock on the DEFAULT partition.
+CREATE FUNCTION ensure_outbox_segments(p_topic_id integer, ahead integer DEFAULT 2)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
