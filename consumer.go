@@ -164,6 +164,36 @@ func (e *PartitionMismatchError) Error() string {
 		e.TopicID, e.Recorded, e.Configured, e.Recorded, e.TopicID, e.Configured)
 }
 
+// ChannelMismatchError is returned by Run when the configured notification
+// channel differs from the topic's: the consumer would LISTEN where the
+// topic's appends never NOTIFY, and learn of events only by polling.
+type ChannelMismatchError struct {
+	TopicID    int
+	Configured string
+	Recorded   string
+}
+
+// Error says what differs and what to do.
+func (e *ChannelMismatchError) Error() string {
+	return fmt.Sprintf("topic %d notifies channel %q but the consumer is configured with channel %q; set channel: %s (or run `consumer migrate` with channel: %s to move the topic)",
+		e.TopicID, e.Recorded, e.Configured, e.Recorded, e.Configured)
+}
+
+// TimeoutError is returned by Run when HandlerTimeout is not shorter than
+// the idle_in_transaction_session_timeout of the pool's sessions: a handler
+// that calls out without running SQL for its whole budget would have its
+// session ended by the server, and its batch could never commit.
+type TimeoutError struct {
+	HandlerTimeout time.Duration
+	IdleTimeout    time.Duration
+}
+
+// Error says what conflicts and what to do.
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("HandlerTimeout %s must be shorter than the sessions' idle_in_transaction_session_timeout %s; lower the handler timeout or raise the idle timeout",
+		e.HandlerTimeout, e.IdleTimeout)
+}
+
 // Consumer runs a group's partition workers. Create it with NewConsumer and
 // start it with Run.
 type Consumer struct {
@@ -190,11 +220,15 @@ type Consumer struct {
 	kick       chan WakeSource // asks the poller to poll now
 	replicaID  string
 	clockSkew  atomic.Int64 // database clock minus local clock, ns
+	// idleCut is how long a batch may go without a statement of its own
+	// before it stops taking units and commits, so that the server's
+	// idle_in_transaction_session_timeout never ends it; 0: no limit.
+	idleCut time.Duration
 }
 
 // NewConsumer validates cfg, applies its defaults and returns a Consumer
-// that runs on pool. The pool must allow at least one connection per served
-// partition plus two.
+// that runs on pool. The pool should allow PoolSize(partitions served)
+// connections; fewer make workers wait for one.
 func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if pool == nil {
 		return nil, errors.New("pgevents: pool is required")
@@ -371,6 +405,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if topic.Partitions != c.cfg.TotalPartitions {
 		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
 	}
+	if topic.Channel != c.cfg.Channel {
+		return &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
+	}
+	var idleMs int64
+	if err := c.pool.QueryRow(ctx, idleTimeoutSQL).Scan(&idleMs); err != nil {
+		return fmt.Errorf("pgevents: read idle_in_transaction_session_timeout: %w", err)
+	}
+	if idle := time.Duration(idleMs) * time.Millisecond; idle > 0 {
+		if idle <= c.cfg.HandlerTimeout {
+			return &TimeoutError{HandlerTimeout: c.cfg.HandlerTimeout, IdleTimeout: idle}
+		}
+		// A unit starting at the cut still ends, within its budget, before
+		// the server's limit.
+		c.idleCut = (idle - c.cfg.HandlerTimeout) / 2
+	}
 	state, isNew, err := offsets.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start, c.cfg.DeadAfter)
 	if err != nil {
 		return fmt.Errorf("pgevents: %w", err)
@@ -424,6 +473,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// idleTimeoutSQL reads the pool's sessions' idle_in_transaction_session_timeout
+// in milliseconds (0: none).
+const idleTimeoutSQL = `SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'`
 
 // Ready reports whether the consumer's listener is connected.
 func (c *Consumer) Ready() bool {

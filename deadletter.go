@@ -28,20 +28,26 @@ func ListDeadLetters(ctx context.Context, q Querier, group string) ([]DeadLetter
 }
 
 // ReplayDeadLetter runs the consumer's handlers again on dead letter id's
-// unit and then on the events parked behind it, in offset order, in one
-// transaction that holds the partition's lock (so it cannot race the
-// partition's worker, in this process or another), and removes the dead
-// letter and the parked events when all succeed. It returns the number of
-// events handled. On failure nothing is removed, and the dead letter's
-// attempt count, last failure time and error are updated.
+// unit and then on the parked events it releases, in offset order, in one
+// transaction that holds every partition lock of the group (so it cannot
+// race a worker, in this process or another, nor a change of layout), and
+// removes the dead letter and the released events when all succeed. It
+// returns the number of events handled. On failure nothing is removed, and
+// the dead letter's attempt count, last failure time and error are
+// updated.
+//
+// A parked event is released only when none of its unit's hosts still
+// waits behind another dead letter or behind an earlier parked event: a
+// unit that touches hosts parked behind two dead letters stays parked
+// until both are resolved, so each host's order holds.
 func (c *Consumer) ReplayDeadLetter(ctx context.Context, id int64) (int, error) {
 	return c.resolveDeadLetter(ctx, id, true)
 }
 
 // DiscardDeadLetter removes dead letter id without handling its unit, and
-// runs the consumer's handlers on the events parked behind it, in offset
-// order, in the same transaction, which holds the partition's lock. It
-// returns the number of events handled.
+// runs the consumer's handlers on the parked events it releases, in offset
+// order, in the same transaction, which holds every partition lock of the
+// group. It returns the number of events handled.
 func (c *Consumer) DiscardDeadLetter(ctx context.Context, id int64) (int, error) {
 	return c.resolveDeadLetter(ctx, id, false)
 }
@@ -59,23 +65,30 @@ func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool)
 		return 0, fmt.Errorf("dead letter %d: %w", id, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	// The partition's lock first, as a worker's claim takes it; then read
-	// again what the lock now protects.
-	if _, err := offsets.LockPosition(ctx, tx, d.Group, d.Topic, d.Partition); err != nil {
+	// The locks first, as workers and layout switches take them; then read
+	// again what the locks now protect.
+	partitions, err := offsets.LockGroup(ctx, tx, d.Group, d.Topic)
+	if err != nil {
 		return 0, err
 	}
 	if d, err = offsets.GetDeadLetter(ctx, tx, id); err != nil {
 		return 0, err
 	}
-	parked, err := offsets.ParkedEvents(ctx, tx, id)
+	parked, err := offsets.GroupParked(ctx, tx, d.Group, d.Topic)
 	if err != nil {
 		return 0, err
 	}
+	parking, order, err := offsets.ParkingDeadLetters(ctx, tx, d.Group, d.Topic)
+	if err != nil {
+		return 0, err
+	}
+	release, res := planRelease(id, parking, order, parked)
+	res.Partitions = partitions
 	var evs []Event
 	if replay {
 		evs = d.Events
 	}
-	evs = append(evs, parked...)
+	evs = append(evs, release...)
 	handled := 0
 	// Unit by unit, in offset order, as the worker would have.
 	for len(evs) > 0 {
@@ -83,7 +96,7 @@ func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool)
 		for n < len(evs) && evs[n].TransactionID == evs[0].TransactionID {
 			n++
 		}
-		hctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout*time.Duration((n+c.cfg.BatchSize-1)/c.cfg.BatchSize))
+		hctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout*time.Duration(max(1, n/c.cfg.BatchSize)))
 		ev, err := c.dispatch(hctx, handlerTx{Tx: tx}, evs[:n], &handled)
 		cancel()
 		if err != nil {
@@ -96,11 +109,63 @@ func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool)
 		}
 		evs = evs[n:]
 	}
-	if err := offsets.ResolveDeadLetter(ctx, tx, id); err != nil {
+	if err := offsets.Resolve(ctx, tx, d.Group, d.Topic, res); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("dead letter %d: commit: %w", id, err)
 	}
 	return handled, nil
+}
+
+// planRelease decides what resolving dead letter resolved releases. The
+// hosts of the other parking dead letters (parking, visited in the order
+// of their ids) stay parked behind them; then, in offset order, a parked
+// unit (the parked events of one producer transaction) is released when
+// none of its hosts is parked, and otherwise waits behind the dead letter
+// of its first parked host, parking all its hosts behind it too: a later
+// event of any host of a waiting unit must wait as well. It returns the
+// released events, in offset order, and what stays parked.
+func planRelease(resolved int64, parking map[int64][]string, order []int64, parked []offsets.Parked) ([]Event, offsets.Resolution) {
+	res := offsets.Resolution{DeadLetterID: resolved, Hosts: map[string]int64{}, Waiting: map[int64]int64{}}
+	for _, dl := range order {
+		if dl == resolved {
+			continue
+		}
+		for _, h := range parking[dl] {
+			if _, ok := res.Hosts[h]; !ok {
+				res.Hosts[h] = dl
+			}
+		}
+	}
+	var release []Event
+	for i := 0; i < len(parked); {
+		j := i + 1
+		for j < len(parked) && parked[j].Event.TransactionID == parked[i].Event.TransactionID {
+			j++
+		}
+		unit := parked[i:j]
+		i = j
+		var behind int64
+		for _, p := range unit {
+			if dl, ok := res.Hosts[p.Event.HostID]; ok {
+				behind = dl
+				break
+			}
+		}
+		if behind == 0 {
+			for _, p := range unit {
+				release = append(release, p.Event)
+				res.Released = append(res.Released, p.Event.Offset)
+			}
+			continue
+		}
+		for _, p := range unit {
+			if _, ok := res.Hosts[p.Event.HostID]; !ok {
+				res.Hosts[p.Event.HostID] = behind
+			}
+			res.Waiting[p.Event.Offset] = behind
+		}
+	}
+	return release, res
 }

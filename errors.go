@@ -83,7 +83,8 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 // Classify is the one place that decides how a failure is treated:
 //
 //   - a ClassifiedError (from Permanent or Retryable): its Class;
-//   - a PanicError or ErrUnknownEventType: ClassPermanent;
+//   - a PanicError, ErrUnknownEventType or ErrAbortedTransaction:
+//     ClassPermanent;
 //   - SQLSTATE classes 08 (connection), 40 (serialization failure,
 //     deadlock), 53 (insufficient resources), and 55P03 (lock not
 //     available), 57014 (query canceled, statement_timeout), 57P01 (admin
@@ -102,7 +103,7 @@ func Classify(err error) Class {
 		return ce.Class
 	}
 	var pe *PanicError
-	if errors.As(err, &pe) || errors.Is(err, ErrUnknownEventType) {
+	if errors.As(err, &pe) || errors.Is(err, ErrUnknownEventType) || errors.Is(err, ErrAbortedTransaction) {
 		return ClassPermanent
 	}
 	var pgErr *pgconn.PgError

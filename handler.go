@@ -129,5 +129,24 @@ func Epoch(tx pgx.Tx) int64 {
 	return 0
 }
 
+// ErrAbortedTransaction is the permanent failure of a handler that returned
+// nil although its transaction is aborted: it ignored a SQL error (a common
+// "ignore the duplicate key" mistake), so nothing after it could commit.
+// The handler's unit is dead-lettered with this reason. To recover from a
+// SQL error inside a handler, run the statement in a savepoint (tx.Begin)
+// and roll back to it.
+var ErrAbortedTransaction = errors.New("handler returned nil on an aborted transaction")
+
+// check returns the failure of a handler that returned nil for ev on an
+// aborted transaction. The transaction status is the one the server sent
+// with its last ReadyForQuery, so checking costs no round trip.
+func (tx handlerTx) check(ev *Event) error {
+	if tx.Conn().PgConn().TxStatus() != 'E' {
+		return nil
+	}
+	return fmt.Errorf("%w: the handler of event %d (%s) ignored a SQL error; "+
+		"run statements that may fail in a savepoint (tx.Begin) and roll back to it", ErrAbortedTransaction, ev.Offset, ev.EventType)
+}
+
 func (handlerTx) Commit(context.Context) error   { return ErrTxManaged }
 func (handlerTx) Rollback(context.Context) error { return ErrTxManaged }

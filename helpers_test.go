@@ -46,7 +46,7 @@ func startStoppableConsumer(t *testing.T, pool *pgxpool.Pool, cfg Config) (*Cons
 			With().Timestamp().Str("test", t.Name()).Logger()
 		cfg.Logger = &l
 	}
-	c, err := NewConsumer(pool, cfg)
+	c, err := NewConsumer(consumerPool(t, pool, cfg.TotalPartitions), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +70,29 @@ func startStoppableConsumer(t *testing.T, pool *pgxpool.Pool, cfg Config) (*Cons
 	t.Cleanup(stop)
 	pgtest.WaitFor(t, 10*time.Second, "consumer listener connected", c.Ready)
 	return c, stop
+}
+
+// consumerPool returns a pool on pool's database with the settings a
+// consumer runs with in production (ParsePoolConfig: statement and
+// idle-in-transaction timeouts, asynchronous commit, keepalives), sized
+// for partitions, and closed when the test ends. edit, when given, adjusts
+// the configuration first.
+func consumerPool(t testing.TB, pool *pgxpool.Pool, partitions int, edit ...func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	pc, err := ParsePoolConfig(pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.MaxConns = int32(PoolSize(partitions))
+	for _, e := range edit {
+		e(pc)
+	}
+	cp, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Close)
+	return cp
 }
 
 // appendTx appends evs in one transaction and returns their offsets.

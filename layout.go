@@ -187,7 +187,7 @@ func (lr *layoutRun) Acquired(p int, epoch int64) {
 // Lost implements partition.Owner.
 func (lr *layoutRun) Lost(p int) {
 	if w := lr.workers[p]; w != nil {
-		w.epoch.Store(0)
+		w.lost()
 	}
 }
 

@@ -17,9 +17,8 @@ import (
 // xmin horizon for long), server-side TCP keepalive and user timeout so
 // that the server notices a dead consumer too, synchronous_commit off (see
 // below why it keeps exactly-once) and jit off, each unless the URL sets it.
-// Adjust MaxConns before
-// creating the pool: a consumer needs one connection per served partition
-// plus two.
+// Set MaxConns to PoolSize of the partitions served before creating the
+// pool.
 func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -55,3 +54,10 @@ func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 	}
 	return pc, nil
 }
+
+// PoolSize returns the connections a consumer needs to serve partitions
+// partitions without waiting for one: a batch connection per partition,
+// and one each for the poller, the lease heartbeat, the subscription
+// heartbeat and maintenance. The listener has a connection of its own,
+// outside the pool.
+func PoolSize(partitions int) int { return partitions + 4 }

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/pgevents/pgevents/offsets"
-	"github.com/pgevents/pgevents/schema"
 )
 
 // subscription keeps the group's subscription live: a heartbeat on the
@@ -69,64 +68,5 @@ func (c *Consumer) reportSkips(ctx context.Context) {
 		c.log.Warn().Int("partition", s.Partition).Int64("skipped", s.Skipped).
 			Int64("first_offset", s.FirstOffset).Int64("last_offset", s.LastOffset).Str("reason", s.Reason).
 			Msg("retention removed events before this group handled them; they are skipped")
-	}
-}
-
-// maintain runs the topic's maintenance every MaintenanceInterval.
-func (c *Consumer) maintain(ctx context.Context) error {
-	t := time.NewTicker(c.cfg.MaintenanceInterval)
-	defer t.Stop()
-	for {
-		c.maintainOnce(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
-}
-
-// maintainOnce creates the log's next segments, marks the topic's dead
-// subscriptions and applies retention, holding an advisory lock so that one
-// process at a time does it for a topic; the others skip the pass.
-func (c *Consumer) maintainOnce(ctx context.Context) {
-	topic := c.cfg.TopicID
-	conn, err := c.pool.Acquire(ctx)
-	if err != nil {
-		return
-	}
-	defer conn.Release()
-	var locked bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('pgevents.maintenance'), $1)`, topic).Scan(&locked); err != nil || !locked {
-		return
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtext('pgevents.maintenance'), $1)`, topic) //nolint:errcheck
-	log := c.log.With().Str("task", "maintenance").Logger()
-	if n, err := schema.EnsureSegments(ctx, conn, topic); err != nil {
-		log.Warn().Err(err).Msg("could not create the log's next segments; events go to the DEFAULT partition meanwhile")
-	} else if n > 0 {
-		log.Info().Int("created", n).Msg("created segments of the log ahead of the counter")
-	}
-	if dead, err := offsets.SweepDead(ctx, conn, topic); err != nil {
-		log.Warn().Err(err).Msg("could not sweep dead subscriptions")
-	} else {
-		for _, g := range dead {
-			log.Warn().Str("dead_group", g).Msg("group has no live replica: subscription DEAD, it no longer holds back retention")
-		}
-	}
-	res, err := offsets.ApplyRetention(ctx, conn, topic)
-	if err != nil {
-		if ctx.Err() == nil {
-			log.Warn().Err(err).Msg("retention failed")
-		}
-		return
-	}
-	for _, r := range res.Removed {
-		ev := log.Info().Str("segment", r.Segment).Int64("from_offset", r.Lo).Int64("below_offset", r.Hi).Str("reason", r.Reason)
-		for g, n := range r.Skipped {
-			log.Warn().Str("segment", r.Segment).Str("skipped_group", g).Int64("skipped", n).Str("reason", r.Reason).
-				Msg("retention removes events a group has not handled")
-		}
-		ev.Msg("retention removed a segment of the log")
 	}
 }

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/batching"
@@ -32,24 +33,35 @@ var keys = batching.Keys[Event]{
 //
 // # Failures
 //
-// A batch that fails is rolled back whole. What happens next depends on the
-// failure's Class (see Classify) and on the unit it happened in, the
-// partition-local slice of one producer transaction:
+// A batch that fails is rolled back whole, and decide (failure.go) says
+// what the next attempt does, always after a backoff. The failure's unit is
+// the partition-local slice of one producer transaction it happened in:
 //
-//   - transient or deployment: the batch is retried, unchanged, after an
-//     exponential backoff with jitter; the partition waits, others flow;
+//   - transient or deployment: the batch is retried, unchanged; the
+//     partition waits, others flow;
 //   - permanent (or unknown, MaxAttempts times): the unit is remembered as
-//     poisonous and the batch is run again at once, without backoff; this
-//     time the unit is not handled but dead-lettered (or parked behind a
-//     dead letter, or the partition halts before it), in the transaction
-//     that moves the position past it. The units before and after it are
-//     handled as usual. This gives each unit the effect of a savepoint —
-//     a failing unit's statements are undone, the others' stand — without
-//     a savepoint's cost on the path where nothing fails (two round trips
-//     per unit, and the subtransaction cache overflows past 64);
+//     poisonous and the batch runs again; this time the unit is not handled
+//     but dead-lettered (or parked behind a dead letter, or the partition
+//     halts before it, committing what precedes it), in the transaction that
+//     moves the position past it. The units before and after it are handled
+//     as usual. This gives each unit the effect of a savepoint — a failing
+//     unit's statements are undone, the others' stand — without a
+//     savepoint's cost on the path where nothing fails (two round trips per
+//     unit, and the subtransaction cache overflows past 64);
+//   - a handler that returns nil on an aborted transaction (it swallowed a
+//     SQL error) has failed permanently, with ErrAbortedTransaction: the
+//     transaction status is checked after every handler call, so that unit,
+//     not the next one, is blamed;
 //   - a handler timeout is transient, but after two timeouts of the same
 //     unit the batch is narrowed to end before it, then to that unit alone,
-//     where MaxAttempts applies.
+//     where MaxAttempts applies;
+//   - a batch whose session the server ended (idle in transaction for too
+//     long, terminated) is retried with half as many events.
+//
+// A batch also stops taking units, and commits what it has, once it has
+// gone without a statement of its own for half of the time the server
+// allows a transaction to sit idle beyond one unit's budget, so that slow
+// handlers that only call out never hit idle_in_transaction_session_timeout.
 type worker struct {
 	c         *Consumer
 	lr        *layoutRun
@@ -62,13 +74,17 @@ type worker struct {
 
 	epoch     atomic.Int64 // the lease's epoch while this replica owns it; 0: not owned
 	releasing atomic.Bool  // give the lease up after the current batch
+	// hcancel cancels the handlers of the batch in flight; Lost calls it.
+	hcancel atomic.Pointer[context.CancelCauseFunc]
 
 	buf      []Event
 	e2e      []time.Duration // reused for BatchStats.EndToEnd
 	failures int             // consecutive failed batches, for the backoff
+	limit    int             // events per batch: BatchSize, halved while sessions end
+	last     batchShape      // what the last batch started, for decide
 
 	// Units that failed, by producer transaction id. Entries go once the
-	// position has moved past their offset.
+	// position has moved past their unit.
 	tries  map[int64]*unitFailure // failures so far (unknown class, timeouts)
 	poison map[int64]*unitFailure // units to dead-letter
 	park   map[int64]int64        // units to park, behind this dead letter id
@@ -80,36 +96,14 @@ type worker struct {
 	deadTimes  []time.Time // recent dead letters, for the circuit breaker
 }
 
-// unitFailure is what the worker remembers of a failing unit.
-type unitFailure struct {
-	offset      int64 // an offset inside the unit
-	err         error
-	attempts    int
-	timeouts    int
-	first, last time.Time
+// batchShape is what a batch had started when it ended.
+type batchShape struct {
+	units     int
+	events    int
+	lastTx    int64 // the unit in progress
+	unitFirst int64 // its first offset
+	lost      bool  // the batch's connection ended
 }
-
-// unitError is a failure inside a unit.
-type unitError struct {
-	txID    int64
-	offset  int64
-	err     error
-	timeout bool  // the unit's time budget ran out
-	parkFor int64 // the unit touches a host parked behind this dead letter
-}
-
-func (e *unitError) Error() string {
-	if e.parkFor != 0 {
-		return fmt.Sprintf("unit at offset %d touches a host parked behind dead letter %d", e.offset, e.parkFor)
-	}
-	return fmt.Sprintf("handler failed at offset %d: %v", e.offset, e.err)
-}
-
-func (e *unitError) Unwrap() error { return e.err }
-
-// errHandlerTimeout is the cancellation cause of a unit that exceeded its
-// time budget.
-var errHandlerTimeout = errors.New("handler timeout")
 
 // Sentinels by which a batch's handling stops before a unit.
 var (
@@ -124,6 +118,7 @@ func newWorker(c *Consumer, lr *layoutRun, p int) *worker {
 		partition: p,
 		log:       c.log.With().Int("partition", p).Logger(),
 		wake:      make(chan struct{}, 1),
+		limit:     c.cfg.BatchSize,
 		tries:     map[int64]*unitFailure{},
 		poison:    map[int64]*unitFailure{},
 		park:      map[int64]int64{},
@@ -216,6 +211,16 @@ func (w *worker) signal() {
 	}
 }
 
+// lost cancels the handlers of the batch in flight: the lease went to
+// another replica, so the batch cannot commit, and effects outside
+// PostgreSQL should stop under the stale epoch.
+func (w *worker) lost() {
+	w.epoch.Store(0)
+	if cancel := w.hcancel.Load(); cancel != nil {
+		(*cancel)(offsets.ErrLeaseLost)
+	}
+}
+
 // waitHalted keeps a halted partition stopped, repeating why every minute,
 // until ctx is cancelled.
 func (w *worker) waitHalted(ctx context.Context) error {
@@ -226,61 +231,50 @@ func (w *worker) waitHalted(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			w.log.Error().Int64("offset", w.haltAt.offset).Err(w.haltAt.err).
-				Msg("partition HALTED: fix the cause and restart the consumer; nothing after this offset is handled")
+			w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).
+				Msg("partition HALTED: fix the cause and restart the consumer; nothing from this offset on is handled")
 		}
 	}
 }
 
-// retry decides, after a failed batch, what the next attempt does, and
-// waits for it when the failure is transient.
+// retry applies decide's verdict on a failed batch and waits for the
+// backoff before the next attempt.
 func (w *worker) retry(ctx context.Context, err error) {
 	w.c.retries.Add(1)
+	f := batchFailure{err: err, sessionLost: w.last.lost, units: w.last.units}
+	var pgErr *pgconn.PgError
+	f.idleKilled = errors.As(err, &pgErr) && pgErr.Code == "25P03"
 	var ue *unitError
-	isUnit := errors.As(err, &ue)
-	class := ClassTransient
-	defer func() { w.c.cfg.Observer.BatchFailed(w.partition, class) }()
-	switch {
-	case isUnit && ue.parkFor != 0:
-		// Found mid-unit: run again with the whole unit parked.
-		class = ClassPermanent
-		w.park[ue.txID] = ue.parkFor
-		w.tries[ue.txID] = w.failure(ue, ue.txID)
-		return
-	case isUnit && ue.timeout:
-		f := w.failure(ue, ue.txID)
-		f.timeouts++
-		switch {
-		case w.narrow == ue.txID:
-			f.attempts++
-			if f.attempts >= w.c.cfg.MaxAttempts {
-				class = ClassUnknown
-				w.permanent(ue, f, class)
-				return
-			}
-		case f.timeouts >= 2:
-			w.narrow = ue.txID
-			w.log.Warn().Int64("offset", ue.offset).Msg("unit timed out twice, narrowing the batch to it")
-		}
-	case isUnit:
-		class = Classify(ue.err)
-		if class == ClassPermanent || class == ClassUnknown {
-			f := w.failure(ue, ue.txID)
-			f.attempts++
-			if class == ClassPermanent || f.attempts >= w.c.cfg.MaxAttempts {
-				w.permanent(ue, f, class)
-				return
-			}
-		}
-	default:
-		// Claim, fetch, dead-letter or commit failed: nothing the events
-		// did, so retrying is the only safe course.
-		if Classify(err) == ClassDeployment {
-			class = ClassDeployment
-		}
+	if errors.As(err, &ue) {
+		f.unit = ue
+	} else if f.idleKilled && w.last.units == 1 {
+		// The unit alone took longer than the server lets a transaction
+		// sit idle: blame it.
+		ue = &unitError{txID: w.last.lastTx, unitFirst: w.last.unitFirst, offset: w.last.unitFirst, err: errSessionLost}
 	}
+	var h *unitFailure
+	if ue != nil {
+		f.narrowed = w.narrow == ue.txID
+		h = w.failure(ue)
+	}
+	v, class := decide(f, h, failurePolicy{
+		maxAttempts: w.c.cfg.MaxAttempts, onPermanent: w.c.cfg.OnPermanentFailure,
+		breakerOpen: w.breakerTripped(),
+	})
+	w.c.cfg.Observer.BatchFailed(w.partition, class)
 	if class == ClassDeployment {
 		w.c.deployment.Add(1)
+	}
+	switch v {
+	case shrinkBatch:
+		w.limit = max(1, min(w.limit, w.last.events)/2)
+	case narrowToUnit:
+		w.narrow = ue.txID
+		w.log.Warn().Int64("offset", ue.offset).Msg("unit timed out twice, narrowing the batch to it")
+	case parkUnit:
+		w.park[ue.txID] = ue.parkFor
+	case deadLetterUnit, haltBeforeUnit:
+		w.permanent(ue, h, class, v)
 	}
 	w.failures++
 	d := backoff(w.c.cfg.RetryInitial, w.c.cfg.RetryMax, w.failures)
@@ -288,9 +282,13 @@ func (w *worker) retry(ctx context.Context, err error) {
 	if class == ClassDeployment {
 		ev = w.log.Error()
 	}
-	ev = ev.Err(err).Stringer("class", class).Int("attempt", w.failures).Dur("retry_in", d).Int64("next_offset", w.next.Load())
-	if isUnit {
+	ev = ev.Err(err).Stringer("class", class).Stringer("next", v).Int("attempt", w.failures).
+		Dur("retry_in", d).Int64("next_offset", w.next.Load())
+	if ue != nil {
 		ev = ev.Int64("offset", ue.offset)
+	}
+	if v == shrinkBatch {
+		ev = ev.Int("batch_limit", w.limit)
 	}
 	ev.Msg("batch failed, rolled back")
 	t := time.NewTimer(d)
@@ -301,15 +299,17 @@ func (w *worker) retry(ctx context.Context, err error) {
 	}
 }
 
-// failure returns the record of the unit's failures, creating it.
-func (w *worker) failure(ue *unitError, txID int64) *unitFailure {
+// failure returns the record of the unit's failures, creating it, with the
+// unit's latest failure.
+func (w *worker) failure(ue *unitError) *unitFailure {
 	now := time.Now()
-	f := w.tries[txID]
+	f := w.tries[ue.txID]
 	if f == nil {
-		f = &unitFailure{offset: ue.offset, first: now}
-		w.tries[txID] = f
+		f = &unitFailure{txID: ue.txID, unitFirst: ue.unitFirst, first: now}
+		w.tries[ue.txID] = f
 	}
 	f.last = now
+	f.offset = ue.offset
 	f.err = ue.err
 	if ue.timeout {
 		f.err = fmt.Errorf("handler timeout: the unit ran out of its %s budget", w.c.cfg.HandlerTimeout)
@@ -317,21 +317,22 @@ func (w *worker) failure(ue *unitError, txID int64) *unitFailure {
 	return f
 }
 
-// permanent applies the failure policy to a unit that will not succeed.
-func (w *worker) permanent(ue *unitError, f *unitFailure, class Class) {
+// permanent records a unit that will not succeed: the next attempt
+// dead-letters it, or halts before it.
+func (w *worker) permanent(ue *unitError, f *unitFailure, class Class, v verdict) {
 	var pe *PanicError
 	if errors.As(ue.err, &pe) {
 		w.log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack).Int64("offset", ue.offset).Msg("handler panicked")
 	}
-	if w.c.cfg.OnPermanentFailure == PolicyHalt || w.breakerTripped() {
+	ev := w.log.Error().Err(f.err).Stringer("class", class).Int64("unit_offset", f.unitFirst).
+		Int64("offset", ue.offset).Int("attempts", f.attempts)
+	if v == haltBeforeUnit {
 		w.haltAt = f
-		w.log.Error().Err(f.err).Stringer("class", class).Int64("offset", ue.offset).Int("attempts", f.attempts).
-			Msg("unit failed permanently; the partition halts before it")
+		ev.Msg("unit failed permanently; the partition halts before it")
 		return
 	}
 	w.poison[ue.txID] = f
-	w.log.Error().Err(f.err).Stringer("class", class).Int64("offset", ue.offset).Int("attempts", f.attempts).
-		Msg("unit failed permanently, dead-lettering it")
+	ev.Msg("unit failed permanently, dead-lettering it")
 }
 
 // breakerTripped reports whether one more dead letter would exceed
@@ -359,32 +360,30 @@ func (w *worker) breakerTripped() bool {
 	return false
 }
 
-// backoff returns the wait before attempt n (1-based): initial doubled per
-// attempt, capped at max, with jitter in [d/2, d].
-func backoff(initial, max time.Duration, n int) time.Duration {
-	d := initial
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	return d/2 + rand.N(d/2+1)
-}
-
 // batch runs one batch transaction and reports whether more events are
 // known to follow it.
 func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) {
 	cfg := &w.c.cfg
 	known := w.highest.Load()
 	start := time.Now()
+	w.last = batchShape{}
 	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
-		Limit: cfg.BatchSize + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
+		Limit: w.limit + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
 		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version}.Do(ctx, w.c.pool, w.buf[:0])
 	w.buf = cl.Events
 	if err != nil {
 		return false, err
 	}
 	tx := cl.Tx
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	ended := false // Commit was called: the connection went back to the pool
+	defer func() {
+		if err != nil && !ended {
+			// A connection that is gone tells that the server ended the
+			// session (or the network did): decide shrinks the batch.
+			w.last.lost = tx.Conn().IsClosed()
+		}
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	}()
 	evs := cl.Events
 	if len(evs) == 0 {
 		// The position is past everything known: another process of the
@@ -397,14 +396,13 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		return false, nil
 	}
 
-	hctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	timer := time.AfterFunc(time.Hour, func() { cancel(errHandlerTimeout) })
-	defer timer.Stop()
-	st := batchState{w: w, tx: handlerTx{Tx: tx, epoch: epoch}, timer: timer, parked: cl.Parked, first: evs[0].Offset, e2e: w.e2e[:0]}
+	st := batchState{w: w, ctx: ctx, tx: handlerTx{Tx: tx, epoch: epoch}, parked: cl.Parked,
+		first: evs[0].Offset, e2e: w.e2e[:0], lastSQL: start}
+	st.arm()
+	defer st.disarm()
 
-	n, extend, more := batching.Cut(keys, evs, cfg.BatchSize)
-	err = st.handle(hctx, evs[:n])
+	n, extend, more := batching.Cut(keys, evs, w.limit)
+	err = st.handle(evs[:n])
 	for err == nil && extend {
 		// The producer transaction of the last event goes on: read it in
 		// chunks of BatchSize, handling each before reading the next, so
@@ -413,11 +411,12 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		txID := st.lastTx
 		evs, err = offsets.Fetch(ctx, tx, cfg.TopicID, w.partition, st.last, w.lr.below.Load(), cfg.BatchSize+1, w.buf[:0])
 		w.buf = evs
+		st.lastSQL = time.Now()
 		if err != nil {
 			return false, err
 		}
 		n, extend, more = batching.Continue(keys, txID, evs, cfg.BatchSize)
-		err = st.handle(hctx, evs[:n])
+		err = st.handle(evs[:n])
 	}
 	switch {
 	case errors.Is(err, errHalt):
@@ -427,7 +426,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	case err != nil:
 		return false, err
 	}
-	if err := st.closeUnit(ctx); err != nil {
+	if err := st.closeUnit(); err != nil {
 		return false, err
 	}
 	if !st.started {
@@ -441,7 +440,9 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 			return false, err
 		}
 	}
+	ended = true
 	if err := tx.Commit(ctx); err != nil {
+		w.last.lost = sessionEnded(err)
 		return false, fmt.Errorf("commit: %w", err)
 	}
 	w.committed(&st, start)
@@ -451,12 +452,25 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	return more, nil
 }
 
+// sessionEnded says whether a failed COMMIT's error means that the
+// session ended: the server's FATAL errors (25P03 idle in transaction, 57P0x
+// terminated, 08 connection) or no answer from the server at all.
+func sessionEnded(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	return pgErr.Severity == "FATAL" || pgErr.Code == "25P03" || strings.HasPrefix(pgErr.Code, "57P") ||
+		strings.HasPrefix(pgErr.Code, "08")
+}
+
 // committed updates the worker after a batch committed.
 func (w *worker) committed(st *batchState, start time.Time) {
 	w.next.Store(st.last + 1)
 	w.haltRecord = false
+	w.limit = min(w.c.cfg.BatchSize, w.limit*2)
 	for id, f := range w.tries {
-		if f.offset <= st.last {
+		if f.unitFirst <= st.last {
 			delete(w.tries, id)
 			if w.narrow == id {
 				w.narrow = 0
@@ -464,7 +478,7 @@ func (w *worker) committed(st *batchState, start time.Time) {
 		}
 	}
 	for id, f := range w.poison {
-		if f.offset <= st.last {
+		if f.unitFirst <= st.last {
 			delete(w.poison, id)
 		}
 	}
@@ -495,14 +509,14 @@ func (w *worker) committed(st *batchState, start time.Time) {
 // stops the worker.
 func (w *worker) halt(ctx context.Context) error {
 	cfg := &w.c.cfg
-	if err := offsets.Halt(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, w.haltAt.offset, w.haltAt.err.Error()); err != nil {
+	if err := offsets.Halt(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, w.haltAt.unitFirst, w.haltAt.err.Error()); err != nil {
 		return err
 	}
 	w.haltRecord = true
 	w.halted.Store(true)
 	w.c.halts.Add(1)
-	w.log.Error().Int64("offset", w.haltAt.offset).Err(w.haltAt.err).
-		Msg("partition HALTED: fix the cause and restart the consumer; nothing after this offset is handled")
+	w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).
+		Msg("partition HALTED: fix the cause and restart the consumer; nothing from this offset on is handled")
 	return nil
 }
 
@@ -518,16 +532,23 @@ const (
 // batchState follows one batch transaction through its events.
 type batchState struct {
 	w      *worker
+	ctx    context.Context // the batch's context; handlers get hctx
 	tx     handlerTx
-	timer  *time.Timer
 	parked map[string]int64 // parked hosts of the partition (policy parkHost)
 	first  int64
 
-	started bool
-	last    int64 // last offset consumed (handled, dead-lettered or parked)
-	lastTx  int64 // its transaction id
+	// The handlers' context, cancelled when a unit's budget runs out
+	// (errHandlerTimeout) or the lease is lost (offsets.ErrLeaseLost).
+	hctx   context.Context
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
 
-	// The current unit, when it is not handled.
+	started bool
+	last    int64     // last offset consumed (handled, dead-lettered or parked)
+	lastTx  int64     // its transaction id
+	lastSQL time.Time // when the batch's own last statement ended
+
+	// The current unit.
 	action    unitAction
 	unitFirst int64
 	parkFor   int64
@@ -541,30 +562,49 @@ type batchState struct {
 	events       int             // events consumed: handled, dead-lettered or parked
 }
 
+// arm gives the handlers a new context, with a stopped timer that cancels
+// it; Lost cancels it too.
+func (st *batchState) arm() {
+	st.hctx, st.cancel = context.WithCancelCause(st.ctx)
+	cancel := st.cancel
+	st.timer = time.AfterFunc(time.Hour, func() { cancel(errHandlerTimeout) })
+	st.timer.Stop()
+	st.w.hcancel.Store(&cancel)
+}
+
+// disarm releases the handlers' context at the end of the batch.
+func (st *batchState) disarm() {
+	st.w.hcancel.Store(nil)
+	st.timer.Stop()
+	st.cancel(nil)
+}
+
 // handle consumes evs, consecutive events of the partition that continue
 // the batch, unit by unit.
-func (st *batchState) handle(ctx context.Context, evs []Event) error {
+func (st *batchState) handle(evs []Event) error {
 	return batching.EachUnit(keys, evs, func(unit []Event) error {
 		head := &unit[0]
 		if !st.started || head.TransactionID != st.lastTx {
-			if err := st.openUnit(ctx, unit); err != nil {
+			if err := st.openUnit(unit); err != nil {
 				return err
 			}
 		} else if st.action == actHandle {
 			// The unit continues into a new chunk: a host in it may be
 			// parked, which is only known now.
 			if dl, ok := st.parkedHost(unit); ok {
-				return &unitError{txID: head.TransactionID, offset: head.Offset, parkFor: dl}
+				return &unitError{txID: head.TransactionID, unitFirst: st.unitFirst, offset: head.Offset, parkFor: dl}
 			}
 		}
 		st.started = true
 		st.lastTx = head.TransactionID
 		st.events += len(unit)
+		st.w.last.events = st.events
 		if st.action != actHandle {
 			st.last = unit[len(unit)-1].Offset
+			st.addParked(unit, st.parkFor)
 			return nil
 		}
-		if err := st.run(ctx, unit); err != nil {
+		if err := st.run(unit); err != nil {
 			return err
 		}
 		st.last = unit[len(unit)-1].Offset
@@ -574,23 +614,29 @@ func (st *batchState) handle(ctx context.Context, evs []Event) error {
 
 // openUnit closes the previous unit and decides what to do with the one
 // that starts with unit, its events in this chunk.
-func (st *batchState) openUnit(ctx context.Context, unit []Event) error {
-	if err := st.closeUnit(ctx); err != nil {
+func (st *batchState) openUnit(unit []Event) error {
+	if err := st.closeUnit(); err != nil {
 		return err
 	}
 	w := st.w
 	head := &unit[0]
 	tx := head.TransactionID
 	switch {
-	case w.haltAt != nil && w.haltAt.offset == head.Offset:
+	case w.haltAt != nil && w.haltAt.txID == tx:
 		if st.started {
 			return errCut // commit what comes before it first
 		}
 		return errHalt
 	case w.narrow != 0 && st.started && (w.narrow == tx || w.narrow == st.lastTx):
 		return errCut // the narrowed unit runs alone
+	case st.started && w.c.idleCut > 0 && time.Since(st.lastSQL) > w.c.idleCut:
+		// The batch has gone long without a statement: commit before the
+		// server's idle_in_transaction_session_timeout ends the session.
+		return errCut
 	}
-	st.action, st.unitFirst = actHandle, head.Offset
+	st.action, st.unitFirst, st.parkFor, st.fail = actHandle, head.Offset, 0, nil
+	w.last.units++
+	w.last.lastTx, w.last.unitFirst = tx, head.Offset
 	if f := w.poison[tx]; f != nil {
 		st.action, st.fail = actDeadLetter, f
 	} else if dl, ok := w.park[tx]; ok {
@@ -603,19 +649,21 @@ func (st *batchState) openUnit(ctx context.Context, unit []Event) error {
 
 // closeUnit writes the dead letter or the parked events of the unit that
 // just ended, if it was not handled.
-func (st *batchState) closeUnit(ctx context.Context) error {
+func (st *batchState) closeUnit() error {
 	if !st.started || st.action == actHandle {
 		return nil
 	}
 	w := st.w
 	cfg := &w.c.cfg
+	ctx := st.ctx
 	action := st.action
 	st.action = actHandle
+	defer func() { st.lastSQL = time.Now() }()
 	switch action {
 	case actDeadLetter:
 		f := st.fail
 		park := cfg.OnPermanentFailure == PolicyParkHost
-		id, hosts, err := offsets.WriteDeadLetter(ctx, st.tx.Tx, offsets.DeadLetter{
+		id, _, err := offsets.WriteDeadLetter(ctx, st.tx.Tx, offsets.DeadLetter{
 			Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 			FirstOffset: st.unitFirst, LastOffset: st.last, TransactionID: st.lastTx,
 			Error: f.err.Error(), Attempts: max(f.attempts, 1), FirstFailedAt: f.first, LastFailedAt: f.last,
@@ -625,12 +673,11 @@ func (st *batchState) closeUnit(ctx context.Context) error {
 			return err
 		}
 		if park {
-			// The rest of this batch parks the unit's hosts too.
-			if st.parked == nil {
-				st.parked = map[string]int64{}
-			}
-			for _, h := range hosts {
-				if _, ok := st.parked[h]; !ok {
+			// The rest of this batch parks the unit's hosts too: every
+			// host of the unit was recorded by addParked as the unit went
+			// by; they now wait behind this dead letter.
+			for h, dl := range st.parked {
+				if dl == pendingDeadLetter {
 					st.parked[h] = id
 				}
 			}
@@ -643,6 +690,32 @@ func (st *batchState) closeUnit(ctx context.Context) error {
 		st.parkedUnits++
 	}
 	return nil
+}
+
+// pendingDeadLetter marks, in batchState.parked, the hosts of a unit whose
+// dead letter is not written yet.
+const pendingDeadLetter = -1
+
+// addParked records that the hosts of evs, events of a unit that is not
+// handled, now wait: behind dead letter dl when the unit is parked, or
+// behind the unit's own dead letter once it is written. A host keeps the
+// first dead letter it waits behind; later events of these hosts in the
+// batch are parked.
+func (st *batchState) addParked(evs []Event, dl int64) {
+	if st.w.c.cfg.OnPermanentFailure != PolicyParkHost {
+		return
+	}
+	if st.action == actDeadLetter {
+		dl = pendingDeadLetter
+	}
+	if st.parked == nil {
+		st.parked = map[string]int64{}
+	}
+	for i := range evs {
+		if _, ok := st.parked[evs[i].HostID]; !ok {
+			st.parked[evs[i].HostID] = dl
+		}
+	}
 }
 
 // parkedHost returns the dead letter that a host of evs is parked behind.
@@ -660,23 +733,26 @@ func (st *batchState) parkedHost(evs []Event) (int64, bool) {
 
 // run handles one unit (or the part of it in this chunk) under its time
 // budget: HandlerTimeout per BatchSize events.
-func (st *batchState) run(ctx context.Context, unit []Event) error {
+func (st *batchState) run(unit []Event) error {
 	cfg := &st.w.c.cfg
-	chunks := (len(unit) + cfg.BatchSize - 1) / cfg.BatchSize
-	st.timer.Reset(cfg.HandlerTimeout * time.Duration(chunks))
-	// fail reports a handler's error, or the budget running out even when
-	// the handler ignored its context and returned nil.
-	fail := func(ev *Event, err error) error {
-		ue := &unitError{txID: ev.TransactionID, offset: ev.Offset, err: err}
-		ue.timeout = errors.Is(context.Cause(ctx), errHandlerTimeout)
-		return ue
-	}
+	st.timer.Reset(cfg.HandlerTimeout * time.Duration(max(1, len(unit)/cfg.BatchSize)))
 	began := time.Now()
-	ev, err := st.w.c.dispatch(ctx, st.tx, unit, &st.handled)
+	ev, err := st.w.c.dispatch(st.hctx, st.tx, unit, &st.handled)
 	done := time.Now()
+	fired := !st.timer.Stop()
 	st.handlerTime += done.Sub(began)
 	if err != nil {
-		return fail(ev, err)
+		if errors.Is(context.Cause(st.hctx), offsets.ErrLeaseLost) {
+			return offsets.ErrLeaseLost
+		}
+		return &unitError{txID: ev.TransactionID, unitFirst: st.unitFirst, offset: ev.Offset, err: err,
+			timeout: errors.Is(context.Cause(st.hctx), errHandlerTimeout)}
+	}
+	if fired {
+		// The budget ran out just as the unit finished in time: the next
+		// unit gets a context of its own.
+		st.cancel(nil)
+		st.arm()
 	}
 	now := done.Add(time.Duration(st.w.c.clockSkew.Load())) // on the database clock
 	for i := range unit {
@@ -692,12 +768,17 @@ func (st *batchState) run(ctx context.Context, unit []Event) error {
 // in order on tx: the group handler on each run when one is registered,
 // otherwise each event's handler. It counts the events handled in *handled
 // and returns the event at which it failed, also when ctx ended while a
-// handler that ignored it ran.
+// handler that ignored it ran, or when a handler returned nil on a
+// transaction that an error it swallowed had aborted.
 func (c *Consumer) dispatch(ctx context.Context, tx handlerTx, evs []Event, handled *int) (*Event, error) {
 	var failed *Event
 	if gh := c.cfg.Handlers.groups; gh != nil {
 		err := batching.EachRun(keys, evs, func(run []Event) error {
-			if err := callGroup(ctx, tx, gh, run); err != nil || ctx.Err() != nil {
+			err := callGroup(ctx, tx, gh, run)
+			if err == nil {
+				err = tx.check(&run[0])
+			}
+			if err != nil || ctx.Err() != nil {
 				failed = &run[0]
 				return errOr(err, ctx)
 			}
@@ -708,7 +789,11 @@ func (c *Consumer) dispatch(ctx context.Context, tx handlerTx, evs []Event, hand
 	}
 	for i := range evs {
 		ev := &evs[i]
-		if err := c.call(ctx, tx, ev); err != nil || ctx.Err() != nil {
+		err := c.call(ctx, tx, ev)
+		if err == nil {
+			err = tx.check(ev)
+		}
+		if err != nil || ctx.Err() != nil {
 			return ev, errOr(err, ctx)
 		}
 		*handled++

@@ -131,7 +131,8 @@ type Config struct {
 
 	// HandlerTimeoutMs bounds the handling of one unit per batchSize events,
 	// in milliseconds; running out is a transient failure. Defaults to
-	// 30000; must be greater than 0.
+	// 30000; must be greater than 0, and shorter than
+	// IdleInTransactionTimeoutMs when that is set.
 	HandlerTimeoutMs int `yaml:"handlerTimeoutMs"`
 
 	// StatementTimeoutMs is the statement_timeout of consumer connections,
@@ -141,7 +142,8 @@ type Config struct {
 	// IdleInTransactionTimeoutMs is the
 	// idle_in_transaction_session_timeout of consumer connections, in
 	// milliseconds, so that no consumer pins the xmin horizon for long.
-	// Defaults to 60000; 0 leaves the server's setting.
+	// A batch whose handlers run no SQL commits early enough never to
+	// reach it. Defaults to 60000; 0 leaves the server's setting.
 	IdleInTransactionTimeoutMs int `yaml:"idleInTransactionTimeoutMs"`
 
 	// StartFrom is where a group starts the first time it runs: "earliest"
@@ -882,6 +884,10 @@ func (c *Config) problems() []*Error {
 	}
 	optionalMillis("statementTimeoutMs", c.StatementTimeoutMs)
 	optionalMillis("idleInTransactionTimeoutMs", c.IdleInTransactionTimeoutMs)
+	if c.IdleInTransactionTimeoutMs > 0 && c.HandlerTimeoutMs >= c.IdleInTransactionTimeoutMs {
+		add("handlerTimeoutMs", "must be shorter than idleInTransactionTimeoutMs (%d): a handler that runs no SQL for its whole budget "+
+			"would have its batch's session ended by the server; got %d", c.IdleInTransactionTimeoutMs, c.HandlerTimeoutMs)
+	}
 	if _, err := ParseStart(c.StartFrom); err != nil {
 		add("startFrom", "%v", err)
 	}

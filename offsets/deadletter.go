@@ -81,10 +81,46 @@ FROM dead_letter_queue d WHERE id = $1`
 
 	parkedEventsSQL = `SELECT event FROM parked_events WHERE dead_letter_id = $1 ORDER BY c_offset`
 
-	// resolveSQL removes a dead letter and everything parked behind it.
-	resolveSQL = `WITH h AS (DELETE FROM parked_hosts WHERE dead_letter_id = $1),
-     e AS (DELETE FROM parked_events WHERE dead_letter_id = $1)
-DELETE FROM dead_letter_queue WHERE id = $1`
+	// groupLayoutSharedSQL reads the partition count of the group's layout
+	// and keeps the layout from changing (SwitchLayout and Place lock the
+	// row FOR UPDATE) until the transaction ends.
+	groupLayoutSharedSQL = `SELECT l.total_partitions
+FROM group_layouts g
+JOIN topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
+WHERE g.group_id = $1 AND g.topic_id = $2
+FOR SHARE OF g`
+
+	// lockGroupPositionsSQL takes every partition's lock of the group, in
+	// ascending order (a worker holds one at a time, so no deadlock).
+	lockGroupPositionsSQL = `SELECT partition_id FROM consumer_offsets
+WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
+
+	// groupParkedSQL lists the group's parked events in offset order.
+	groupParkedSQL = `SELECT c_offset, dead_letter_id, event FROM parked_events
+WHERE group_id = $1 AND topic_id = $2 ORDER BY c_offset`
+
+	// parkingDeadLettersSQL lists the group's dead letters whose hosts
+	// are parked behind them, oldest first.
+	parkingDeadLettersSQL = `SELECT id, host_ids FROM dead_letter_queue
+WHERE group_id = $1 AND topic_id = $2 AND parked_hosts ORDER BY id`
+
+	// clearParkedHostsSQL and parkHostsAtSQL rewrite the group's parked
+	// hosts, each in its partition of the group's layout ($5 partitions).
+	clearParkedHostsSQL = `DELETE FROM parked_hosts WHERE group_id = $1 AND topic_id = $2`
+
+	parkHostsAtSQL = `INSERT INTO parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
+SELECT $1, $2, event_partition(u.h, $5), u.h, u.dl FROM unnest($3::text[], $4::bigint[]) AS u(h, dl)`
+
+	// reparkEventsSQL points parked events at the dead letter they now wait
+	// behind.
+	reparkEventsSQL = `UPDATE parked_events p SET dead_letter_id = u.dl
+FROM unnest($3::bigint[], $4::bigint[]) AS u(o, dl)
+WHERE p.group_id = $1 AND p.topic_id = $2 AND p.c_offset = u.o AND p.dead_letter_id <> u.dl`
+
+	// releaseParkedSQL removes the parked events that were handled.
+	releaseParkedSQL = `DELETE FROM parked_events WHERE group_id = $1 AND topic_id = $2 AND c_offset = ANY($3::bigint[])`
+
+	deleteDeadLetterSQL = `DELETE FROM dead_letter_queue WHERE id = $1`
 
 	failedReplaySQL = `UPDATE dead_letter_queue
 SET attempts = attempts + 1, last_failed_at = now(), error = $2 WHERE id = $1`
@@ -272,15 +308,132 @@ func ParkedEvents(ctx context.Context, q Querier, id int64) ([]Event, error) {
 	return out, nil
 }
 
-// ResolveDeadLetter removes dead letter id and everything parked behind it,
-// in tx.
-func ResolveDeadLetter(ctx context.Context, tx pgx.Tx, id int64) error {
-	tag, err := tx.Exec(ctx, resolveSQL, id)
+// LockGroup takes, in tx, what resolving a dead letter of the group needs:
+// the group's layout (shared: it cannot switch until tx ends) and every
+// partition's position lock, in ascending order, as each partition's
+// worker would take it. It returns the layout's partition count.
+func LockGroup(ctx context.Context, tx pgx.Tx, group string, topic int) (int, error) {
+	var partitions int
+	err := tx.QueryRow(ctx, groupLayoutSharedSQL, group, topic).Scan(&partitions)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrNoPosition
+	}
 	if err != nil {
-		return fmt.Errorf("offsets: resolve dead letter %d: %w", id, err)
+		return 0, fmt.Errorf("offsets: lock the group's layout: %w", err)
+	}
+	if _, err := tx.Exec(ctx, lockGroupPositionsSQL, group, topic); err != nil {
+		return 0, fmt.Errorf("offsets: lock the group's positions: %w", err)
+	}
+	return partitions, nil
+}
+
+// Parked is an event held back behind a dead letter.
+type Parked struct {
+	// DeadLetterID is the dead letter the event waits behind.
+	DeadLetterID int64
+	// Event is the event.
+	Event Event
+}
+
+// GroupParked returns the group's parked events in offset order.
+func GroupParked(ctx context.Context, q Querier, group string, topic int) ([]Parked, error) {
+	rows, err := q.Query(ctx, groupParkedSQL, group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: parked events: %w", err)
+	}
+	defer rows.Close()
+	var out []Parked
+	for rows.Next() {
+		var (
+			p   Parked
+			off int64
+			raw []byte
+		)
+		if err := rows.Scan(&off, &p.DeadLetterID, &raw); err != nil {
+			return nil, fmt.Errorf("offsets: parked events: %w", err)
+		}
+		if p.Event, err = decodeEvent(raw); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("offsets: parked events: %w", err)
+	}
+	return out, nil
+}
+
+// ParkingDeadLetters returns the group's dead letters that park their
+// hosts, oldest first, by id, with their hosts.
+func ParkingDeadLetters(ctx context.Context, q Querier, group string, topic int) (map[int64][]string, []int64, error) {
+	rows, err := q.Query(ctx, parkingDeadLettersSQL, group, topic)
+	if err != nil {
+		return nil, nil, fmt.Errorf("offsets: parking dead letters: %w", err)
+	}
+	hosts := map[int64][]string{}
+	var (
+		order []int64
+		id    int64
+		hs    []string
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &hs}, func() error {
+		hosts[id] = hs
+		order = append(order, id)
+		return nil
+	}); err != nil {
+		return nil, nil, fmt.Errorf("offsets: parking dead letters: %w", err)
+	}
+	return hosts, order, nil
+}
+
+// Resolution is what resolving a dead letter leaves parked.
+type Resolution struct {
+	// DeadLetterID is the dead letter removed.
+	DeadLetterID int64
+	// Partitions is the partition count of the group's layout.
+	Partitions int
+	// Hosts maps every host still parked to a dead letter it waits behind.
+	Hosts map[string]int64
+	// Waiting maps the offset of every event still parked to a dead letter
+	// it waits behind.
+	Waiting map[int64]int64
+	// Released lists the offsets of the parked events that were handled.
+	Released []int64
+}
+
+// Resolve records, in tx (which holds LockGroup's locks), that a dead
+// letter was replayed or discarded: the parked events that were handled
+// go, the others and the parked hosts wait behind the dead letters r says,
+// and the dead letter is removed.
+func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resolution) error {
+	if _, err := tx.Exec(ctx, clearParkedHostsSQL, group, topic); err != nil {
+		return fmt.Errorf("offsets: resolve dead letter %d: %w", r.DeadLetterID, err)
+	}
+	hosts := make([]string, 0, len(r.Hosts))
+	hostDLs := make([]int64, 0, len(r.Hosts))
+	for h, dl := range r.Hosts {
+		hosts, hostDLs = append(hosts, h), append(hostDLs, dl)
+	}
+	if _, err := tx.Exec(ctx, parkHostsAtSQL, group, topic, hosts, hostDLs, r.Partitions); err != nil {
+		return fmt.Errorf("offsets: resolve dead letter %d: park hosts: %w", r.DeadLetterID, err)
+	}
+	offs := make([]int64, 0, len(r.Waiting))
+	offDLs := make([]int64, 0, len(r.Waiting))
+	for o, dl := range r.Waiting {
+		offs, offDLs = append(offs, o), append(offDLs, dl)
+	}
+	if _, err := tx.Exec(ctx, reparkEventsSQL, group, topic, offs, offDLs); err != nil {
+		return fmt.Errorf("offsets: resolve dead letter %d: park events: %w", r.DeadLetterID, err)
+	}
+	if _, err := tx.Exec(ctx, releaseParkedSQL, group, topic, r.Released); err != nil {
+		return fmt.Errorf("offsets: resolve dead letter %d: release events: %w", r.DeadLetterID, err)
+	}
+	tag, err := tx.Exec(ctx, deleteDeadLetterSQL, r.DeadLetterID)
+	if err != nil {
+		return fmt.Errorf("offsets: resolve dead letter %d: %w", r.DeadLetterID, err)
 	}
 	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("offsets: dead letter %d: %w", id, ErrNoDeadLetter)
+		return fmt.Errorf("offsets: dead letter %d: %w", r.DeadLetterID, ErrNoDeadLetter)
 	}
 	return nil
 }

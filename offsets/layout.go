@@ -9,6 +9,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// SyncCommitSQL makes the transaction it runs in commit synchronously, on
+// a consumer connection whose commits are otherwise asynchronous
+// (ParsePoolConfig): a transaction that bumps a lease epoch must not be
+// lost in a server crash, or two owners could act under the same fencing
+// token.
+const SyncCommitSQL = `SET LOCAL synchronous_commit = on`
+
 // NoLimit is the end of a layout that no newer layout follows.
 const NoLimit = int64(math.MaxInt64)
 
@@ -39,7 +46,8 @@ WHERE g.group_id = $1 AND g.topic_id = $2`
 
 	// lockPositionsSQL waits for the group's batches in flight and keeps
 	// new ones out until the switch commits.
-	lockPositionsSQL = `SELECT partition_id FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
+	lockPositionsSQL = `SELECT partition_id FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2
+ORDER BY partition_id FOR UPDATE`
 
 	// layoutDoneSQL says whether every partition of the group has handled
 	// every event below the cut $3.
@@ -53,7 +61,9 @@ WHERE g.group_id = $1 AND g.topic_id = $2`
 	// switchSQL moves the group to the next layout: positions at the cut
 	// for the new partitions, leases freed with a higher epoch (epochs never
 	// go back, so fencing tokens stay monotonic per partition), parked
-	// hosts moved to their new partition, and the group's version bumped.
+	// hosts, parked events and dead letters moved to their host's new
+	// partition (a dead letter's unit may now span partitions: resolving it
+	// locks every partition of the group), and the group's version bumped.
 	switchSQL = `WITH drop_pos AS (
     DELETE FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
 ), move_pos AS (
@@ -76,6 +86,12 @@ WHERE g.group_id = $1 AND g.topic_id = $2`
     ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING
 ), parked AS (
     UPDATE parked_hosts SET partition_id = event_partition(host_id, $3)
+    WHERE group_id = $1 AND topic_id = $2
+), parked_ev AS (
+    UPDATE parked_events SET partition_id = event_partition(event->>'host_id', $3)
+    WHERE group_id = $1 AND topic_id = $2
+), dead AS (
+    UPDATE dead_letter_queue SET partition_id = event_partition(host_ids[1], $3)
     WHERE group_id = $1 AND topic_id = $2
 )
 UPDATE group_layouts SET version = version + 1, switched_at = now()
@@ -154,6 +170,9 @@ func SwitchLayout(ctx context.Context, db Beginner, group string, topic int, fro
 	}
 	if version != from.Version {
 		return true, nil // another replica switched already
+	}
+	if _, err := tx.Exec(ctx, SyncCommitSQL); err != nil {
+		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
 	if _, err := tx.Exec(ctx, lockPositionsSQL, group, topic); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)

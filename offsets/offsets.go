@@ -134,6 +134,11 @@ WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
               WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = $3
                 AND l.owner = $5 AND l.epoch = $6)`
 
+	// batchNameSQL names the batch's owner in application_name for the rest
+	// of the batch transaction, so that a replica taking the partition over
+	// ends this backend only while it runs this owner's batch.
+	batchNameSQL = `SELECT set_config('application_name', $1, true)`
+
 	// leaseHeldSQL says, in the claim's round trip, whether the replica
 	// still owns the lease, so that a replica that lost it stops before
 	// running handlers.
@@ -270,6 +275,19 @@ type Claimed struct {
 	Parked map[string]int64
 }
 
+// BatchApplicationName is the application_name of a batch transaction of
+// the replica owner, for the transaction's duration: printable ASCII, at
+// most the 63 bytes the server keeps.
+func BatchApplicationName(owner string) string {
+	b := []byte("pgevents batch " + owner)
+	for i, c := range b {
+		if c < 32 || c > 126 {
+			b[i] = '?'
+		}
+	}
+	return string(b[:min(len(b), 63)])
+}
+
 // ErrLeaseLost is returned by Claim and Commit when the replica no longer
 // owns the partition's lease with the epoch it claimed under.
 var ErrLeaseLost = errors.New("offsets: partition lease lost")
@@ -281,6 +299,7 @@ var ErrLeaseLost = errors.New("offsets: partition lease lost")
 func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error) {
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
+	b.Queue(batchNameSQL, BatchApplicationName(c.Owner))
 	b.Queue(leaseHeldSQL, c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
 	b.Queue(claimSQL, c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
 	if c.Parked {
@@ -292,6 +311,9 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 		_ = br.Close()
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
 		return Claimed{Events: out.Events}, fmt.Errorf("offsets: claim: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return fail(err)
 	}
 	if _, err := br.Exec(); err != nil {
 		return fail(err)

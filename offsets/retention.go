@@ -50,17 +50,26 @@ LEFT JOIN LATERAL (
     ORDER BY m.c_offset LIMIT 1
 ) f ON true`
 
-	// recordSkipsSQL counts, per group and partition, the segment's events
-	// that groups in states $2 have not handled, before the segment goes.
-	// %s is the segment's table.
-	recordSkipsSQL = `INSERT INTO retention_skips (group_id, topic_id, partition_id, skipped, first_offset, last_offset, reason)
-SELECT o.group_id, o.topic_id, m.partition_id, count(*), min(m.c_offset), max(m.c_offset), $3
+	// countSkipsSQL counts, per group and partition whose position is below
+	// $2 (the segment's end), whatever the group's state, the segment's
+	// events at or after the position, with the positions it counted from,
+	// in one snapshot. %s is the segment's table.
+	countSkipsSQL = `SELECT o.group_id, o.partition_id, o.next_offset, count(m.c_offset), min(m.c_offset), max(m.c_offset)
 FROM consumer_offsets o
-JOIN subscriptions s ON s.group_id = o.group_id AND s.topic_id = o.topic_id
-JOIN %s m ON m.topic_id = o.topic_id AND m.partition_id = o.partition_id AND m.c_offset >= o.next_offset
-WHERE o.topic_id = $1 AND s.state = ANY($2::text[])
-GROUP BY o.group_id, o.topic_id, m.partition_id
-RETURNING group_id, skipped`
+LEFT JOIN %s m ON m.topic_id = o.topic_id AND m.partition_id = o.partition_id AND m.c_offset >= o.next_offset
+WHERE o.topic_id = $1 AND o.next_offset < $2
+GROUP BY o.group_id, o.partition_id, o.next_offset
+ORDER BY o.group_id, o.partition_id`
+
+	// positionsBelowSQL reads the positions below $2, as countSkipsSQL
+	// lists them.
+	positionsBelowSQL = `SELECT group_id, partition_id, next_offset FROM consumer_offsets
+WHERE topic_id = $1 AND next_offset < $2 ORDER BY group_id, partition_id`
+
+	// recordSkipsSQL records what a group loses with the segment.
+	recordSkipsSQL = `INSERT INTO retention_skips (group_id, topic_id, partition_id, skipped, first_offset, last_offset, reason)
+SELECT u.g, $1, u.p, u.n, u.lo, u.hi, $2
+FROM unnest($3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::bigint[]) AS u(g, p, n, lo, hi)`
 
 	removedSQL = `UPDATE topic_retention SET removed_below = greatest(removed_below, $2), removed_at = now()
 WHERE topic_id = $1`
@@ -92,125 +101,232 @@ type Pool interface {
 	Beginner
 }
 
+// retentionLockSQL serialises the removal of a topic's segments with the
+// placing of groups (Place takes it shared): a group placed at "earliest"
+// while a segment goes either sees the segment gone or holds the watermark
+// below it.
+const (
+	retentionLockSQL       = `SELECT pg_advisory_xact_lock(hashtext('pgevents.retention'), $1)`
+	retentionLockSharedSQL = `SELECT pg_advisory_xact_lock_shared(hashtext('pgevents.retention'), $1)`
+)
+
 // ApplyRetention removes the topic's oldest segments that retention allows,
 // oldest first, stopping at the first one that must stay:
 //
 //   - a segment goes when its newest event is older than the topic's
 //     retention and all its offsets are below the watermark (and, for a
 //     topic without subscriptions, its newest event is older than the
-//     zero-subscription retention); DEAD groups do not hold the watermark,
-//     and the events they had not handled are counted for them;
+//     zero-subscription retention); DEAD groups do not hold the watermark;
 //   - a segment goes whatever the groups when its newest event is older
-//     than max_retention; the events any group had not handled are counted
-//     for it.
+//     than max_retention.
 //
-// Each segment is dropped in its own transaction with a 100 ms lock
-// timeout, together with the skip counts and topic_retention.removed_below,
-// so producers and consumers wait at most that long; a segment that cannot
-// get its lock stays until the next pass.
+// Each segment is decided and dropped in its own transaction. It takes the
+// topic's retention lock (Place takes it shared, so no group is placed
+// meanwhile), decides, and counts, per group and partition whatever the
+// group's state, the events of the segment not handled yet. Then it takes
+// the ACCESS EXCLUSIVE lock on outbox_message_t that dropping a partition
+// needs (with a 100 ms lock timeout: producers and consumers wait at most
+// that long, and a busy lock leaves the segment to the next pass). Under
+// it no batch is in flight: it decides again, with the watermark as it is
+// now (a DEAD group that came back holds it again), counts again if a
+// position moved since the first count, and records the counts in
+// retention_skips with the drop, so nothing is skipped silently.
 func ApplyRetention(ctx context.Context, db Pool, topic int) (Retention, error) {
-	var (
-		out                 Retention
-		retention, zeroSubs float64
-		maxRetention        *float64
-		counter, subs       int64
-		now                 time.Time
-		wm                  *int64
-	)
-	if err := db.QueryRow(ctx, retentionSettingsSQL, topic).Scan(&retention, &maxRetention, &zeroSubs, &counter, &now, &subs); err != nil {
-		return out, fmt.Errorf("offsets: retention settings of topic %d: %w", topic, err)
-	}
-	if err := db.QueryRow(ctx, watermarkSQL, topic).Scan(&wm); err != nil {
-		return out, fmt.Errorf("offsets: watermark of topic %d: %w", topic, err)
-	}
-	out.Watermark = NoLimit
-	if wm != nil {
-		out.Watermark = *wm
-	}
+	out := Retention{Watermark: NoLimit}
 	segs, err := schema.Segments(ctx, db, topic)
 	if err != nil {
 		return out, err
 	}
 	for _, seg := range segs {
-		if seg.Hi > counter {
-			out.Blocked = "the oldest segment is the one being written"
-			break
-		}
-		var newest *time.Time
-		err := db.QueryRow(ctx, fmt.Sprintf(`SELECT max(created_at) FROM (SELECT created_at FROM %s ORDER BY c_offset DESC LIMIT 1) x`,
-			pgx.Identifier{seg.Name}.Sanitize())).Scan(&newest)
-		if err != nil {
-			return out, fmt.Errorf("offsets: newest event of %s: %w", seg.Name, err)
-		}
-		age := time.Duration(0)
-		if newest != nil {
-			age = now.Sub(*newest)
-		}
-		seconds := age.Seconds()
-		capped := maxRetention != nil && newest != nil && seconds > *maxRetention
-		allowed := newest == nil || (seconds > retention && seg.Hi <= out.Watermark && (subs > 0 || seconds > zeroSubs))
-		if !allowed && !capped {
-			switch {
-			case seg.Hi > out.Watermark:
-				out.Blocked = fmt.Sprintf("offset %d is still needed by an ACTIVE or PAUSED group", out.Watermark)
-			default:
-				out.Blocked = fmt.Sprintf("its newest event is %s old, within retention", age.Round(time.Second))
-			}
-			break
-		}
-		reason, states := "retention", []string{StateDead}
-		if !allowed {
-			reason, states = "max_retention", []string{StateActive, StatePaused, StateDead}
-		}
-		r, err := dropSegment(ctx, db, topic, seg, reason, states)
+		r, blocked, err := dropSegment(ctx, db, topic, seg, &out.Watermark)
 		if err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
-				out.Blocked = "the segment's lock was busy; retrying at the next pass"
+				out.Blocked = "the log's lock was busy; retrying at the next pass"
 				break
 			}
 			return out, err
+		}
+		if blocked != "" {
+			out.Blocked = blocked
+			break
 		}
 		out.Removed = append(out.Removed, r)
 	}
 	return out, nil
 }
 
-// dropSegment counts what groups in states lose, drops the segment and
-// records how far retention went, in one transaction.
-func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment, reason string, states []string) (Removed, error) {
-	r := Removed{Segment: seg.Name, Lo: seg.Lo, Hi: seg.Hi, Reason: reason, Skipped: map[string]int64{}}
+// skipCount is what a group loses in one partition when a segment goes.
+type skipCount struct {
+	group     string
+	partition int
+	next      int64 // the position counted from
+	n, lo, hi int64
+}
+
+// dropSegment decides whether seg may go, and if so counts what groups
+// lose, drops it and records how far retention went, in one transaction.
+// It returns why the segment stays, or "" when it went, and sets
+// *watermark.
+func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment, watermark *int64) (Removed, string, error) {
+	r := Removed{Segment: seg.Name, Lo: seg.Lo, Hi: seg.Hi, Skipped: map[string]int64{}}
+	fail := func(err error) (Removed, string, error) {
+		return r, "", fmt.Errorf("offsets: drop %s: %w", seg.Name, err)
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return r, fmt.Errorf("offsets: drop %s: %w", seg.Name, err)
+		return fail(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '100ms'`); err != nil {
-		return r, fmt.Errorf("offsets: drop %s: %w", seg.Name, err)
+		return fail(err)
+	}
+	if _, err := tx.Exec(ctx, retentionLockSQL, topic); err != nil {
+		return fail(err)
 	}
 	name := pgx.Identifier{seg.Name}.Sanitize()
-	rows, err := tx.Query(ctx, fmt.Sprintf(recordSkipsSQL, name), topic, states, reason)
+	if blocked, err := decideDrop(ctx, tx, topic, seg, name, watermark, &r); err != nil || blocked != "" {
+		return r, blocked, err
+	}
+	counts, err := countSkips(ctx, tx, topic, seg, name)
 	if err != nil {
-		return r, fmt.Errorf("offsets: count skips in %s: %w", seg.Name, err)
+		return fail(err)
+	}
+	// No batch is in flight once this is held, and none starts.
+	if _, err := tx.Exec(ctx, `LOCK TABLE ONLY outbox_message_t IN ACCESS EXCLUSIVE MODE`); err != nil {
+		return fail(err)
+	}
+	if blocked, err := decideDrop(ctx, tx, topic, seg, name, watermark, &r); err != nil || blocked != "" {
+		return r, blocked, err
+	}
+	moved, err := positionsMoved(ctx, tx, topic, seg, counts)
+	if err != nil {
+		return fail(err)
+	}
+	if moved {
+		if counts, err = countSkips(ctx, tx, topic, seg, name); err != nil {
+			return fail(err)
+		}
 	}
 	var (
-		group string
-		n     int64
+		groups         []string
+		parts          []int32
+		ns, los, highs []int64
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&group, &n}, func() error { r.Skipped[group] += n; return nil }); err != nil {
-		return r, fmt.Errorf("offsets: count skips in %s: %w", seg.Name, err)
+	for _, c := range counts {
+		if c.n == 0 {
+			continue
+		}
+		groups, parts = append(groups, c.group), append(parts, int32(c.partition))
+		ns, los, highs = append(ns, c.n), append(los, c.lo), append(highs, c.hi)
+		r.Skipped[c.group] += c.n
 	}
-	// DROP takes an ACCESS EXCLUSIVE lock on outbox_message_t for the
-	// instant it runs; the lock timeout bounds how long appends queue
-	// behind it.
+	if _, err := tx.Exec(ctx, recordSkipsSQL, topic, r.Reason, groups, parts, ns, los, highs); err != nil {
+		return fail(err)
+	}
 	if _, err := tx.Exec(ctx, `DROP TABLE `+name); err != nil {
-		return r, fmt.Errorf("offsets: drop %s: %w", seg.Name, err)
+		return fail(err)
 	}
 	if _, err := tx.Exec(ctx, removedSQL, topic, seg.Hi); err != nil {
-		return r, fmt.Errorf("offsets: drop %s: %w", seg.Name, err)
+		return fail(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return r, fmt.Errorf("offsets: drop %s: %w", seg.Name, err)
+		return fail(err)
 	}
-	return r, nil
+	return r, "", nil
+}
+
+// decideDrop reads the topic's retention, the watermark and the age of
+// seg's newest event, and says why seg must stay, or "" when it may go,
+// setting r.Reason.
+func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, name string, watermark *int64, r *Removed) (string, error) {
+	var (
+		retention, zeroSubs float64
+		maxRetention        *float64
+		counter, subs       int64
+		now                 time.Time
+		wm                  *int64
+		newest              *time.Time
+	)
+	if err := tx.QueryRow(ctx, retentionSettingsSQL, topic).Scan(&retention, &maxRetention, &zeroSubs, &counter, &now, &subs); err != nil {
+		return "", fmt.Errorf("offsets: retention settings of topic %d: %w", topic, err)
+	}
+	if err := tx.QueryRow(ctx, watermarkSQL, topic).Scan(&wm); err != nil {
+		return "", fmt.Errorf("offsets: watermark of topic %d: %w", topic, err)
+	}
+	*watermark = NoLimit
+	if wm != nil {
+		*watermark = *wm
+	}
+	if seg.Hi > counter {
+		return "the oldest segment is the one being written", nil
+	}
+	if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT max(created_at) FROM (SELECT created_at FROM %s ORDER BY c_offset DESC LIMIT 1) x`, name)).
+		Scan(&newest); err != nil {
+		return "", fmt.Errorf("offsets: newest event of %s: %w", seg.Name, err)
+	}
+	age := time.Duration(0)
+	if newest != nil {
+		age = now.Sub(*newest)
+	}
+	seconds := age.Seconds()
+	capped := maxRetention != nil && newest != nil && seconds > *maxRetention
+	allowed := newest == nil || (seconds > retention && seg.Hi <= *watermark && (subs > 0 || seconds > zeroSubs))
+	switch {
+	case !allowed && !capped && seg.Hi > *watermark:
+		return fmt.Sprintf("offset %d is still needed by an ACTIVE or PAUSED group", *watermark), nil
+	case !allowed && !capped:
+		return fmt.Sprintf("its newest event is %s old, within retention", age.Round(time.Second)), nil
+	case allowed:
+		r.Reason = "retention"
+	default:
+		r.Reason = "max_retention"
+	}
+	return "", nil
+}
+
+// countSkips counts, per group and partition with a position below seg's
+// end, the segment's events at or after the position.
+func countSkips(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, name string) ([]skipCount, error) {
+	rows, err := tx.Query(ctx, fmt.Sprintf(countSkipsSQL, name), topic, seg.Hi)
+	if err != nil {
+		return nil, fmt.Errorf("count skips: %w", err)
+	}
+	var (
+		out    []skipCount
+		c      skipCount
+		lo, hi *int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&c.group, &c.partition, &c.next, &c.n, &lo, &hi}, func() error {
+		c.lo, c.hi = 0, 0
+		if lo != nil {
+			c.lo, c.hi = *lo, *hi
+		}
+		out = append(out, c)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("count skips: %w", err)
+	}
+	return out, nil
+}
+
+// positionsMoved says whether the positions below seg's end differ from
+// those counts were made from.
+func positionsMoved(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, counts []skipCount) (bool, error) {
+	rows, err := tx.Query(ctx, positionsBelowSQL, topic, seg.Hi)
+	if err != nil {
+		return false, fmt.Errorf("read positions: %w", err)
+	}
+	i, moved := 0, false
+	var c skipCount
+	if _, err := pgx.ForEachRow(rows, []any{&c.group, &c.partition, &c.next}, func() error {
+		if i >= len(counts) || counts[i].group != c.group || counts[i].partition != c.partition || counts[i].next != c.next {
+			moved = true
+		}
+		i++
+		return nil
+	}); err != nil {
+		return false, fmt.Errorf("read positions: %w", err)
+	}
+	return moved || i != len(counts), nil
 }

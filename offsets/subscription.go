@@ -96,6 +96,10 @@ WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
     SELECT $1, $2, p, $6 FROM generate_series(0, $3 - 1) AS p
 ), parked AS (
     UPDATE parked_hosts SET partition_id = event_partition(host_id, $3) WHERE group_id = $1 AND topic_id = $2
+), parked_ev AS (
+    UPDATE parked_events SET partition_id = event_partition(event->>'host_id', $3) WHERE group_id = $1 AND topic_id = $2
+), dead AS (
+    UPDATE dead_letter_queue SET partition_id = event_partition(host_ids[1], $3) WHERE group_id = $1 AND topic_id = $2
 )
 INSERT INTO group_layouts (group_id, topic_id, version) VALUES ($1, $2, $5)
 ON CONFLICT (group_id, topic_id) DO UPDATE SET version = excluded.version, switched_at = now()`
@@ -151,6 +155,9 @@ func Subscribe(ctx context.Context, db Beginner, group string, topic int, start 
 			return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
 		}
 		if !hasPositions {
+			if err := lockRetentionShared(ctx, tx, topic); err != nil {
+				return "", false, err
+			}
 			at, err := ResolveStart(ctx, tx, topic, start)
 			if err != nil {
 				return "", false, err
@@ -247,11 +254,24 @@ func ResolveStart(ctx context.Context, q Querier, topic int, s config.Start) (in
 	return off, nil
 }
 
+// lockRetentionShared keeps retention from removing a segment of topic
+// until tx ends: take it before resolving a start position, so that the
+// position and the segments agree (see ApplyRetention).
+func lockRetentionShared(ctx context.Context, tx pgx.Tx, topic int) error {
+	if _, err := tx.Exec(ctx, retentionLockSharedSQL, topic); err != nil {
+		return fmt.Errorf("offsets: retention lock of topic %d: %w", topic, err)
+	}
+	return nil
+}
+
 // Place puts a new group at offset at: its layout (the one at belongs to)
 // and a position at at in each of that layout's partitions, with free
 // leases. Existing positions are replaced: use it for a group's first start
 // or, through Reset, to move a group.
 func Place(ctx context.Context, tx pgx.Tx, group string, topic int, at int64) error {
+	if err := lockRetentionShared(ctx, tx, topic); err != nil {
+		return err
+	}
 	var version, partitions int
 	if err := tx.QueryRow(ctx, layoutOfSQL, topic, at).Scan(&version, &partitions); err != nil {
 		return fmt.Errorf("offsets: layout of offset %d: %w", at, err)
@@ -290,6 +310,15 @@ func Reset(ctx context.Context, db Beginner, group string, topic int, start conf
 	} else if err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
 	}
+	// The layout before the positions, as SwitchLayout and dead-letter
+	// resolution take them; and the new lease epochs must survive a crash
+	// (see SyncCommitSQL).
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`, group, topic); err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
+	if _, err := tx.Exec(ctx, SyncCommitSQL); err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
 	var live int
 	if err := tx.QueryRow(ctx, liveReplicasOfSQL, group, topic).Scan(&live); err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
@@ -308,6 +337,9 @@ func Reset(ctx context.Context, db Beginner, group string, topic int, start conf
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { old[p] = n; return nil }); err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
+	}
+	if err := lockRetentionShared(ctx, tx, topic); err != nil {
+		return nil, err
 	}
 	at, err := ResolveStart(ctx, tx, topic, start)
 	if err != nil {

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
+
+	"github.com/pgevents/pgevents/offsets"
 )
 
 // Lease statements. Each runs as one statement or one pipelined batch
@@ -42,7 +44,15 @@ ORDER BY replica_id`
 	// acquireSQL takes up to $5 free or expired leases among partitions $4,
 	// bumping their epoch. A live lease is never taken, and SKIP LOCKED
 	// keeps replicas that acquire at once from waiting on each other.
-	acquireSQL = `WITH cand AS (
+	//
+	// The acquisition commits synchronously (set_config(..., true) lasts
+	// until the statement's own transaction commits), although consumer
+	// connections otherwise commit asynchronously: a server crash must not
+	// lose an epoch bump, or the next acquisition would hand out the same
+	// epoch again and two owners would act under one fencing token.
+	acquireSQL = `WITH sync AS (
+    SELECT set_config('synchronous_commit', 'on', true)
+), cand AS (
     SELECT partition_id, owner AS prev_owner FROM partition_leases
     WHERE group_id = $1 AND topic_id = $2 AND partition_id = ANY($4::integer[])
       AND (owner = '' OR expires_at <= clock_timestamp())
@@ -53,7 +63,7 @@ ORDER BY replica_id`
 UPDATE partition_leases l
 SET owner = $3, epoch = l.epoch + 1, acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
     expires_at = clock_timestamp() + $6::interval
-FROM cand
+FROM cand CROSS JOIN sync
 WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = cand.partition_id
 RETURNING l.partition_id, l.epoch, cand.prev_owner`
 
@@ -70,16 +80,20 @@ WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND e
 UPDATE partition_leases SET owner = '', expires_at = clock_timestamp()
 WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 
-	// fenceSQL ends the backend whose transaction holds the partition's
-	// consumer_offsets row: after a takeover, that can only be the previous
-	// owner's batch, frozen or cut off. A row locked by FOR UPDATE carries
-	// the locker's transaction id in xmax, which pg_stat_activity shows as
-	// backend_xid. The new owner's claim would otherwise wait for that
-	// transaction until the server noticed the dead peer.
+	// fenceSQL ends the previous owner's batch, frozen or cut off, if it
+	// still holds the partition's consumer_offsets row; the new owner's
+	// claim would otherwise wait for that transaction until the server
+	// noticed the dead peer. A row locked by FOR UPDATE carries the
+	// locker's transaction id in xmax, which pg_stat_activity shows as
+	// backend_xid; and a batch names its owner in application_name for its
+	// duration (offsets.BatchApplicationName). Only a backend that is both
+	// is ended: the row may also be locked by a dead-letter replay, an
+	// offsets reset or a layout switch, which are not the stale owner's.
 	fenceSQL = `SELECT count(pg_terminate_backend(a.pid))
 FROM consumer_offsets o
 JOIN pg_stat_activity a ON a.backend_xid = o.xmax
-WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3 AND a.pid <> pg_backend_pid()`
+WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3 AND a.pid <> pg_backend_pid()
+  AND a.application_name = $4`
 )
 
 // DB is what a Leaser runs statements on; *pgxpool.Pool satisfies it.
@@ -304,7 +318,7 @@ func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
 			// Taken over from a replica whose lease expired: end its
 			// batch, if it still holds the partition's offsets row.
 			var n int
-			if err := l.cfg.DB.QueryRow(ctx, fenceSQL, l.cfg.Group, l.cfg.Topic, a.p).Scan(&n); err != nil {
+			if err := l.cfg.DB.QueryRow(ctx, fenceSQL, l.cfg.Group, l.cfg.Topic, a.p, offsets.BatchApplicationName(a.prev)).Scan(&n); err != nil {
 				l.log.Warn().Err(err).Int("partition", a.p).Msg("could not fence the previous owner")
 			} else if n > 0 {
 				l.log.Warn().Int("partition", a.p).Str("previous_owner", a.prev).Msg("ended the previous owner's batch")

@@ -117,12 +117,19 @@ func TestSegmentsFollowTheCounter(t *testing.T) {
 		mustExec(t, pool, `SELECT append_events(3, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||i, 'event_type', 't'))
 			FROM generate_series(1, $1) i))`, n)
 	}
-	// 3,500 events: the last 500 overflow into the DEFAULT partition.
+	// 3,500 events: the last 500 overflow into the DEFAULT partition
+	// (maintenance fell behind the producers).
 	appendN(3500)
-	// Segment 3 already has rows in DEFAULT, so it is skipped; 4 and 5 are
-	// created.
-	if n, err := schema.EnsureSegments(ctx, pool, 3); err != nil || n != 2 {
-		t.Fatalf("EnsureSegments after overflow = %d, %v; want 2", n, err)
+	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`); n != 500 {
+		t.Fatalf("%d rows in DEFAULT, want the 500 past the segments", n)
+	}
+	// Segment 3 is created with DEFAULT's rows moved into it; 4 and 5 are
+	// created ahead. DEFAULT is empty again.
+	if n, err := schema.EnsureSegments(ctx, pool, 3); err != nil || n != 3 {
+		t.Fatalf("EnsureSegments after overflow = %d, %v; want 3", n, err)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`); n != 0 {
+		t.Fatalf("%d rows left in DEFAULT after maintenance", n)
 	}
 	appendN(1600) // offsets 3501..5100
 	rows, err := pool.Query(ctx, `SELECT tableoid::regclass::text, min(c_offset), max(c_offset)
@@ -140,7 +147,7 @@ func TestSegmentsFollowTheCounter(t *testing.T) {
 		got = append(got, fmt.Sprintf("%s:%d-%d", name, lo, hi))
 	}
 	want := "outbox_message_t_3_0:1-1000 outbox_message_t_3_1:1001-2000 outbox_message_t_3_2:2001-3000 " +
-		"outbox_message_t_default:3001-4000 outbox_message_t_3_4:4001-5000 outbox_message_t_3_5:5001-5100"
+		"outbox_message_t_3_3:3001-4000 outbox_message_t_3_4:4001-5000 outbox_message_t_3_5:5001-5100"
 	if strings.Join(got, " ") != want {
 		t.Fatalf("events stored as\n %v\nwant\n %v", strings.Join(got, " "), want)
 	}
@@ -460,12 +467,41 @@ func TestSegmentsWhileAppending(t *testing.T) {
 	}
 	// Maintenance runs now and then, as it does, so producers outrun the
 	// segments into the DEFAULT partition and new segments start right at
-	// the counter.
+	// the counter, or move DEFAULT's rows into them.
+	created, failed := 0, 0
 	for time.Now().Before(deadline) {
-		if _, err := schema.EnsureSegments(ctx, pool, 1); err != nil {
-			t.Logf("ensure segments: %v", err) // a lock timeout is allowed; an append failure is not
+		n, err := schema.EnsureSegments(ctx, pool, 1)
+		if err != nil {
+			failed++ // a lock timeout is allowed; an append failure is not
+			t.Logf("ensure segments: %v", err)
 		}
+		created += n
 		time.Sleep(20 * time.Millisecond) // the maintenance period being simulated
 	}
 	wg.Wait()
+	// Segments were attached under load, not only after it.
+	if created == 0 {
+		t.Fatalf("no segment attached while producers appended (%d attempts failed)", failed)
+	}
+	if _, err := schema.EnsureSegments(ctx, pool, 1); err != nil {
+		t.Fatal(err)
+	}
+	count := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1`)
+	max := queryInt(t, pool, `SELECT max(c_offset) FROM outbox_message_t WHERE topic_id = 1`)
+	inDefault := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`)
+	if count != max || inDefault != 0 {
+		t.Fatalf("%d events up to offset %d, %d in DEFAULT: want gapless and DEFAULT empty after maintenance", count, max, inDefault)
+	}
+	t.Logf("%d events, %d segments attached under load, %d attempts timed out", count, created, failed)
+}
+
+func queryInt(t *testing.T, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := db.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
 }

@@ -22,6 +22,21 @@ type Topic struct {
 	// Allocation is how offsets are allocated: AllocationCounter or
 	// AllocationSequence.
 	Allocation string
+	// Channel is the NOTIFY channel of the topic's wake-ups.
+	Channel string
+}
+
+// DefaultChannel is the NOTIFY channel of a topic unless SetChannel says
+// otherwise.
+const DefaultChannel = "event_channel"
+
+// SetChannel sets the NOTIFY channel on which the topic's appends wake
+// consumers. Consumers configured with another channel refuse to start.
+func SetChannel(ctx context.Context, db DB, id int, channel string) error {
+	if _, err := db.Exec(ctx, `UPDATE log_counter SET channel = $2 WHERE topic_id = $1 AND channel <> $2`, id, channel); err != nil {
+		return fmt.Errorf("schema: set channel of topic %d: %w", id, err)
+	}
+	return nil
 }
 
 // Offset allocations of a topic; see migration 0006.
@@ -60,7 +75,7 @@ const (
 INSERT INTO topic_layouts (topic_id, version, total_partitions, from_offset)
 SELECT topic_id, 1, total_partitions, 1 FROM t`
 
-	lookupTopicSQL = `SELECT topic_id, total_partitions, topic_next_offset(topic_id), segment_size, allocation
+	lookupTopicSQL = `SELECT topic_id, total_partitions, topic_next_offset(topic_id), segment_size, allocation, channel
 FROM log_counter WHERE topic_id = $1`
 
 	// ensureSegmentsSQL runs under a short lock_timeout so that DDL never
@@ -102,7 +117,7 @@ func EnsureTopic(ctx context.Context, db DB, id, partitions int, segmentSize ...
 // LookupTopic returns topic id, or an error wrapping ErrTopicNotFound.
 func LookupTopic(ctx context.Context, db DB, id int) (Topic, error) {
 	var t Topic
-	err := db.QueryRow(ctx, lookupTopicSQL, id).Scan(&t.ID, &t.Partitions, &t.NextOffset, &t.SegmentSize, &t.Allocation)
+	err := db.QueryRow(ctx, lookupTopicSQL, id).Scan(&t.ID, &t.Partitions, &t.NextOffset, &t.SegmentSize, &t.Allocation, &t.Channel)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Topic{}, fmt.Errorf("schema: topic %d: %w", id, ErrTopicNotFound)
 	}

@@ -10,6 +10,7 @@
 //	consumer group   pause|resume|cancel G
 //	consumer status  [--config FILE] [--group G] [--json] [--watch [--interval D]]
 //	consumer repartition --partitions N [--topic T]  change the partition count online
+//	consumer maintain [--once]       segments, dead groups and retention without a consumer
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL
 //	consumer bench   [--quick] [--only CASES] [--json]  the benchmark table
 //
@@ -61,6 +62,8 @@ commands:
   status   each group's position, owner, lag, dead letters and halts per partition
   repartition --partitions N [--topic T]
            change a topic's partition count online
+  maintain [--once]
+           create segments, sweep dead groups, apply retention (where no consumer runs)
   demo     run producers and a consumer group against a local PostgreSQL
   bench    [--quick] [--only CASES] [--json]  the benchmark table (BENCHMARKS.md)
 
@@ -96,6 +99,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = statusCmd(ctx, args[1:], stdout, stderr)
 	case "repartition":
 		err = repartitionCmd(ctx, args[1:], stdout, stderr)
+	case "maintain":
+		err = maintainCmd(ctx, args[1:], stdout, stderr)
 	case "demo":
 		err = demoCmd(ctx, args[1:], stdout, stderr)
 	case "bench":

@@ -55,6 +55,9 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err := schema.SetAllocation(ctx, conn, g.TopicID, g.OffsetAllocation); err != nil {
 			return err
 		}
+		if err := schema.SetChannel(ctx, conn, g.TopicID, g.Channel); err != nil {
+			return err
+		}
 		if topic.Partitions != g.TotalPartitions {
 			return &config.Error{File: *path, Key: "totalPartitions",
 				Msg: fmt.Sprintf("topic %d already has %d partitions, not %d; change it with `consumer repartition --topic %d --partitions %d`",

@@ -54,6 +54,14 @@ func groupError(err error, path string) error {
 	if errors.As(err, &mismatch) {
 		return &config.Error{File: path, Key: "totalPartitions", Msg: mismatch.Error()}
 	}
+	var channel *pgevents.ChannelMismatchError
+	if errors.As(err, &channel) {
+		return &config.Error{File: path, Key: "channel", Msg: channel.Error()}
+	}
+	var timeouts *pgevents.TimeoutError
+	if errors.As(err, &timeouts) {
+		return &config.Error{File: path, Key: "handlerTimeoutMs", Msg: timeouts.Error()}
+	}
 	if errors.Is(err, schema.ErrTopicNotFound) {
 		return &config.Error{File: path, Key: "topicId",
 			Msg: fmt.Sprintf("%v; create it with `consumer migrate --config %s`", err, path)}

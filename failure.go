@@ -1,0 +1,200 @@
+package pgevents
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// unitFailure is what a worker remembers of a failing unit, the
+// partition-local slice of one producer transaction. Entries are keyed by
+// the unit's transaction id and go once the position has moved past the
+// unit.
+type unitFailure struct {
+	txID      int64 // the unit's producer transaction
+	unitFirst int64 // the unit's first offset: where a halt stops
+	offset    int64 // the offset of the event that failed last
+	err       error
+	attempts  int // failures counted towards MaxAttempts
+	timeouts  int // handler timeouts and sessions lost in the unit
+	first     time.Time
+	last      time.Time
+}
+
+// unitError is a failure inside a unit.
+type unitError struct {
+	txID      int64
+	unitFirst int64 // the unit's first offset
+	offset    int64 // the failing event's offset
+	err       error
+	timeout   bool  // the unit's time budget ran out
+	parkFor   int64 // the unit touches a host parked behind this dead letter
+}
+
+func (e *unitError) Error() string {
+	if e.parkFor != 0 {
+		return fmt.Sprintf("unit at offset %d touches a host parked behind dead letter %d", e.offset, e.parkFor)
+	}
+	return fmt.Sprintf("handler failed at offset %d: %v", e.offset, e.err)
+}
+
+func (e *unitError) Unwrap() error { return e.err }
+
+// errHandlerTimeout is the cancellation cause of a unit that exceeded its
+// time budget.
+var errHandlerTimeout = errors.New("handler timeout")
+
+// errSessionLost is the failure recorded for a unit that was alone in a
+// batch whose connection ended before it committed (the server's
+// idle_in_transaction_session_timeout, a terminated backend, the network).
+var errSessionLost = errors.New("the batch's database session ended before it committed")
+
+// batchFailure is what decide knows of a failed batch.
+type batchFailure struct {
+	// err is the batch's error.
+	err error
+	// unit is the unit the failure happened in; nil when it happened
+	// outside handlers (claim, fetch, dead-letter writes, commit).
+	unit *unitError
+	// sessionLost says that the batch's connection ended: the server ended
+	// the session or the network failed.
+	sessionLost bool
+	// idleKilled says that the server ended the session because the batch
+	// sat idle in its transaction for longer than
+	// idle_in_transaction_session_timeout (SQLSTATE 25P03): its handlers
+	// ran that long without a statement.
+	idleKilled bool
+	// units is the number of units the batch had started.
+	units int
+	// narrowed says that the batch had been narrowed to unit alone.
+	narrowed bool
+}
+
+// verdict is what a worker does after a failed batch. Every verdict rolls
+// the batch back and waits for a backoff before the next attempt, so no
+// failure, however it is classified, makes a partition spin.
+type verdict int
+
+const (
+	// retryBatch runs the batch again unchanged.
+	retryBatch verdict = iota
+	// shrinkBatch runs it again with half the events: the batch's session
+	// ended, possibly because the batch took longer than the server allows
+	// a transaction to sit idle.
+	shrinkBatch
+	// narrowToUnit runs it again ending before the unit, then with the unit
+	// alone, where MaxAttempts applies.
+	narrowToUnit
+	// parkUnit runs it again with the unit parked behind a dead letter.
+	parkUnit
+	// deadLetterUnit runs it again with the unit dead-lettered instead of
+	// handled.
+	deadLetterUnit
+	// haltBeforeUnit commits what precedes the unit and stops the
+	// partition there.
+	haltBeforeUnit
+)
+
+// String names the verdict in logs.
+func (v verdict) String() string {
+	switch v {
+	case shrinkBatch:
+		return "shrink"
+	case narrowToUnit:
+		return "narrow"
+	case parkUnit:
+		return "park"
+	case deadLetterUnit:
+		return "dead-letter"
+	case haltBeforeUnit:
+		return "halt"
+	}
+	return "retry"
+}
+
+// failurePolicy is the part of the configuration decide reads, and the
+// state of the dead-letter circuit breaker.
+type failurePolicy struct {
+	maxAttempts int
+	onPermanent FailurePolicy
+	// breakerOpen says that one more dead letter would exceed
+	// MaxDeadLetters within DeadLetterWindow.
+	breakerOpen bool
+}
+
+// decide is the failure policy, in one pure function: given a failed
+// batch, the history of the unit it failed in (updated in place; nil when
+// the failure was outside a unit and no unit is to blame) and the policy,
+// it returns the verdict and the failure's class.
+//
+//   - a unit that touches a parked host is parked;
+//   - a unit that ran out of its time budget is retried; after two
+//     timeouts the batch is narrowed to it, where MaxAttempts applies;
+//   - a batch of several units whose session ended shrinks; a unit alone
+//     in a batch that the server ended for idling in its transaction counts
+//     an attempt, and after MaxAttempts it failed permanently (other ends
+//     of a session, such as a network failure, are transient);
+//   - a unit's error of class permanent, or of class unknown MaxAttempts
+//     times, is a permanent failure: halt under PolicyHalt or an open
+//     breaker, dead-letter (parking its hosts under PolicyParkHost)
+//     otherwise;
+//   - anything else is retried as it is: transient and deployment
+//     failures forever.
+func decide(f batchFailure, h *unitFailure, p failurePolicy) (verdict, Class) {
+	permanent := func(class Class) (verdict, Class) {
+		if p.onPermanent == PolicyHalt || p.breakerOpen {
+			return haltBeforeUnit, class
+		}
+		return deadLetterUnit, class
+	}
+	switch {
+	case f.unit != nil && f.unit.parkFor != 0:
+		return parkUnit, ClassPermanent
+	case f.sessionLost && f.units > 1:
+		return shrinkBatch, ClassTransient
+	case f.idleKilled && h != nil, f.unit != nil && f.unit.timeout:
+		h.timeouts++
+		if f.idleKilled || f.narrowed {
+			h.attempts++
+			if h.attempts >= p.maxAttempts {
+				return permanent(ClassUnknown)
+			}
+			return retryBatch, ClassTransient
+		}
+		if h.timeouts >= 2 {
+			return narrowToUnit, ClassTransient
+		}
+		return retryBatch, ClassTransient
+	case f.unit != nil:
+		class := Classify(f.unit.err)
+		switch class {
+		case ClassPermanent:
+			h.attempts++
+			return permanent(class)
+		case ClassUnknown:
+			h.attempts++
+			if h.attempts >= p.maxAttempts {
+				return permanent(class)
+			}
+		}
+		return retryBatch, class
+	}
+	if Classify(f.err) == ClassDeployment {
+		return retryBatch, ClassDeployment
+	}
+	// Claim, fetch, dead-letter writes or commit failed: nothing the
+	// events did, so retrying is the only safe course.
+	return retryBatch, ClassTransient
+}
+
+// backoff returns the wait before attempt n (1-based): initial doubled per
+// attempt, capped at max, with jitter in [d/2, d].
+func backoff(initial, max time.Duration, n int) time.Duration {
+	d := initial
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	d = min(d, max)
+	return d/2 + rand.N(d/2+1)
+}

@@ -1,0 +1,99 @@
+package pgevents
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// maintain runs the topic's maintenance every MaintenanceInterval.
+func (c *Consumer) maintain(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.MaintenanceInterval)
+	defer t.Stop()
+	for {
+		if _, err := Maintain(ctx, c.pool, c.cfg.TopicID, &c.log); err != nil && ctx.Err() == nil {
+			c.log.Warn().Err(err).Msg("maintenance failed")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Maintenance is what one pass of Maintain did.
+type Maintenance struct {
+	// Ran is false when another process held the topic's maintenance lock:
+	// it did the pass.
+	Ran bool
+	// SegmentsCreated counts the segments of the log created: ahead of the
+	// counter, and for offsets that had landed in the DEFAULT partition
+	// (their rows were moved into them).
+	SegmentsCreated int
+	// DeadGroups lists the groups whose subscription became DEAD.
+	DeadGroups []string
+	// Retention is what retention found and removed.
+	Retention offsets.Retention
+}
+
+// Maintain runs one pass of a topic's maintenance: it creates the log's
+// next segments (and moves rows that landed in the DEFAULT partition into
+// theirs), marks the groups without a live replica DEAD and applies
+// retention. It holds an advisory lock so that one process at a time does
+// it for a topic; the others skip the pass (Ran false).
+//
+// Consumers run it every MaintenanceInterval. Where producers run while no
+// consumer does, run it too (`consumer maintain`, a cron job or a sidecar):
+// without it the counter outruns the segments, events land in the DEFAULT
+// partition, and nothing removes them until maintenance runs again.
+func Maintain(ctx context.Context, pool *pgxpool.Pool, topic int, logger *zerolog.Logger) (Maintenance, error) {
+	var out Maintenance
+	log := zerolog.Nop()
+	if logger != nil {
+		log = logger.With().Str("task", "maintenance").Int("topic", topic).Logger()
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return out, fmt.Errorf("pgevents: maintenance: %w", err)
+	}
+	defer conn.Release()
+	var locked bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('pgevents.maintenance'), $1)`, topic).Scan(&locked); err != nil {
+		return out, fmt.Errorf("pgevents: maintenance lock: %w", err)
+	}
+	if !locked {
+		return out, nil
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtext('pgevents.maintenance'), $1)`, topic) //nolint:errcheck
+	out.Ran = true
+	if out.SegmentsCreated, err = schema.EnsureSegments(ctx, conn, topic); err != nil {
+		log.Warn().Err(err).Msg("could not create the log's next segments; events go to the DEFAULT partition meanwhile")
+	} else if out.SegmentsCreated > 0 {
+		log.Info().Int("created", out.SegmentsCreated).Msg("created segments of the log")
+	}
+	if out.DeadGroups, err = offsets.SweepDead(ctx, conn, topic); err != nil {
+		log.Warn().Err(err).Msg("could not sweep dead subscriptions")
+	}
+	for _, g := range out.DeadGroups {
+		log.Warn().Str("dead_group", g).Msg("group has no live replica: subscription DEAD, it no longer holds back retention")
+	}
+	if out.Retention, err = offsets.ApplyRetention(ctx, conn, topic); err != nil {
+		return out, fmt.Errorf("pgevents: retention of topic %d: %w", topic, err)
+	}
+	for _, r := range out.Retention.Removed {
+		for g, n := range r.Skipped {
+			log.Warn().Str("segment", r.Segment).Str("skipped_group", g).Int64("skipped", n).Str("reason", r.Reason).
+				Msg("retention removes events a group has not handled")
+		}
+		log.Info().Str("segment", r.Segment).Int64("from_offset", r.Lo).Int64("below_offset", r.Hi).Str("reason", r.Reason).
+			Msg("retention removed a segment of the log")
+	}
+	return out, nil
+}
