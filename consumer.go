@@ -150,6 +150,12 @@ type Config struct {
 // replicas stop, and a new group id is needed to consume the topic again.
 var ErrSubscriptionCancelled = offsets.ErrCancelled
 
+// ErrLeaseLost is the cause (context.Cause) of a handler's context that was
+// cancelled because the replica lost the partition's lease: another
+// replica took the partition over, the batch cannot commit, and effects
+// outside PostgreSQL should stop rather than go on under a stale epoch.
+var ErrLeaseLost = offsets.ErrLeaseLost
+
 // PartitionMismatchError is returned by Run when the configured partition
 // count differs from the one the topic records.
 type PartitionMismatchError struct {

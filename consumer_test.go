@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/offsets"
 )
 
 func recordingHandlers() *Handlers {
@@ -378,4 +379,53 @@ func TestNoEmptyClaims(t *testing.T) {
 		t.Fatalf("idle consumer claimed: %d empty claims, %d batches (before: %d, %d)",
 			after.EmptyClaims, after.Batches, before.EmptyClaims, before.Batches)
 	}
+}
+
+// TestTwoWorkersRaceForOneOffsetsRow: two workers of one partition, both
+// believing they own its lease (same owner and epoch, as during a
+// handover), claim batches as fast as they can while producers append:
+// the offsets row's lock alone must keep every event handled exactly once,
+// in order, one consumer transaction per producer transaction.
+func TestTwoWorkersRaceForOneOffsetsRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	c, err := NewConsumer(consumerPool(t, pool, 2), Config{GroupID: "g", TotalPartitions: 1, BatchSize: 7, Handlers: recordingHandlers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := offsets.InitGroupLayout(ctx, pool, "g", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := offsets.Init(ctx, pool, "g", 1, []int{0}); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `UPDATE partition_leases SET owner = $1, epoch = 1, expires_at = 'infinity'`, c.replicaID)
+	lr := &layoutRun{c: c, layout: offsets.Layout{Version: 1, Partitions: 1, From: 1, Below: offsets.NoLimit}}
+	lr.below.Store(offsets.NoLimit)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range 2 {
+		w := newWorker(c, lr, 0)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				w.highest.Store(offsets.NoLimit - 1) // always believe there is work
+				if _, err := w.batch(ctx, 1); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() { stop.Store(true); wg.Wait() }) // before the pools close
+	const txs = 300
+	for i := range txs {
+		h := fmt.Sprintf("h%d", i%5)
+		appendTx(t, pool, ev(h, "t", `{}`), ev(fmt.Sprintf("h%d", (i+2)%5), "t", `{}`), ev(h, "t", `{}`))
+	}
+	waitHandled(t, pool, 3*txs, 30*time.Second)
+	checkHandled(t, pool)
 }

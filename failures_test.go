@@ -213,21 +213,22 @@ func TestPolicyHalt(t *testing.T) {
 	poisoned.Store(true)
 	cfg := Config{TotalPartitions: 1, OnPermanentFailure: PolicyHalt, Handlers: poisonHandlers(&poisoned)}
 	c1, stop1 := startStoppableConsumer(t, pool, cfg)
-	appendTx(t, pool, ev("a", "t", `{}`))              // 1
-	appendTx(t, pool, ev("a", "t", `{"poison":true}`)) // 2
-	appendTx(t, pool, ev("a", "t", `{}`))              // 3
-	appendTx(t, pool, ev("b", "t", `{}`))              // 4
+	// Units of several events and hosts, the poison not first in its unit.
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`))              // 1, 2
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{"poison":true}`)) // 3, 4: halts at 3
+	appendTx(t, pool, ev("a", "t", `{}`))                                  // 5
+	appendTx(t, pool, ev("c", "t", `{}`))                                  // 6
 	pgtest.WaitFor(t, 10*time.Second, "halt recorded", func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE c_offset = 2 AND reason = 'poison event'`) == 1
+		return queryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE c_offset = 3 AND reason = 'poison event'`) == 1
 	})
 	if c1.Stats().Halts != 1 || !workerOf(c1, 0).halted.Load() {
 		t.Fatalf("halt not reported: %+v", c1.Stats())
 	}
-	if got := handledOffsets(t, pool); got != "[1]" {
-		t.Fatalf("handled %s, want [1]", got)
+	if got := handledOffsets(t, pool); got != "[1 2]" {
+		t.Fatalf("handled %s, want [1 2]", got)
 	}
-	if n := queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`); n != 2 {
-		t.Fatalf("position %d, want 2: the partition stops at the failing unit", n)
+	if n := queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`); n != 3 {
+		t.Fatalf("position %d, want 3: the partition stops at the failing unit", n)
 	}
 	if n := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`); n != 0 {
 		t.Fatalf("%d dead letters under halt", n)
@@ -235,9 +236,9 @@ func TestPolicyHalt(t *testing.T) {
 	stop1()
 	poisoned.Store(false)
 	startConsumer(t, pool, cfg)
-	waitHandled(t, pool, 4, 10*time.Second)
-	if got := handledOffsets(t, pool); got != "[1 2 3 4]" {
-		t.Fatalf("handled %s after the restart, want [1 2 3 4]", got)
+	waitHandled(t, pool, 6, 10*time.Second)
+	if got := handledOffsets(t, pool); got != "[1 2 3 4 5 6]" {
+		t.Fatalf("handled %s after the restart, want [1 2 3 4 5 6]", got)
 	}
 	pgtest.WaitFor(t, 5*time.Second, "halt record cleared", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM partition_halts`) == 0
@@ -253,12 +254,12 @@ func TestDeadLetterCircuitBreaker(t *testing.T) {
 	var poisoned atomic.Bool
 	poisoned.Store(true)
 	c := startConsumer(t, pool, Config{TotalPartitions: 1, MaxDeadLetters: 2, Handlers: poisonHandlers(&poisoned)})
-	for range 4 {
-		appendTx(t, pool, ev("a", "t", `{"poison":true}`))
+	for range 4 { // units 1-2, 3-4, 5-6 (halts here), 7-8; the poison is not first
+		appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{"poison":true}`))
 	}
 	appendTx(t, pool, ev("a", "t", `{}`))
 	pgtest.WaitFor(t, 10*time.Second, "breaker halts the partition", func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE c_offset = 3`) == 1
+		return queryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE c_offset = 5`) == 1
 	})
 	if n := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`); n != 2 || c.Stats().DeadLettered != 2 {
 		t.Fatalf("%d dead letters before the breaker, want 2", n)

@@ -149,7 +149,14 @@ func TestPauseResumeCancel(t *testing.T) {
 	}
 	pgtest.WaitFor(t, 5*time.Second, "consumer paused", c.paused.Load)
 	appendTx(t, pool, ev("h", "t", `{}`))
+	// The worker learns of the event (notification, poll) and must not
+	// handle it: give it the time it takes to when not paused.
+	polls := c.polls.Load()
 	c.pollNow(WakePoll)
+	pgtest.WaitFor(t, 5*time.Second, "the paused consumer knows of offset 2", func() bool {
+		return c.polls.Load() > polls && workerOf(c, 0).highest.Load() >= 2
+	})
+	pgtest.WaitFor(t, 5*time.Second, "a notification or poll after that", func() bool { return c.polls.Load() > polls+1 })
 	if n := queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`); n != 2 {
 		t.Fatalf("a paused group moved to %d", n)
 	}

@@ -256,6 +256,10 @@ func (w *worker) retry(ctx context.Context, err error) {
 	if ue != nil {
 		f.narrowed = w.narrow == ue.txID
 		h = w.failure(ue)
+		if f.idleKilled && !errors.Is(h.err, errSessionLost) {
+			h.err = fmt.Errorf("%w: the unit's handlers ran without a statement for longer than the server's idle_in_transaction_session_timeout: %v",
+				errSessionLost, ue.err)
+		}
 	}
 	v, class := decide(f, h, failurePolicy{
 		maxAttempts: w.c.cfg.MaxAttempts, onPermanent: w.c.cfg.OnPermanentFailure,

@@ -156,6 +156,10 @@ func ApplyRetention(ctx context.Context, db Pool, topic int) (Retention, error) 
 	return out, nil
 }
 
+// testHookBeforeDropLock, when set by a test, runs between the first
+// decision on a segment and the lock under which it is decided again.
+var testHookBeforeDropLock func()
+
 // skipCount is what a group loses in one partition when a segment goes.
 type skipCount struct {
 	group     string
@@ -191,6 +195,9 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 	counts, err := countSkips(ctx, tx, topic, seg, name)
 	if err != nil {
 		return fail(err)
+	}
+	if testHookBeforeDropLock != nil {
+		testHookBeforeDropLock()
 	}
 	// No batch is in flight once this is held, and none starts.
 	if _, err := tx.Exec(ctx, `LOCK TABLE ONLY outbox_message_t IN ACCESS EXCLUSIVE MODE`); err != nil {

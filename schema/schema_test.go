@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -504,4 +505,128 @@ func queryInt(t *testing.T, db interface {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return n
+}
+
+// TestNextOffsetLeavesNoLock (issue 10, defect 10): reading a sequence
+// topic's next offset takes the append lock only for the reading
+// transaction: a call that fails half-way leaves nothing held on the
+// connection (a pooled connection would otherwise block every producer of
+// the topic).
+func TestNextOffsetLeavesNoLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	mustExec(t, pool, `INSERT INTO log_counter (topic_id, total_partitions) VALUES (1, 4)`)
+	if err := schema.SetAllocation(ctx, pool, 1, schema.AllocationSequence); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// The sequence is gone: the call fails between taking the lock and
+	// reading the sequence.
+	mustExec(t, pool, `ALTER SEQUENCE outbox_offset_seq_1 RENAME TO moved_away`)
+	if _, err := conn.Exec(ctx, `SELECT topic_next_offset(1)`); err == nil {
+		t.Fatal("topic_next_offset with its sequence gone succeeded")
+	}
+	var held int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 {
+		t.Fatalf("%d advisory locks left on the connection after a failed call", held)
+	}
+}
+
+// TestCommitOrderSeenByReaders: with either allocation, while producers
+// append concurrently (holding their reservations open for a while, some
+// rolling back), a reader never sees an offset while a lower one that will
+// be committed is still missing: every snapshot holds, below its highest
+// offset, every offset that is committed in the end. With the counter the
+// committed offsets are gapless too.
+func TestCommitOrderSeenByReaders(t *testing.T) {
+	t.Parallel()
+	for _, alloc := range []string{schema.AllocationCounter, schema.AllocationSequence} {
+		t.Run(alloc, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+			mustExec(t, pool, `INSERT INTO log_counter (topic_id, total_partitions) VALUES (1, 4)`)
+			if _, err := schema.EnsureSegments(ctx, pool, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := schema.SetAllocation(ctx, pool, 1, alloc); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			var stop atomic.Bool
+			for p := range 6 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; !stop.Load(); i++ {
+						tx, err := pool.Begin(ctx)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if _, err := tx.Exec(ctx, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||k, 'event_type', 't'))
+							FROM generate_series(1, $1) k))`, 1+(i+p)%3); err != nil {
+							_ = tx.Rollback(ctx)
+							t.Error(err)
+							return
+						}
+						time.Sleep(time.Duration((i+p)%3) * time.Millisecond)
+						if (i+p)%5 == 4 {
+							_ = tx.Rollback(ctx)
+							continue
+						}
+						if err := tx.Commit(ctx); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			type snapshot struct {
+				seen map[int64]bool
+				max  int64
+			}
+			var snaps []snapshot
+			for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); {
+				var offs []int64
+				if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(c_offset), '{}') FROM outbox_message_t WHERE topic_id = 1`).Scan(&offs); err != nil {
+					t.Fatal(err)
+				}
+				s := snapshot{seen: make(map[int64]bool, len(offs))}
+				for _, o := range offs {
+					s.seen[o] = true
+					s.max = max(s.max, o)
+				}
+				snaps = append(snaps, s)
+			}
+			stop.Store(true)
+			wg.Wait()
+			var final []int64
+			if err := pool.QueryRow(ctx, `SELECT array_agg(c_offset ORDER BY c_offset) FROM outbox_message_t WHERE topic_id = 1`).Scan(&final); err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range snaps {
+				for _, o := range final {
+					if o > s.max {
+						break
+					}
+					if !s.seen[o] {
+						t.Fatalf("snapshot %d saw offset %d but not %d, committed later", i, s.max, o)
+					}
+				}
+			}
+			if alloc == schema.AllocationCounter && final[len(final)-1] != int64(len(final)) {
+				t.Fatalf("%d committed offsets up to %d: the counter left a gap", len(final), final[len(final)-1])
+			}
+			t.Logf("%d snapshots, %d committed offsets up to %d", len(snaps), len(final), final[len(final)-1])
+		})
+	}
 }

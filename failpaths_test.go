@@ -1,0 +1,544 @@
+package pgevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// Tests of the failure paths a review found broken (issue 10): each names
+// the defect it guards and fails without its fix.
+
+// callCounter counts handler calls, for asserting that no failure path
+// spins.
+type callCounter struct{ n atomic.Int64 }
+
+func (c *callCounter) wrap(h Handler) Handler {
+	return HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		c.n.Add(1)
+		return h.Handle(ctx, tx, ev)
+	})
+}
+
+// TestHaltBeforeUnitWhosePoisonIsNotFirst (defect 1): under halt, a unit
+// {ok, poison} after a healthy unit: the healthy unit commits, the
+// partition halts at the failing unit's first offset with a
+// partition_halts row, and the handler is not called over and over.
+func TestHaltBeforeUnitWhosePoisonIsNotFirst(t *testing.T) {
+	t.Parallel()
+	for _, breaker := range []bool{false, true} {
+		t.Run(fmt.Sprintf("breaker=%v", breaker), func(t *testing.T) {
+			t.Parallel()
+			pool := newTopic(t, 1)
+			mustExec(t, pool, handledTable)
+			var poisoned atomic.Bool
+			poisoned.Store(true)
+			var calls callCounter
+			hs := &Handlers{}
+			hs.HandleAll(calls.wrap(poisonHandlers(&poisoned).catchAll))
+			cfg := Config{TotalPartitions: 1, OnPermanentFailure: PolicyHalt, Handlers: hs}
+			if breaker {
+				// The breaker halts instead of the policy: one dead letter
+				// allowed, the second unit halts.
+				cfg.OnPermanentFailure, cfg.MaxDeadLetters = PolicyDeadLetter, 1
+			}
+			// One batch: a healthy unit, (breaker: a poisoned unit that is
+			// dead-lettered,) then {ok, poison}, then more.
+			appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 1, 2
+			first := int64(3)
+			if breaker {
+				appendTx(t, pool, ev("a", "t", `{}`), ev("a", "t", `{"poison":true}`)) // 3, 4: dead-lettered
+				first = 5
+			}
+			appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{"poison":true}`)) // first, first+1: halts here
+			appendTx(t, pool, ev("c", "t", `{}`))
+			c := startConsumer(t, pool, cfg)
+			pgtest.WaitFor(t, 10*time.Second, "halt recorded", func() bool {
+				return queryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE c_offset = $1 AND reason = 'poison event'`, first) == 1
+			})
+			if got := handledOffsets(t, pool); got != "[1 2]" {
+				t.Fatalf("handled %s, want the healthy unit [1 2] committed before the halt", got)
+			}
+			if n := queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`); n != first {
+				t.Fatalf("position %d, want %d: the partition stops at the failing unit's first offset", n, first)
+			}
+			// No spin: halted means the handler is not called any more.
+			before := calls.n.Load()
+			time.Sleep(500 * time.Millisecond) // a window in which a spinning worker would call thousands of times
+			if after := calls.n.Load(); after != before || before > 20 {
+				t.Fatalf("handler called %d times before the halt and %d more after it", before, after-before)
+			}
+			if !workerOf(c, 0).halted.Load() {
+				t.Fatal("worker not halted")
+			}
+		})
+	}
+}
+
+// TestIdleHandlersDoNotLivelock (defect 2): handlers that only call out,
+// slowly, with no SQL, on the production pool settings with a short
+// idle_in_transaction_session_timeout: batches commit before the server
+// ends their session, so every event is handled, and each outside call is
+// made about once.
+func TestIdleHandlersDoNotLivelock(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	var (
+		mu    sync.Mutex
+		calls = map[string]int{}
+	)
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		mu.Lock()
+		calls[ev.EventID]++
+		mu.Unlock()
+		select { // a webhook taking 60 ms
+		case <-time.After(60 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}))
+	cp := consumerPool(t, pool, 1, func(pc *pgxpool.Config) {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "1000"
+	})
+	c, err := NewConsumer(cp, Config{GroupID: "g", TotalPartitions: 1, BatchSize: 50, HandlerTimeout: 400 * time.Millisecond, Handlers: hs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 30 { // 30 single-event units: 1.8 s of handlers, past the 1 s limit in one batch
+		appendTx(t, pool, ev("a", "t", `{}`))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	pgtest.WaitFor(t, 20*time.Second, "every event handled", func() bool {
+		return queryInt(t, pool, `SELECT coalesce(max(next_offset), 0) FROM consumer_offsets`) == 31
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range calls {
+		if n > 2 {
+			t.Fatalf("event %s called out %d times: batches are being replayed", id, n)
+		}
+	}
+	if s := c.Stats(); s.Batches < 2 || s.Retries != 0 {
+		t.Fatalf("%d batches, %d retries: the batch should have been committed in parts before the server ended it", s.Batches, s.Retries)
+	}
+}
+
+// TestRefusesHandlerTimeoutBeyondIdleTimeout (defect 2): a handler timeout
+// the session's idle timeout cannot accommodate is refused at start.
+func TestRefusesHandlerTimeoutBeyondIdleTimeout(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	cp := consumerPool(t, pool, 1, func(pc *pgxpool.Config) {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "1000"
+	})
+	c, err := NewConsumer(cp, Config{GroupID: "g", TotalPartitions: 1, HandlerTimeout: 2 * time.Second, Handlers: recordingHandlers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var te *TimeoutError
+	if err := c.Run(context.Background()); !errors.As(err, &te) {
+		t.Fatalf("Run = %v, want a TimeoutError", err)
+	}
+}
+
+// TestSessionEndedMidBatchNarrows (defect 2): a unit whose handler keeps
+// its batch idle until the server ends the session (SQLSTATE 25P03): the
+// batch shrinks until the unit is alone, the other units are handled, and
+// that unit is dead-lettered after MaxAttempts instead of being retried
+// forever.
+func TestSessionEndedMidBatchNarrows(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	record := SQLHandler("g", recordSQL)
+	var calls callCounter
+	hs := &Handlers{}
+	hs.HandleAll(calls.wrap(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		if ev.EventType == "idle" {
+			// Outlives the session's idle limit, set for this transaction.
+			if _, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 100`); err != nil {
+				return err
+			}
+			time.Sleep(300 * time.Millisecond)
+			return nil
+		}
+		return record.Handle(ctx, tx, ev)
+	})))
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, BatchSize: 20, Handlers: hs, MaxAttempts: 3,
+		RetryInitial: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond})
+	for i := range 12 {
+		typ := "t"
+		if i == 6 {
+			typ = "idle"
+		}
+		appendTx(t, pool, ev("a", typ, `{}`), ev("b", "t", `{}`))
+	}
+	pgtest.WaitFor(t, 30*time.Second, "the position past every unit", func() bool {
+		return queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`) == 25
+	})
+	if got := queryInt(t, pool, `SELECT count(*) FROM handled`); got != 22 {
+		t.Fatalf("%d events handled, want 22 (every unit but the idle one)", got)
+	}
+	var reason string
+	if err := pool.QueryRow(context.Background(), `SELECT error FROM dead_letter_queue WHERE first_offset = 13`).Scan(&reason); err != nil {
+		t.Fatalf("no dead letter for the idle unit: %v", err)
+	}
+	if !strings.Contains(reason, "session ended") {
+		t.Fatalf("dead letter reason %q, want one saying the session ended", reason)
+	}
+	checkHandledOrderOnly(t, pool)
+	if c.Stats().DeadLettered != 1 {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+}
+
+// TestSwallowedSQLErrorBlamesItsUnit (defect 3): a handler that ignores a
+// duplicate-key error and returns nil leaves the transaction aborted: its
+// unit is dead-lettered with a reason saying so, the unit after it is
+// handled, and a swallowing unit that is last does not stall the
+// partition.
+func TestSwallowedSQLErrorBlamesItsUnit(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	mustExec(t, pool, `CREATE TABLE uniq (k text PRIMARY KEY)`)
+	mustExec(t, pool, `INSERT INTO uniq VALUES ('taken')`)
+	record := SQLHandler("g", recordSQL)
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		if ev.EventType == "swallow" {
+			_, _ = tx.Exec(ctx, `INSERT INTO uniq VALUES ('taken')`) // "ignore duplicates"
+			return nil
+		}
+		return record.Handle(ctx, tx, ev)
+	}))
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: hs})
+	appendTx(t, pool, ev("a", "t", `{}`))                           // 1
+	appendTx(t, pool, ev("a", "t", `{}`), ev("a", "swallow", `{}`)) // 2, 3: dead-lettered
+	appendTx(t, pool, ev("b", "t", `{}`))                           // 4: innocent, handled
+	appendTx(t, pool, ev("a", "swallow", `{}`), ev("c", "t", `{}`)) // 5, 6: last: dead-lettered, no stall
+	waitPosition(t, pool, 7)
+	if got := handledOffsets(t, pool); got != "[1 4]" {
+		t.Fatalf("handled %s, want [1 4]", got)
+	}
+	rows, err := pool.Query(context.Background(), `SELECT first_offset || '-' || last_offset || ': ' || error FROM dead_letter_queue ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dls, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != 2 || !strings.HasPrefix(dls[0], "2-3: ") || !strings.HasPrefix(dls[1], "5-6: ") {
+		t.Fatalf("dead letters %q, want units 2-3 and 5-6", dls)
+	}
+	for _, d := range dls {
+		if !strings.Contains(d, ErrAbortedTransaction.Error()) {
+			t.Fatalf("dead letter %q does not say the handler returned nil on an aborted transaction", d)
+		}
+	}
+	if c.Stats().DeadLettered != 2 {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+}
+
+// TestParkedBehindTwoDeadLetters (defect 4): a unit touching hosts parked
+// behind two dead letters stays parked until both are resolved, whatever
+// the order of resolution; and within one batch, a host that a parked unit
+// touches is parked for the rest of the batch.
+func TestParkedBehindTwoDeadLetters(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	var poisoned atomic.Bool
+	poisoned.Store(true)
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 1: DL1, parks a
+	appendTx(t, pool, ev("b", "t", `{"poison":true}`))        // 2: DL2, parks b
+	appendTx(t, pool, ev("b", "t", `{}`))                     // 3: parked behind DL2
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 4, 5: parked behind both
+	appendTx(t, pool, ev("b", "t", `{}`))                     // 6: parked
+	appendTx(t, pool, ev("c", "t", `{}`))                     // 7: flows
+	waitPosition(t, pool, 8)
+	if got := handledOffsets(t, pool); got != "[7]" {
+		t.Fatalf("handled %s, want [7]", got)
+	}
+	dls, err := ListDeadLetters(context.Background(), pool, "g")
+	if err != nil || len(dls) != 2 {
+		t.Fatalf("dead letters %+v, %v", dls, err)
+	}
+	poisoned.Store(false)
+	// Discard DL2 first: 3 is released (b waits behind nothing else before
+	// it), but 4-5 still wait behind DL1, and so does 6, behind 4-5's b.
+	if n, err := c.DiscardDeadLetter(context.Background(), dls[1].ID); err != nil || n != 1 {
+		t.Fatalf("discard of DL2 handled %d, %v; want 1 (offset 3)", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[7 3]" {
+		t.Fatalf("handled %s after discarding DL2, want [7 3]", got)
+	}
+	appendTx(t, pool, ev("b", "t", `{}`)) // 8: b is still parked (behind 4-5)
+	waitPosition(t, pool, 9)
+	if got := handledOffsets(t, pool); got != "[7 3]" {
+		t.Fatalf("handled %s: b's later event ran before its parked unit", got)
+	}
+	if n, err := c.ReplayDeadLetter(context.Background(), dls[0].ID); err != nil || n != 5 {
+		t.Fatalf("replay of DL1 handled %d, %v; want 5 (1, 4, 5, 6, 8)", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[7 3 1 4 5 6 8]" {
+		t.Fatalf("handled %s, want [7 3 1 4 5 6 8]", got)
+	}
+	if n := queryInt(t, pool, `SELECT (SELECT count(*) FROM dead_letter_queue) + (SELECT count(*) FROM parked_events)
+		+ (SELECT count(*) FROM parked_hosts)`); n != 0 {
+		t.Fatalf("%d dead letters, parked events or parked hosts left", n)
+	}
+	checkHandledOrderOnly(t, pool)
+}
+
+// TestParkedUnitParksItsHostsWithinTheBatch (defect 4): in one batch, a
+// unit parked because it touches a parked host parks its other hosts for
+// the rest of the batch.
+func TestParkedUnitParksItsHostsWithinTheBatch(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	var poisoned atomic.Bool
+	poisoned.Store(true)
+	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 1: dead letter, parks a
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 2, 3: parked, parks b
+	appendTx(t, pool, ev("b", "t", `{}`))                     // 4: parked in the same batch
+	appendTx(t, pool, ev("c", "t", `{}`))                     // 5: flows
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	waitPosition(t, pool, 6)
+	if got := handledOffsets(t, pool); got != "[5]" {
+		t.Fatalf("handled %s, want [5]: b's event 4 must wait behind the parked 3", got)
+	}
+	dls, err := ListDeadLetters(context.Background(), pool, "g")
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("dead letters %+v, %v", dls, err)
+	}
+	poisoned.Store(false)
+	if n, err := c.ReplayDeadLetter(context.Background(), dls[0].ID); err != nil || n != 4 {
+		t.Fatalf("replay handled %d, %v; want 4", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[5 1 2 3 4]" {
+		t.Fatalf("handled %s, want [5 1 2 3 4]", got)
+	}
+}
+
+// TestParkedReplayAfterRepartition (defect 6): a dead letter with events
+// parked behind it, then the topic goes from 2 partitions to 1: the switch
+// moves the dead letter and its parked events with their host, and the
+// replay, under the group's locks in the new layout, handles them in order.
+func TestParkedReplayAfterRepartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, handledTable)
+	var poisoned atomic.Bool
+	poisoned.Store(true)
+	c := startConsumer(t, pool, Config{TotalPartitions: 2, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	a, b := hostIn(t, pool, 2, 1), hostIn(t, pool, 2, 0)
+	appendTx(t, pool, ev(a, "t", `{"poison":true}`)) // 1: dead letter in partition 1
+	appendTx(t, pool, ev(a, "t", `{}`))              // 2: parked
+	appendTx(t, pool, ev(b, "t", `{}`))              // 3: handled
+	pgtest.WaitFor(t, 10*time.Second, "the poison dead-lettered and its successor parked", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM parked_events`) == 1 && queryInt(t, pool, `SELECT count(*) FROM handled`) == 1
+	})
+	if _, err := schema.Repartition(ctx, pool, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	appendTx(t, pool, ev(a, "t", `{}`)) // 4: parked, in the new layout's partition 0
+	appendTx(t, pool, ev(b, "t", `{}`)) // 5: handled
+	pgtest.WaitFor(t, 10*time.Second, "the group in the new layout, 4 parked and 5 handled", func() bool {
+		return queryInt(t, pool, `SELECT version FROM group_layouts WHERE group_id = 'g'`) == 2 &&
+			queryInt(t, pool, `SELECT count(*) FROM parked_events`) == 2 && queryInt(t, pool, `SELECT count(*) FROM handled`) == 2
+	})
+	if n := queryInt(t, pool, `SELECT (SELECT count(*) FROM parked_events WHERE partition_id <> 0)
+		+ (SELECT count(*) FROM dead_letter_queue WHERE partition_id <> 0) + (SELECT count(*) FROM parked_hosts WHERE partition_id <> 0)`); n != 0 {
+		t.Fatalf("%d dead letters or parked rows left in a partition the layout no longer has", n)
+	}
+	dls, err := ListDeadLetters(ctx, pool, "g")
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("dead letters %+v, %v", dls, err)
+	}
+	poisoned.Store(false)
+	if n, err := c.ReplayDeadLetter(ctx, dls[0].ID); err != nil || n != 3 {
+		t.Fatalf("replay after repartition handled %d, %v; want 3", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[3 5 1 2 4]" {
+		t.Fatalf("handled %s, want [3 5 1 2 4]", got)
+	}
+	appendTx(t, pool, ev(a, "t", `{}`)) // 6: flows again
+	waitHandled(t, pool, 6, 10*time.Second)
+	checkHandledOrderOnly(t, pool)
+}
+
+// TestMaintainWithoutConsumer (defect 7): producers outrun the segments
+// while no consumer runs, so events land in the DEFAULT partition; one
+// maintenance pass moves them into their segment, after which retention
+// can remove them like any other.
+func TestMaintainWithoutConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, `UPDATE log_counter SET segment_size = 1000`)
+	mustExec(t, pool, `DROP TABLE outbox_message_t_1_0, outbox_message_t_1_1, outbox_message_t_1_2`)
+	mustExec(t, pool, `SELECT ensure_outbox_segments(1, 0)`) // segment 0 only
+	mustExec(t, pool, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h' || i, 'event_type', 't'))
+		FROM generate_series(1, 2500) i))`)
+	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`); n != 1500 {
+		t.Fatalf("%d events in DEFAULT, want 1500", n)
+	}
+	m, err := Maintain(ctx, pool, 1, nil)
+	if err != nil || !m.Ran || m.SegmentsCreated != 4 {
+		t.Fatalf("Maintain = %+v, %v; want 4 segments (1 and 2 for DEFAULT's rows, 3 and 4 ahead)", m, err)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`); n != 0 {
+		t.Fatalf("%d events left in DEFAULT", n)
+	}
+	// No group, no subscription: retention removes the full segments.
+	mustExec(t, pool, `UPDATE topic_retention SET retention = '1 millisecond', zero_subscription_retention = '1 millisecond'`)
+	time.Sleep(5 * time.Millisecond)
+	if m, err = Maintain(ctx, pool, 1, nil); err != nil || len(m.Retention.Removed) != 2 {
+		t.Fatalf("Maintain = %+v, %v; want segments 0 and 1 removed", m, err)
+	}
+	if left, below := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`),
+		queryInt(t, pool, `SELECT removed_below FROM topic_retention`); left != 500 || below != 2001 {
+		t.Fatalf("%d events left, removed_below %d; want 500 and 2001", left, below)
+	}
+}
+
+// TestTopicChannel (defect 9): the channel is the topic's: appends notify
+// it, a consumer configured with it is woken at once, and a consumer
+// configured with another one refuses to start.
+func TestTopicChannel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	if err := schema.SetChannel(ctx, pool, 1, "portal_events"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewConsumer(consumerPool(t, pool, 1), Config{GroupID: "g", TotalPartitions: 1, Handlers: recordingHandlers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mismatch *ChannelMismatchError
+	if err := c.Run(ctx); !errors.As(err, &mismatch) || mismatch.Recorded != "portal_events" {
+		t.Fatalf("Run with the default channel = %v, want a ChannelMismatchError naming portal_events", err)
+	}
+	// With the topic's channel and a poll period of a minute, only a
+	// notification on that channel can wake the consumer in time.
+	startConsumer(t, pool, Config{TotalPartitions: 1, Channel: "portal_events", WaitPeriod: time.Minute, Handlers: recordingHandlers()})
+	time.Sleep(100 * time.Millisecond) // past the first poll
+	appendTx(t, pool, ev("a", "t", `{}`))
+	waitHandled(t, pool, 1, 5*time.Second)
+}
+
+// TestUnitBudgetEndsWithTheUnit (defect 10): a unit that finishes just
+// inside its budget, followed by a slow dead-letter write, does not get the
+// next unit blamed for a timeout.
+func TestUnitBudgetEndsWithTheUnit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	record := SQLHandler("g", recordSQL)
+	var slowCalls atomic.Int64
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(hctx context.Context, tx pgx.Tx, ev *Event) error {
+		switch ev.EventType {
+		case "poison":
+			return Permanent(errors.New("poison"))
+		case "slow":
+			if slowCalls.Add(1) == 2 {
+				// In the attempt that dead-letters the poison, make the
+				// dead-letter write wait past the end of this unit's
+				// budget.
+				conn, err := pool.Acquire(ctx)
+				if err != nil {
+					return err
+				}
+				if _, err := conn.Exec(ctx, `BEGIN; LOCK TABLE dead_letter_queue IN EXCLUSIVE MODE`); err != nil {
+					conn.Release()
+					return err
+				}
+				go func() {
+					defer conn.Release()
+					time.Sleep(400 * time.Millisecond)
+					_, _ = conn.Exec(ctx, `COMMIT`)
+				}()
+			}
+			time.Sleep(200 * time.Millisecond) // inside its 300 ms budget
+		}
+		return record.Handle(hctx, tx, ev)
+	}))
+	appendTx(t, pool, ev("a", "slow", `{}`))   // 1
+	appendTx(t, pool, ev("a", "poison", `{}`)) // 2: dead-lettered
+	appendTx(t, pool, ev("a", "t", `{}`))      // 3: must not time out
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, HandlerTimeout: 300 * time.Millisecond, Handlers: hs})
+	waitPosition(t, pool, 4)
+	if got := handledOffsets(t, pool); got != "[1 3]" {
+		t.Fatalf("handled %s, want [1 3]", got)
+	}
+	if r := c.Stats().Retries; r != 1 {
+		t.Fatalf("%d retries, want 1 (the poison's): a unit was blamed for a budget that was not its own", r)
+	}
+}
+
+// TestLostLeaseCancelsHandlers (defect 10): when another replica takes the
+// partition over, the in-flight handler's context is cancelled at once,
+// with ErrLeaseLost as its cause, instead of running on under a stale
+// epoch until its own timeout.
+func TestLostLeaseCancelsHandlers(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	started := make(chan struct{}, 1)
+	causes := make(chan error, 1)
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		select {
+		case causes <- context.Cause(ctx):
+		default:
+		}
+		return ctx.Err()
+	}))
+	startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: hs, HandlerTimeout: 50 * time.Second, LeaseDuration: 300 * time.Millisecond})
+	appendTx(t, pool, ev("a", "t", `{}`))
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler not started")
+	}
+	// Another replica takes the partition over.
+	mustExec(t, pool, `UPDATE partition_leases SET owner = 'usurper', epoch = epoch + 1, expires_at = now() + interval '1 hour'`)
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, ErrLeaseLost) {
+			t.Fatalf("handler context ended with %v, want ErrLeaseLost", cause)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler ran on after the lease was lost")
+	}
+}
