@@ -28,8 +28,9 @@ type unitError struct {
 	unitFirst int64 // the unit's first offset
 	offset    int64 // the failing event's offset
 	err       error
-	timeout   bool  // the unit's time budget ran out
-	parkFor   int64 // the unit touches a host parked behind this dead letter
+	timeout   bool   // the unit's time budget ran out
+	parkFor   int64  // the unit touches a host parked behind this dead letter
+	parkHost  string // that host
 }
 
 func (e *unitError) Error() string {

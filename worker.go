@@ -87,7 +87,7 @@ type worker struct {
 	// position has moved past their unit.
 	tries  map[int64]*unitFailure // failures so far (unknown class, timeouts)
 	poison map[int64]*unitFailure // units to dead-letter
-	park   map[int64]int64        // units to park, behind this dead letter id
+	park   map[int64]string       // units to park, for this host found parked mid-unit
 	narrow int64                  // a unit to handle alone; 0: none
 	haltAt *unitFailure           // the unit to halt before; nil: none
 
@@ -121,7 +121,7 @@ func newWorker(c *Consumer, lr *layoutRun, p int) *worker {
 		limit:     c.cfg.BatchSize,
 		tries:     map[int64]*unitFailure{},
 		poison:    map[int64]*unitFailure{},
-		park:      map[int64]int64{},
+		park:      map[int64]string{},
 	}
 	w.highest.Store(-1)
 	return w
@@ -276,7 +276,7 @@ func (w *worker) retry(ctx context.Context, err error) {
 		w.narrow = ue.txID
 		w.log.Warn().Int64("offset", ue.offset).Msg("unit timed out twice, narrowing the batch to it")
 	case parkUnit:
-		w.park[ue.txID] = ue.parkFor
+		w.park[ue.txID] = ue.parkHost
 	case deadLetterUnit, haltBeforeUnit:
 		w.permanent(ue, h, class, v)
 	}
@@ -595,8 +595,8 @@ func (st *batchState) handle(evs []Event) error {
 		} else if st.action == actHandle {
 			// The unit continues into a new chunk: a host in it may be
 			// parked, which is only known now.
-			if dl, ok := st.parkedHost(unit); ok {
-				return &unitError{txID: head.TransactionID, unitFirst: st.unitFirst, offset: head.Offset, parkFor: dl}
+			if dl, host, ok := st.parkedHost(unit); ok {
+				return &unitError{txID: head.TransactionID, unitFirst: st.unitFirst, offset: head.Offset, parkFor: dl, parkHost: host}
 			}
 		}
 		st.started = true
@@ -643,9 +643,12 @@ func (st *batchState) openUnit(unit []Event) error {
 	w.last.lastTx, w.last.unitFirst = tx, head.Offset
 	if f := w.poison[tx]; f != nil {
 		st.action, st.fail = actDeadLetter, f
-	} else if dl, ok := w.park[tx]; ok {
+	} else if dl, ok := st.parked[w.park[tx]]; ok {
+		// Found parked mid-unit by an earlier attempt, and still parked
+		// (the dead letter may have been resolved since: then the unit is
+		// handled).
 		st.action, st.parkFor = actPark, dl
-	} else if dl, ok := st.parkedHost(unit); ok {
+	} else if dl, _, ok := st.parkedHost(unit); ok {
 		st.action, st.parkFor = actPark, dl
 	}
 	return nil
@@ -722,17 +725,18 @@ func (st *batchState) addParked(evs []Event, dl int64) {
 	}
 }
 
-// parkedHost returns the dead letter that a host of evs is parked behind.
-func (st *batchState) parkedHost(evs []Event) (int64, bool) {
+// parkedHost returns the first host of evs that is parked, and the dead
+// letter it is parked behind.
+func (st *batchState) parkedHost(evs []Event) (int64, string, bool) {
 	if len(st.parked) == 0 {
-		return 0, false
+		return 0, "", false
 	}
 	for i := range evs {
 		if dl, ok := st.parked[evs[i].HostID]; ok {
-			return dl, true
+			return dl, evs[i].HostID, true
 		}
 	}
-	return 0, false
+	return 0, "", false
 }
 
 // run handles one unit (or the part of it in this chunk) under its time

@@ -14,16 +14,21 @@ import (
 
 // Retention statements.
 const (
-	// retentionSettingsSQL reads a topic's retention, the counter, the
-	// database clock and how many subscriptions the topic has (CANCELLED
-	// ones are gone).
+	// retentionSettingsSQL reads a topic's retention, the database clock
+	// and how many subscriptions the topic has (CANCELLED ones are gone).
 	retentionSettingsSQL = `SELECT extract(epoch FROM r.retention)::float8,
        extract(epoch FROM r.max_retention)::float8,
        extract(epoch FROM r.zero_subscription_retention)::float8,
-       topic_next_offset($1), clock_timestamp(),
+       clock_timestamp(),
        (SELECT count(*) FROM subscriptions s WHERE s.topic_id = $1 AND s.state <> 'CANCELLED')
-FROM topic_retention r JOIN log_counter c ON c.topic_id = r.topic_id
+FROM topic_retention r
 WHERE r.topic_id = $1`
+
+	// nextOffsetSQL reads the offset the topic's next append gets. For a
+	// sequence topic it waits for the append in flight (topic_next_offset
+	// takes the append lock shared): never call it while holding a lock an
+	// append needs.
+	nextOffsetSQL = `SELECT topic_next_offset($1)`
 
 	// watermarkSQL is the lowest offset an ACTIVE or PAUSED group still
 	// needs: for each of its partitions, the first event at or after its
@@ -50,21 +55,39 @@ LEFT JOIN LATERAL (
     ORDER BY m.c_offset LIMIT 1
 ) f ON true`
 
-	// countSkipsSQL counts, per group and partition whose position is below
-	// $2 (the segment's end), whatever the group's state, the segment's
-	// events at or after the position, with the positions it counted from,
-	// in one snapshot. %s is the segment's table.
-	countSkipsSQL = `SELECT o.group_id, o.partition_id, o.next_offset, count(m.c_offset), min(m.c_offset), max(m.c_offset)
-FROM consumer_offsets o
-LEFT JOIN %s m ON m.topic_id = o.topic_id AND m.partition_id = o.partition_id AND m.c_offset >= o.next_offset
-WHERE o.topic_id = $1 AND o.next_offset < $2
-GROUP BY o.group_id, o.partition_id, o.next_offset
-ORDER BY o.group_id, o.partition_id`
+	// positionsPrintSQL is a fingerprint of what a count of skips depends
+	// on: the positions below $2 (the segment's end) and the layout of
+	// every group of the topic.
+	positionsPrintSQL = `SELECT coalesce((SELECT string_agg(group_id || ':' || partition_id || ':' || next_offset, ',' ORDER BY group_id, partition_id)
+                  FROM consumer_offsets WHERE topic_id = $1 AND next_offset < $2), '')
+       || '|' || coalesce((SELECT string_agg(group_id || ':' || version, ',' ORDER BY group_id)
+                           FROM group_layouts WHERE topic_id = $1), '')`
 
-	// positionsBelowSQL reads the positions below $2, as countSkipsSQL
-	// lists them.
-	positionsBelowSQL = `SELECT group_id, partition_id, next_offset FROM consumer_offsets
-WHERE topic_id = $1 AND next_offset < $2 ORDER BY group_id, partition_id`
+	// countSkipsSQL counts, per group (whatever its state) and partition,
+	// the segment's events the group has not handled: those of its layout
+	// at or after its position in their partition, and those of every
+	// later layout, which it has not reached. A last row carries the
+	// fingerprint of what was counted from, read in the same snapshot. %s
+	// is the segment's table.
+	countSkipsSQL = `WITH gl AS (
+    SELECT g.group_id, l.from_offset AS lo,
+           coalesce((SELECT n.from_offset FROM topic_layouts n
+                     WHERE n.topic_id = g.topic_id AND n.version = g.version + 1), 9223372036854775807) AS hi
+    FROM group_layouts g JOIN topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
+    WHERE g.topic_id = $1
+), lost AS (
+    SELECT gl.group_id, m.partition_id, m.c_offset
+    FROM gl
+    JOIN consumer_offsets o ON o.group_id = gl.group_id AND o.topic_id = $1 AND o.next_offset < $2
+    JOIN %[1]s m ON m.topic_id = $1 AND m.partition_id = o.partition_id
+                AND m.c_offset >= greatest(o.next_offset, gl.lo) AND m.c_offset < gl.hi
+    UNION ALL
+    SELECT gl.group_id, m.partition_id, m.c_offset
+    FROM gl JOIN %[1]s m ON m.topic_id = $1 AND m.c_offset >= gl.hi
+)
+SELECT group_id, partition_id, count(*), min(c_offset), max(c_offset), NULL::text FROM lost GROUP BY 1, 2
+UNION ALL
+SELECT NULL, NULL, 0, NULL, NULL, (` + positionsPrintSQL + `)`
 
 	// recordSkipsSQL records what a group loses with the segment.
 	recordSkipsSQL = `INSERT INTO retention_skips (group_id, topic_id, partition_id, skipped, first_offset, last_offset, reason)
@@ -164,7 +187,6 @@ var testHookBeforeDropLock func()
 type skipCount struct {
 	group     string
 	partition int
-	next      int64 // the position counted from
 	n, lo, hi int64
 }
 
@@ -189,10 +211,20 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 		return fail(err)
 	}
 	name := pgx.Identifier{seg.Name}.Sanitize()
+	// The counter only grows: read before the lock, it is safe to decide
+	// with under the lock too, where reading it could deadlock with an
+	// append of a sequence topic.
+	var counter int64
+	if err := tx.QueryRow(ctx, nextOffsetSQL, topic).Scan(&counter); err != nil {
+		return fail(err)
+	}
+	if seg.Hi > counter {
+		return r, "the oldest segment is the one being written", nil
+	}
 	if blocked, err := decideDrop(ctx, tx, topic, seg, name, watermark, &r); err != nil || blocked != "" {
 		return r, blocked, err
 	}
-	counts, err := countSkips(ctx, tx, topic, seg, name)
+	counts, print, err := countSkips(ctx, tx, topic, seg, name)
 	if err != nil {
 		return fail(err)
 	}
@@ -206,12 +238,13 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 	if blocked, err := decideDrop(ctx, tx, topic, seg, name, watermark, &r); err != nil || blocked != "" {
 		return r, blocked, err
 	}
-	moved, err := positionsMoved(ctx, tx, topic, seg, counts)
-	if err != nil {
+	var now string
+	if err := tx.QueryRow(ctx, positionsPrintSQL, topic, seg.Hi).Scan(&now); err != nil {
 		return fail(err)
 	}
-	if moved {
-		if counts, err = countSkips(ctx, tx, topic, seg, name); err != nil {
+	if now != print {
+		// A batch or a layout switch committed since the count.
+		if counts, _, err = countSkips(ctx, tx, topic, seg, name); err != nil {
 			return fail(err)
 		}
 	}
@@ -244,18 +277,18 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 }
 
 // decideDrop reads the topic's retention, the watermark and the age of
-// seg's newest event, and says why seg must stay, or "" when it may go,
+// seg's newest event (it takes no lock an append needs), and says why seg must stay, or "" when it may go,
 // setting r.Reason.
 func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, name string, watermark *int64, r *Removed) (string, error) {
 	var (
 		retention, zeroSubs float64
 		maxRetention        *float64
-		counter, subs       int64
+		subs                int64
 		now                 time.Time
 		wm                  *int64
 		newest              *time.Time
 	)
-	if err := tx.QueryRow(ctx, retentionSettingsSQL, topic).Scan(&retention, &maxRetention, &zeroSubs, &counter, &now, &subs); err != nil {
+	if err := tx.QueryRow(ctx, retentionSettingsSQL, topic).Scan(&retention, &maxRetention, &zeroSubs, &now, &subs); err != nil {
 		return "", fmt.Errorf("offsets: retention settings of topic %d: %w", topic, err)
 	}
 	if err := tx.QueryRow(ctx, watermarkSQL, topic).Scan(&wm); err != nil {
@@ -264,9 +297,6 @@ func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, n
 	*watermark = NoLimit
 	if wm != nil {
 		*watermark = *wm
-	}
-	if seg.Hi > counter {
-		return "the oldest segment is the one being written", nil
 	}
 	if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT max(created_at) FROM (SELECT created_at FROM %s ORDER BY c_offset DESC LIMIT 1) x`, name)).
 		Scan(&newest); err != nil {
@@ -292,48 +322,31 @@ func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, n
 	return "", nil
 }
 
-// countSkips counts, per group and partition with a position below seg's
-// end, the segment's events at or after the position.
-func countSkips(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, name string) ([]skipCount, error) {
+// countSkips counts what each group loses with seg (see countSkipsSQL),
+// and returns the fingerprint of the positions and layouts it counted from.
+func countSkips(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, name string) ([]skipCount, string, error) {
 	rows, err := tx.Query(ctx, fmt.Sprintf(countSkipsSQL, name), topic, seg.Hi)
 	if err != nil {
-		return nil, fmt.Errorf("count skips: %w", err)
+		return nil, "", fmt.Errorf("count skips: %w", err)
 	}
 	var (
 		out    []skipCount
-		c      skipCount
+		print  string
+		group  *string
+		part   *int
+		n      int64
 		lo, hi *int64
+		fp     *string
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&c.group, &c.partition, &c.next, &c.n, &lo, &hi}, func() error {
-		c.lo, c.hi = 0, 0
-		if lo != nil {
-			c.lo, c.hi = *lo, *hi
+	if _, err := pgx.ForEachRow(rows, []any{&group, &part, &n, &lo, &hi, &fp}, func() error {
+		if fp != nil {
+			print = *fp
+			return nil
 		}
-		out = append(out, c)
+		out = append(out, skipCount{group: *group, partition: *part, n: n, lo: *lo, hi: *hi})
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("count skips: %w", err)
+		return nil, "", fmt.Errorf("count skips: %w", err)
 	}
-	return out, nil
-}
-
-// positionsMoved says whether the positions below seg's end differ from
-// those counts were made from.
-func positionsMoved(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, counts []skipCount) (bool, error) {
-	rows, err := tx.Query(ctx, positionsBelowSQL, topic, seg.Hi)
-	if err != nil {
-		return false, fmt.Errorf("read positions: %w", err)
-	}
-	i, moved := 0, false
-	var c skipCount
-	if _, err := pgx.ForEachRow(rows, []any{&c.group, &c.partition, &c.next}, func() error {
-		if i >= len(counts) || counts[i].group != c.group || counts[i].partition != c.partition || counts[i].next != c.next {
-			moved = true
-		}
-		i++
-		return nil
-	}); err != nil {
-		return false, fmt.Errorf("read positions: %w", err)
-	}
-	return moved || i != len(counts), nil
+	return out, print, nil
 }
