@@ -131,7 +131,9 @@ func TestFailureModel(t *testing.T) {
 			}
 		})
 	}
-	t.Cleanup(func() { t.Logf("%d cases, %d operations in %s", cases.Load(), ops.Load(), time.Since(start).Round(time.Second)) })
+	t.Cleanup(func() {
+		t.Logf("%d cases, %d operations in %s", cases.Load(), ops.Load(), time.Since(start).Round(time.Second))
+	})
 }
 
 // model is one case's world: the database, the consumers, what producers
