@@ -57,15 +57,23 @@ const (
 	// lock (invariant 1) and returns them in array order.
 	appendSQL = `SELECT min(o), count(*) FROM append_events($1, $2) AS o`
 
+	// nextOffsetOfSQL reads the offset the topic's next append will get,
+	// never more than an offset an append in flight holds (see
+	// topic_next_offset). Read it in a statement of its own, before the
+	// statement that looks for the first retained event: then every event
+	// below it that is committed is visible to that later statement. Read
+	// in one statement, the events would be looked for in the statement's
+	// snapshot, taken before topic_next_offset waited for (or saw) an
+	// append that committed meanwhile, whose events would be skipped.
+	nextOffsetOfSQL = `SELECT topic_next_offset($1)`
+
 	// initSQL creates a group's positions for the partitions it serves,
-	// starting at the first retained event of the topic, or at the counter
-	// when the topic is empty. Reading the counter in READ COMMITTED gives a
-	// value no greater than any uncommitted reservation, so no event is
-	// skipped; an existing position is never moved.
+	// starting at the first retained event of the topic, or at $4, the
+	// topic's next offset read before (nextOffsetOfSQL), when the topic is
+	// empty. An existing position is never moved.
 	initSQL = `INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
 SELECT $1, $2, p.partition_id,
-       coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $2),
-                topic_next_offset($2))
+       coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $2), $4)
 FROM unnest($3::integer[]) AS p(partition_id)
 ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 
@@ -174,7 +182,11 @@ func Append(ctx context.Context, q Querier, topic int, eventsJSON []byte) (first
 // none for yet, at the first retained offset (see initSQL), and their free
 // lease rows.
 func Init(ctx context.Context, q Querier, group string, topic int, partitions []int) error {
-	if _, err := q.Exec(ctx, initSQL, group, topic, partitions); err != nil {
+	var next int64
+	if err := q.QueryRow(ctx, nextOffsetOfSQL, topic).Scan(&next); err != nil {
+		return fmt.Errorf("offsets: init group %q: %w", group, err)
+	}
+	if _, err := q.Exec(ctx, initSQL, group, topic, partitions, next); err != nil {
 		return fmt.Errorf("offsets: init group %q: %w", group, err)
 	}
 	if _, err := q.Exec(ctx, initLeasesSQL, group, topic, partitions); err != nil {

@@ -142,3 +142,49 @@ func TestRetentionCountsEveryGroupBehind(t *testing.T) {
 		}
 	}
 }
+
+// TestStartWhileAnAppendCommits: a group placed at "earliest" on an empty
+// sequence topic while an append is in flight waits for it, and starts at
+// its first event, not after it (found by TestFailureModel: the start was
+// resolved in one statement, whose snapshot predated the append's commit).
+func TestStartWhileAnAppendCommits(t *testing.T) {
+	t.Parallel()
+	ctx, url := setup(t, 2)
+	pool := pgtest.Pool(t, url)
+	if _, err := pool.Exec(ctx, `SELECT set_offset_allocation(1, 'sequence')`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `SELECT append_events(1, '[{"host_id":"a","event_type":"t"},{"host_id":"b","event_type":"t"}]')`); err != nil {
+		t.Fatal(err)
+	}
+	earliest, _ := config.ParseStart("earliest")
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := Subscribe(ctx, pool, "g", 1, earliest, time.Minute)
+		done <- err
+	}()
+	// Subscribe waits for the append in flight.
+	pgtest.WaitFor(t, 5*time.Second, "the subscriber waiting for the append lock", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n)
+		return n > 0
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var lo, hi int64
+	if err := pool.QueryRow(ctx, `SELECT min(next_offset), max(next_offset) FROM consumer_offsets WHERE group_id = 'g'`).Scan(&lo, &hi); err != nil {
+		t.Fatal(err)
+	}
+	if lo != 1 || hi != 1 {
+		t.Fatalf("the group starts at %d..%d, want 1: the events of the append that committed meanwhile would be skipped", lo, hi)
+	}
+}

@@ -57,19 +57,18 @@ WHERE topic_id = $1 AND state = 'ACTIVE' AND last_seen_at < clock_timestamp() - 
 RETURNING group_id`
 
 	// startOffsetSQL resolves a start position to an offset: the first
-	// retained event (earliest), the counter (latest: events appended from
-	// now on), N, or the first event appended at or after a time.
-	// topic_next_offset never exceeds an offset an append in flight holds,
-	// so no event appended later is skipped.
+	// retained event (earliest), $5, the topic's next offset read before in
+	// a statement of its own (latest: events appended from now on; see
+	// nextOffsetOfSQL for why it is read first), N, or the first event
+	// appended at or after a time.
 	startOffsetSQL = `SELECT CASE $2::text
-    WHEN 'earliest' THEN coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $1), c.next_offset)
-    WHEN 'latest' THEN c.next_offset
+    WHEN 'earliest' THEN coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $1), $5)
+    WHEN 'latest' THEN $5
     WHEN 'offset' THEN $3::bigint
     ELSE coalesce((SELECT m.c_offset FROM outbox_message_t m
                    WHERE m.topic_id = $1 AND m.created_at >= $4::timestamptz
-                   ORDER BY m.c_offset LIMIT 1), c.next_offset)
-END
-FROM (SELECT topic_next_offset($1) AS next_offset) c`
+                   ORDER BY m.c_offset LIMIT 1), $5)
+END`
 
 	// layoutOfSQL finds the layout an offset belongs to.
 	layoutOfSQL = `SELECT version, total_partitions FROM topic_layouts
@@ -247,8 +246,11 @@ func SweepDead(ctx context.Context, q Querier, topic int) ([]string, error) {
 
 // ResolveStart returns the offset a start position designates on topic.
 func ResolveStart(ctx context.Context, q Querier, topic int, s config.Start) (int64, error) {
-	var off int64
-	if err := q.QueryRow(ctx, startOffsetSQL, topic, s.Kind, s.Offset, s.Time).Scan(&off); err != nil {
+	var next, off int64
+	if err := q.QueryRow(ctx, nextOffsetOfSQL, topic).Scan(&next); err != nil {
+		return 0, fmt.Errorf("offsets: resolve start %s: %w", s, err)
+	}
+	if err := q.QueryRow(ctx, startOffsetSQL, topic, s.Kind, s.Offset, s.Time, next).Scan(&off); err != nil {
 		return 0, fmt.Errorf("offsets: resolve start %s: %w", s, err)
 	}
 	return off, nil
