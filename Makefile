@@ -33,5 +33,8 @@ demo:
 bench:
 	$(GO) run ./cmd/consumer bench
 
+# As root in a directory the postgres user cannot enter, the demo's cluster
+# lives elsewhere and .pgevents-demo/pg links to it: remove it too.
 clean:
+	@t=$$(readlink .pgevents-demo/pg 2>/dev/null); case "$$t" in */pgcluster-*) echo "rm -rf $$t"; rm -rf "$$t";; esac
 	rm -rf bin .pgevents-demo
