@@ -12,6 +12,7 @@
 //	consumer repartition --partitions N [--topic T]  change the partition count online
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL
 //	consumer bench   [--quick] [--only CASES] [--json]  the benchmark table
+//	consumer version                   the module version and the commit built
 //
 // The configuration file defaults to db-event-consumer.yml; DATABASE_URL
 // overrides its databaseUrl. Exit status: 0 on success (and after a clean
@@ -63,6 +64,7 @@ commands:
            change a topic's partition count online
   demo     run producers and a consumer group against a local PostgreSQL
   bench    [--quick] [--only CASES] [--json]  the benchmark table (BENCHMARKS.md)
+  version  print the module version and the commit the binary was built from
 
 Run 'consumer <command> -h' for a command's flags.
 `
@@ -100,6 +102,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = demoCmd(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = benchCmd(ctx, args[1:], stdout, stderr)
+	case "version", "--version":
+		err = versionCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
