@@ -6,12 +6,29 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all build test vet staticcheck demo bench clean
+.PHONY: all build static image test vet staticcheck demo bench clean
+
+# The image deploy/k8s/deployment.yaml runs, and what `consumer version`
+# reports: git describe and git rev-parse, computed by the build script.
+IMAGE   ?= ghcr.io/pgevents/consumer
+VERSION ?= $(or $(shell sh scripts/build-static.sh --version),dev)
+COMMIT  ?= $(shell sh scripts/build-static.sh --commit)
 
 all: build
 
 build:
 	$(GO) build -o bin/consumer ./cmd/consumer
+
+# The static binary the image ships (CGO_ENABLED=0, -trimpath, stamped with
+# VERSION and COMMIT), built by the script the Dockerfile runs.
+static:
+	VERSION="$(VERSION)" COMMIT="$(COMMIT)" sh scripts/build-static.sh bin/consumer-static
+
+# The container image, tagged with the version and latest. Needs a Docker
+# engine; the base images are pulled from Docker Hub and gcr.io.
+image:
+	docker build --build-arg VERSION="$(VERSION)" --build-arg COMMIT="$(COMMIT)" \
+		-t $(IMAGE):$(VERSION) -t $(IMAGE):latest .
 
 vet:
 	$(GO) vet $(PKGS)
