@@ -6,12 +6,29 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all build test vet staticcheck demo bench clean
+.PHONY: all build static image test vet staticcheck demo bench clean
+
+# The image deploy/k8s/deployment.yaml runs, and what `consumer version`
+# reports: git describe and git rev-parse, computed by the build script.
+IMAGE   ?= ghcr.io/pgevents/consumer
+VERSION ?= $(or $(shell sh scripts/build-static.sh --version),dev)
+COMMIT  ?= $(shell sh scripts/build-static.sh --commit)
 
 all: build
 
 build:
 	$(GO) build -o bin/consumer ./cmd/consumer
+
+# The static binary the image ships (CGO_ENABLED=0, -trimpath, stamped with
+# VERSION and COMMIT), built by the script the Dockerfile runs.
+static:
+	VERSION="$(VERSION)" COMMIT="$(COMMIT)" sh scripts/build-static.sh bin/consumer-static
+
+# The container image, tagged with the version and latest. Needs a Docker
+# engine; the base images are pulled from Docker Hub and gcr.io.
+image:
+	docker build --build-arg VERSION="$(VERSION)" --build-arg COMMIT="$(COMMIT)" \
+		-t $(IMAGE):$(VERSION) -t $(IMAGE):latest .
 
 vet:
 	$(GO) vet $(PKGS)
@@ -33,5 +50,8 @@ demo:
 bench:
 	$(GO) run ./cmd/consumer bench
 
+# As root in a directory the postgres user cannot enter, the demo's cluster
+# lives elsewhere and .pgevents-demo/pg links to it: remove it too.
 clean:
+	@t=$$(readlink .pgevents-demo/pg 2>/dev/null); case "$$t" in */pgcluster-*) echo "rm -rf $$t"; rm -rf "$$t";; esac
 	rm -rf bin .pgevents-demo

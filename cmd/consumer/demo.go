@@ -51,11 +51,17 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 		fmt.Fprintf(stdout, "starting PostgreSQL in %s ...\n", abs)
-		cl, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs})
+		// Relocate: as root, the server runs as the postgres user, who
+		// often cannot enter the repository (a 0700 home).
+		cl, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs, Relocate: true})
 		if err != nil {
 			return err
 		}
 		defer cl.Stop() //nolint:errcheck // best effort at exit
+		if cl.Dir() != abs {
+			fmt.Fprintf(stdout, "as root, PostgreSQL runs as the postgres user, who cannot reach %s:\n"+
+				"the cluster is in %s instead (%s links to it; make clean removes both)\n", abs, cl.Dir(), abs)
+		}
 		url = cl.URL("postgres")
 	}
 

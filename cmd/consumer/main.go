@@ -13,6 +13,7 @@
 //	consumer maintain [--once]       segments, dead groups and retention without a consumer
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL
 //	consumer bench   [--quick] [--only CASES] [--json]  the benchmark table
+//	consumer version                   the module version and the commit built
 //
 // The configuration file defaults to db-event-consumer.yml; DATABASE_URL
 // overrides its databaseUrl. Exit status: 0 on success (and after a clean
@@ -66,6 +67,7 @@ commands:
            create segments, sweep dead groups, apply retention (where no consumer runs)
   demo     run producers and a consumer group against a local PostgreSQL
   bench    [--quick] [--only CASES] [--json]  the benchmark table (BENCHMARKS.md)
+  version  print the module version and the commit the binary was built from
 
 Run 'consumer <command> -h' for a command's flags.
 `
@@ -105,6 +107,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = demoCmd(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = benchCmd(ctx, args[1:], stdout, stderr)
+	case "version", "--version":
+		err = versionCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

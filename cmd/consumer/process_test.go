@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -394,5 +395,74 @@ func TestDemoRuns(t *testing.T) {
 	code, out := runOnce(t, url, "demo", "--dir", t.TempDir(), "--duration", "2s", "--rate", "500")
 	if code != 0 || !strings.Contains(out, "done:") {
 		t.Fatalf("demo: exit %d\n%s", code, tail(out, 2000))
+	}
+}
+
+// TestDemoAsRootInPrivateDir runs `consumer demo` as root, without
+// DATABASE_URL, from a directory the postgres user cannot enter (a clone
+// under a 0700 home): it must start its cluster where postgres can reach
+// it, say where, link to it from .pgevents-demo/pg, and `make clean` must
+// remove both.
+func TestDemoAsRootInPrivateDir(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: only then does the demo's server run as the postgres user, who may not reach the repository")
+	}
+	t.Parallel()
+	private := t.TempDir()
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(private, ".pgevents-demo", "pg")
+	var target string // the cluster's directory, once known
+	t.Cleanup(func() {
+		if target == "" {
+			target, _ = os.Readlink(link)
+		}
+		if strings.HasPrefix(filepath.Base(target), "pgcluster-") {
+			_ = os.RemoveAll(target)
+		}
+	})
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), "demo", "--duration", "1s", "--rate", "200", "--partitions", "2")
+	cmd.Dir = private
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DATABASE_URL=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "done:") {
+		t.Fatalf("demo: %v\n%s", err, tail(string(out), 2000))
+	}
+	target, err = os.Readlink(link)
+	if err != nil {
+		t.Fatalf("no link to the cluster: %v\n%s", err, out)
+	}
+	if strings.HasPrefix(target, private+"/") || !strings.Contains(string(out), "the cluster is in "+target) {
+		t.Fatalf("the cluster is in %s; the demo said:\n%s", target, out)
+	}
+	if _, err := os.Stat(filepath.Join(target, "data", "PG_VERSION")); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Log("make not found: make clean not checked")
+		return
+	}
+	makefile, err := filepath.Abs("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	makeCmd := exec.CommandContext(ctx, "make", "-s", "-f", makefile, "clean")
+	makeCmd.Dir = private
+	if out, err := makeCmd.CombinedOutput(); err != nil {
+		t.Fatalf("make clean: %v\n%s", err, out)
+	}
+	for _, p := range []string{target, link} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after make clean, %s: %v", p, err)
+		}
 	}
 }

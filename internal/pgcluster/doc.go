@@ -34,6 +34,23 @@
 // directory otherwise. A directory made with os.MkdirTemp("", ...) satisfies
 // this; t.TempDir() does not, because its parent is private to root.
 //
+// Options.Relocate turns that error into a fallback, for callers such as
+// the demo that keep their cluster inside a repository, which as root is
+// often under a private home directory. The cluster then lives in a
+// directory the "postgres" user can reach, under $TMPDIR, /var/tmp or /tmp,
+// named after the requested path (pgcluster-<last two elements>-<hash>),
+// owned by that user with mode 0700, and Dir becomes a symbolic link to it:
+//
+//	/root/src/pgevents/.pgevents-demo/pg -> /var/tmp/pgcluster-pgevents-demo-pg-1a2b3c4d5e6f
+//
+// Cluster.Dir returns the real location. A later Start with the same Dir
+// follows the link (or, if the link is gone, finds the directory by its
+// name) and reuses the cluster; if the directory is gone, a new cluster is
+// made. Because the name is predictable and the parent shared, Start opens
+// that directory without following symbolic links and refuses it unless
+// root or the "postgres" user owns it. Removing the requested directory
+// does not remove the cluster: remove the link's target too.
+//
 // # Process lifetime
 //
 // The postgres process is started directly (not through pg_ctl) in its own

@@ -3,9 +3,12 @@ package pgcluster
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -20,6 +23,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -70,6 +75,17 @@ type Options struct {
 	// Log receives the server's log (and initdb's output); nil means a file
 	// named server.log inside Dir, appended to.
 	Log io.Writer
+	// Relocate matters only when the process runs as root, so that the
+	// server runs as the "postgres" user, and a directory above Dir is not
+	// searchable by that user (a 0700 home, say). Without Relocate, Start
+	// then fails with an error naming that directory. With it, Start puts
+	// the cluster in a directory that user can reach instead, named after
+	// Dir's path under $TMPDIR, /var/tmp or /tmp (the first the user can
+	// reach), owned by the user and private to it, and makes Dir a symbolic
+	// link to it. Starting again with the same Dir follows the link, or
+	// finds the same directory by name, and so reuses the cluster.
+	// Cluster.Dir reports where the cluster is.
+	Relocate bool
 }
 
 // Cluster is a running PostgreSQL server started by Start.
@@ -180,10 +196,21 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	claimed := false // dir is a relocation directory, already the owner's
+	if owner != nil && opts.Relocate {
+		if dir, claimed, err = owner.relocate(dir); err != nil {
+			return nil, err
+		}
+	}
+	// Directories above dir that are missing are made searchable, for the
+	// server user; dir itself is private.
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, fmt.Errorf("pgcluster: create dir: %w", err)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pgcluster: create dir: %w", err)
 	}
-	if owner != nil {
+	if owner != nil && !claimed {
 		if err := owner.prepareDir(dir); err != nil {
 			return nil, err
 		}
@@ -263,7 +290,8 @@ func (c *Cluster) URL(dbname string) string {
 // Port returns the TCP port the server listens on at 127.0.0.1.
 func (c *Cluster) Port() int { return c.port }
 
-// Dir returns the absolute path of the cluster's directory (Options.Dir).
+// Dir returns the absolute path of the cluster's directory: Options.Dir,
+// or the directory Options.Relocate chose instead.
 func (c *Cluster) Dir() string { return c.dir }
 
 // DataDir returns the absolute path of the cluster's data directory,
@@ -549,19 +577,193 @@ func (o *osUser) prepareDir(dir string) error {
 	if err := os.Chown(dir, int(o.uid), int(o.gid)); err != nil {
 		return fmt.Errorf("pgcluster: chown %s to %s: %w", dir, o.name, err)
 	}
-	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
+	blocked, err := o.blockedAncestor(dir)
+	if err != nil {
+		return err
+	}
+	if blocked != "" {
+		return fmt.Errorf("pgcluster: directory %s is not searchable by user %s, who runs the server because PostgreSQL refuses to run as root; "+
+			"use a directory under %s (os.MkdirTemp), set Options.Relocate, or run: chmod o+x %s", blocked, o.name, os.TempDir(), blocked)
+	}
+	return nil
+}
+
+// blockedAncestor returns the first directory above path that the user
+// cannot search, or "" when the user can reach path. Directories that do
+// not exist yet do not count: Start creates them searchable.
+func (o *osUser) blockedAncestor(path string) (string, error) {
+	for p := filepath.Dir(path); ; p = filepath.Dir(p) {
 		ok, err := o.canSearch(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			ok, err = true, nil
+		}
 		if err != nil {
-			return fmt.Errorf("pgcluster: %w", err)
+			return "", fmt.Errorf("pgcluster: %w", err)
 		}
 		if !ok {
-			return fmt.Errorf("pgcluster: directory %s is not searchable by user %s, who runs the server because PostgreSQL refuses to run as root; "+
-				"use a directory under %s (os.MkdirTemp) or run: chmod o+x %s", p, o.name, os.TempDir(), p)
+			return p, nil
 		}
 		if p == filepath.Dir(p) {
-			return nil
+			return "", nil
 		}
 	}
+}
+
+// relocationBases returns the directories, in order of preference, under
+// which relocate may put a cluster: $TMPDIR when set, then /var/tmp (kept
+// across reboots, unlike /tmp on many systems), then /tmp. A variable so
+// that tests can use their own.
+var relocationBases = func() []string {
+	var bases []string
+	if d := os.Getenv("TMPDIR"); d != "" {
+		bases = append(bases, d)
+	}
+	return append(bases, "/var/tmp", "/tmp")
+}
+
+// relocate returns the directory that holds the cluster requested at dir
+// (see Options.Relocate): dir itself when the user can reach it; the
+// directory a symbolic link at dir points to, when the user can reach
+// that; otherwise a directory under a relocation base, named after dir,
+// which it creates or checks and to which it links dir. claimed reports
+// that the result is such a relocation directory, already made the user's
+// (by claim).
+func (o *osUser) relocate(dir string) (_ string, claimed bool, _ error) {
+	blocked, err := o.blockedAncestor(dir)
+	if err != nil || blocked == "" {
+		return dir, false, err
+	}
+	fi, err := os.Lstat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return "", false, fmt.Errorf("pgcluster: %w", err)
+	case fi.Mode()&fs.ModeSymlink != 0:
+		link, err := os.Readlink(dir)
+		if err != nil {
+			return "", false, fmt.Errorf("pgcluster: %w", err)
+		}
+		if filepath.IsAbs(link) && filepath.Base(link) == relocationName(dir) {
+			// A link made by an earlier Start: check the directory again,
+			// as it sits in a shared directory.
+			if _, err := os.Lstat(link); err == nil {
+				if b, err := o.blockedAncestor(link); err != nil || b != "" {
+					return "", false, fmt.Errorf("pgcluster: %s links to %s, which user %s cannot reach either (%s is not searchable); remove the link", dir, link, o.name, b)
+				}
+				if err := o.claim(link); err != nil {
+					return "", false, err
+				}
+				return link, true, nil
+			}
+		} else if target, err := filepath.EvalSymlinks(dir); err == nil {
+			// A link made by someone else, in a directory only root can
+			// write: use its target if the user can reach it.
+			if b, err := o.blockedAncestor(target); err != nil || b == "" {
+				return target, false, err
+			}
+			return "", false, fmt.Errorf("pgcluster: %s links to %s, which user %s cannot reach either (%s is not searchable); remove the link", dir, target, o.name, blocked)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return "", false, fmt.Errorf("pgcluster: %w", err)
+		}
+		// The link's target is gone (a reboot emptied /tmp, say): start
+		// afresh.
+		if err := os.Remove(dir); err != nil {
+			return "", false, fmt.Errorf("pgcluster: remove dangling link: %w", err)
+		}
+	case fi.IsDir():
+		// Only an empty directory can give way to the link.
+		if err := os.Remove(dir); err != nil {
+			return "", false, fmt.Errorf("pgcluster: directory %s is not searchable by user %s, who runs the server because PostgreSQL refuses to run as root, "+
+				"and %s cannot be replaced by a link to a directory that user can reach because it is not empty; move its contents away or run: chmod o+x %s", blocked, o.name, dir, blocked)
+		}
+	default:
+		return "", false, fmt.Errorf("pgcluster: %s exists and is not a directory; remove it", dir)
+	}
+
+	target, err := o.relocationDir(dir)
+	if err != nil {
+		return "", false, err
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", false, fmt.Errorf("pgcluster: create dir: %w", err)
+	}
+	if err := os.Symlink(target, dir); err != nil {
+		return "", false, fmt.Errorf("pgcluster: link %s to %s: %w", dir, target, err)
+	}
+	return target, true, nil
+}
+
+// relocationDir creates, or checks and reuses, the directory named after
+// dir under the first relocation base the user can reach, and makes it the
+// user's with mode 0700.
+func (o *osUser) relocationDir(dir string) (string, error) {
+	var tried []string
+	for _, base := range relocationBases() {
+		st, err := os.Stat(base)
+		if err != nil || !st.IsDir() {
+			continue
+		}
+		tried = append(tried, base)
+		if ok, err := o.canSearch(base); err != nil || !ok {
+			continue
+		}
+		if b, err := o.blockedAncestor(base); err != nil || b != "" {
+			continue
+		}
+		p := filepath.Join(base, relocationName(dir))
+		if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("pgcluster: %w", err)
+		}
+		if err := o.claim(p); err != nil {
+			return "", err
+		}
+		return p, nil
+	}
+	return "", fmt.Errorf("pgcluster: user %s, who runs the server because PostgreSQL refuses to run as root, can reach neither %s nor any of %s; "+
+		"set TMPDIR to a directory it can reach", o.name, dir, strings.Join(tried, ", "))
+}
+
+// claim makes the relocation directory p the user's, with mode 0700. Its
+// name is predictable and its parent shared, so it is opened without
+// following a symbolic link, and refused unless root or the user owns it.
+func (o *osUser) claim(p string) error {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("pgcluster: %s is not a directory; remove it: %w", p, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); !ok || (sys.Uid != 0 && sys.Uid != o.uid) {
+		return fmt.Errorf("pgcluster: %s belongs to neither root nor %s; remove it", p, o.name)
+	}
+	if err := f.Chown(int(o.uid), int(o.gid)); err != nil {
+		return fmt.Errorf("pgcluster: chown %s to %s: %w", p, o.name, err)
+	}
+	if err := f.Chmod(0o700); err != nil {
+		return fmt.Errorf("pgcluster: %w", err)
+	}
+	return nil
+}
+
+// relocationName names the directory that holds a relocated cluster: the
+// last two elements of dir, for people, and a hash of the whole path, so
+// that each requested directory has its own.
+func relocationName(dir string) string {
+	sum := sha256.Sum256([]byte(dir))
+	readable := strings.Map(func(r rune) rune {
+		if r < utf8.RuneSelf && (r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r)) {
+			return r
+		}
+		return '-'
+	}, filepath.Base(filepath.Dir(dir))+"-"+filepath.Base(dir))
+	readable = strings.Trim(readable, "-")
+	if len(readable) > 40 {
+		readable = readable[len(readable)-40:]
+	}
+	return "pgcluster-" + readable + "-" + hex.EncodeToString(sum[:6])
 }
 
 func (o *osUser) canSearch(path string) (bool, error) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -267,4 +268,83 @@ func TestHelperStartAndHang(t *testing.T) {
 	}
 	fmt.Println("READY")
 	select {}
+}
+
+// TestRelocateFromPrivateDir starts, as root, a cluster asked for inside a
+// directory private to root (a 0700 home, the usual case in containers):
+// without Options.Relocate Start says which directory is in the way; with
+// it the cluster comes up where the postgres user can reach it, the
+// requested directory links there, and a restart reuses the cluster.
+func TestRelocateFromPrivateDir(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: only then does the server run as the postgres user, who may not reach a directory")
+	}
+	pg, err := user.Lookup("postgres")
+	if err != nil {
+		t.Fatal(err)
+	}
+	private := tempDir(t)
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	requested := filepath.Join(private, "repo", ".pgevents-demo", "pg")
+	opts := pgcluster.Options{Dir: requested, Settings: map[string]string{"fsync": "off"}}
+
+	_, err = pgcluster.Start(t.Context(), opts)
+	if err == nil || !strings.Contains(err.Error(), "directory "+private+" is not searchable by user postgres") {
+		t.Fatalf("without Relocate: err = %v, want it to name %s", err, private)
+	}
+
+	opts.Relocate = true
+	var relocated string
+	t.Cleanup(func() { // after the Stop registered by start
+		if relocated != "" {
+			_ = os.RemoveAll(relocated)
+		}
+	})
+	c := start(t, opts)
+	relocated = c.Dir()
+	if relocated == requested || strings.HasPrefix(relocated, private+"/") {
+		t.Fatalf("Dir() = %s: not relocated out of %s", relocated, private)
+	}
+	if link, err := os.Readlink(requested); err != nil || link != relocated {
+		t.Fatalf("%s links to %q (%v), want %s", requested, link, err, relocated)
+	}
+	st, err := os.Stat(relocated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uid := strconv.Itoa(int(st.Sys().(*syscall.Stat_t).Uid)); uid != pg.Uid || st.Mode().Perm() != 0o700 {
+		t.Fatalf("%s: uid %s, mode %v; want the postgres user's (%s), 0700", relocated, uid, st.Mode().Perm(), pg.Uid)
+	}
+	// The server, running as postgres, reports the data directory it uses.
+	conn, err := pgx.Connect(t.Context(), c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dataDir string
+	if err := conn.QueryRow(t.Context(), "SHOW data_directory").Scan(&dataDir); err != nil {
+		t.Fatal(err)
+	}
+	if dataDir != c.DataDir() || filepath.Dir(dataDir) != relocated {
+		t.Fatalf("data_directory = %s, DataDir() = %s, want both under %s", dataDir, c.DataDir(), relocated)
+	}
+	if _, err := conn.Exec(t.Context(), "CREATE TABLE kept (v int); INSERT INTO kept VALUES (7)"); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close(context.Background())
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	c2 := start(t, opts)
+	if c2.Dir() != relocated {
+		t.Fatalf("restart: Dir() = %s, want %s", c2.Dir(), relocated)
+	}
+	if n := exec1(t, c2, "SELECT v FROM kept"); n != 7 {
+		t.Fatalf("after restart, kept.v = %d, want 7", n)
+	}
+	if err := c2.Stop(); err != nil {
+		t.Fatal(err)
+	}
 }
