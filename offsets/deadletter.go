@@ -81,14 +81,14 @@ FROM dead_letter_queue d WHERE id = $1`
 
 	parkedEventsSQL = `SELECT event FROM parked_events WHERE dead_letter_id = $1 ORDER BY c_offset`
 
-	// groupLayoutSharedSQL reads the partition count of the group's layout
-	// and keeps the layout from changing (SwitchLayout and Place lock the
-	// row FOR UPDATE) until the transaction ends.
-	groupLayoutSharedSQL = `SELECT l.total_partitions
-FROM group_layouts g
-JOIN topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
-WHERE g.group_id = $1 AND g.topic_id = $2
-FOR SHARE OF g`
+	// groupLayoutSharedSQL keeps the group's layout from changing
+	// (SwitchLayout and Place lock the row FOR UPDATE) until the
+	// transaction ends, and reads it. It is a statement of its own: locked
+	// in a join, a row updated meanwhile by a switch would be re-checked
+	// against the old layout's row, and nothing returned.
+	groupLayoutSharedSQL = `SELECT version FROM group_layouts WHERE group_id = $1 AND topic_id = $2 FOR SHARE`
+
+	layoutPartitionsSQL = `SELECT total_partitions FROM topic_layouts WHERE topic_id = $1 AND version = $2`
 
 	// lockGroupPositionsSQL takes every partition's lock of the group, in
 	// ascending order (a worker holds one at a time, so no deadlock).
@@ -313,10 +313,13 @@ func ParkedEvents(ctx context.Context, q Querier, id int64) ([]Event, error) {
 // partition's position lock, in ascending order, as each partition's
 // worker would take it. It returns the layout's partition count.
 func LockGroup(ctx context.Context, tx pgx.Tx, group string, topic int) (int, error) {
-	var partitions int
-	err := tx.QueryRow(ctx, groupLayoutSharedSQL, group, topic).Scan(&partitions)
+	var version, partitions int
+	err := tx.QueryRow(ctx, groupLayoutSharedSQL, group, topic).Scan(&version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrNoPosition
+	}
+	if err == nil {
+		err = tx.QueryRow(ctx, layoutPartitionsSQL, topic, version).Scan(&partitions)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("offsets: lock the group's layout: %w", err)
