@@ -92,8 +92,9 @@ type Config struct {
 	// WaitPeriod is how often every partition is polled for events whose
 	// notification was lost; default 10 s.
 	WaitPeriod time.Duration
-	// Channel is the notification channel of the append trigger; default
-	// "event_channel".
+	// Channel is the notification channel the consumer listens on; default
+	// "event_channel". It must be the topic's (schema.SetChannel): Run
+	// refuses to start otherwise (*ChannelMismatchError).
 	Channel string
 	// UnknownEventType is the policy for events without a handler; default
 	// UnknownEventFail.

@@ -367,6 +367,10 @@ func (m *model) produce(r *rand.Rand, tag string) {
 	defer tx.Rollback(m.ctx) //nolint:errcheck // no-op after Commit
 	offs, err := Append(m.ctx, tx, evs...)
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			err = fmt.Errorf("%w (detail: %s)", err, pgErr.Detail)
+		}
 		m.t.Error(err)
 		return
 	}

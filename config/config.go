@@ -71,7 +71,9 @@ type Config struct {
 	WaitPeriodMs int `yaml:"waitPeriodMs"`
 
 	// Channel is the PostgreSQL LISTEN/NOTIFY channel announcing new
-	// events. Defaults to "event_channel"; must satisfy
+	// events. It is a property of the topic: `consumer migrate` writes it,
+	// appends notify it, and a consumer configured with another channel
+	// refuses to start. Defaults to "event_channel"; must satisfy
 	// [IsValidIdentifier].
 	Channel string `yaml:"channel"`
 

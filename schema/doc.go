@@ -19,7 +19,8 @@
 //   - the SQL functions append_event, append_events (usable from any
 //     language, inside the caller's transaction), event_partition,
 //     reserve_offsets, ensure_outbox_segments, and the statement-level
-//     trigger that sends one NOTIFY per append statement on event_channel.
+//     trigger that sends one NOTIFY per append statement on the topic's channel
+//     (log_counter.channel, event_channel unless SetChannel says otherwise).
 //
 // Each migration file states the invariant every object upholds beside it.
 //
