@@ -160,7 +160,19 @@ func ApplyRetention(ctx context.Context, db Pool, topic int) (Retention, error) 
 	if err != nil {
 		return out, err
 	}
+	// The counter only grows: read once, on its own (for a sequence topic
+	// it waits for the append in flight and would hold appends off for as
+	// long as the transaction that read it lasts), it is safe to decide
+	// every segment with.
+	var counter int64
+	if err := db.QueryRow(ctx, nextOffsetSQL, topic).Scan(&counter); err != nil {
+		return out, fmt.Errorf("offsets: next offset of topic %d: %w", topic, err)
+	}
 	for _, seg := range segs {
+		if seg.Hi > counter {
+			out.Blocked = "the oldest segment is the one being written"
+			break
+		}
 		r, blocked, err := dropSegment(ctx, db, topic, seg, &out.Watermark)
 		if err != nil {
 			var pgErr *pgconn.PgError
@@ -211,16 +223,6 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 		return fail(err)
 	}
 	name := pgx.Identifier{seg.Name}.Sanitize()
-	// The counter only grows: read before the lock, it is safe to decide
-	// with under the lock too, where reading it could deadlock with an
-	// append of a sequence topic.
-	var counter int64
-	if err := tx.QueryRow(ctx, nextOffsetSQL, topic).Scan(&counter); err != nil {
-		return fail(err)
-	}
-	if seg.Hi > counter {
-		return r, "the oldest segment is the one being written", nil
-	}
 	if blocked, err := decideDrop(ctx, tx, topic, seg, name, watermark, &r); err != nil || blocked != "" {
 		return r, blocked, err
 	}

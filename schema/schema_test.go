@@ -630,3 +630,46 @@ func TestCommitOrderSeenByReaders(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacingAGroupDoesNotDeadlockWithMaintenance: a transaction that read
+// a sequence topic's next offset (which holds the topic's append lock
+// shared until it ends) and then inserts a position (whose foreign key locks
+// the topic's counter row) runs while maintenance, holding the counter row,
+// waits for the append lock (found by TestFailureModel as a deadlock of
+// appends, subscriptions and segment creation).
+func TestPlacingAGroupDoesNotDeadlockWithMaintenance(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	if _, _, err := schema.EnsureTopic(ctx, pool, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := schema.SetAllocation(ctx, pool, 1, schema.AllocationSequence); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `SELECT topic_next_offset(1)`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := schema.EnsureSegments(ctx, pool, 1)
+		done <- err
+	}()
+	pgtest.WaitFor(t, 5*time.Second, "maintenance waiting for the append lock", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) > 0
+	})
+	if _, err := tx.Exec(ctx, `INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset) VALUES ('g', 1, 0, 1)`); err != nil {
+		t.Fatalf("placing a group while maintenance waits: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("maintenance: %v", err)
+	}
+}

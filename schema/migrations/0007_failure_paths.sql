@@ -8,6 +8,13 @@
 ALTER TABLE log_counter ADD COLUMN channel text NOT NULL DEFAULT 'event_channel'
     CHECK (channel <> '' AND octet_length(channel) < 64);
 
+-- The counter row is locked FOR NO KEY UPDATE, never FOR UPDATE, by the
+-- functions below that change it or hold appends off: an append's own UPDATE
+-- takes the same lock, while FOR UPDATE would also block the foreign-key
+-- checks of rows that reference the topic (consumer_offsets), and a
+-- transaction that holds a sequence topic's append lock shared
+-- (topic_next_offset) and inserts a position would deadlock with it.
+
 -- notify_event sends the wake-up hint for a statement's inserts, on each
 -- topic's channel: one notification per topic per statement, never one per
 -- row, whose payload names the partitions written and the highest offset in
@@ -82,7 +89,7 @@ DECLARE
     cut bigint;
 BEGIN
     SELECT lc.next_offset, lc.total_partitions, lc.allocation, lc.channel INTO c
-      FROM log_counter lc WHERE lc.topic_id = p_topic_id FOR UPDATE;
+      FROM log_counter lc WHERE lc.topic_id = p_topic_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id USING ERRCODE = '23503';
     END IF;
@@ -139,7 +146,7 @@ BEGIN
         RETURN 0;
     END IF;
     SELECT lc.segment_size, lc.next_offset, lc.allocation INTO size, next, alloc
-      FROM log_counter lc WHERE lc.topic_id = p_topic_id FOR UPDATE;
+      FROM log_counter lc WHERE lc.topic_id = p_topic_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id USING ERRCODE = '23503';
     END IF;
@@ -172,5 +179,33 @@ BEGIN
         created := created + 1;
     END LOOP;
     RETURN created;
+END;
+$$;
+
+-- set_offset_allocation switches a topic between 'counter' and 'sequence',
+-- continuing from the next offset. It waits for the appends in flight.
+CREATE OR REPLACE FUNCTION set_offset_allocation(p_topic_id integer, p_allocation text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    SELECT lc.next_offset, lc.allocation INTO c FROM log_counter lc WHERE lc.topic_id = p_topic_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id USING ERRCODE = '23503';
+    END IF;
+    PERFORM pg_advisory_xact_lock(append_lock_key(p_topic_id));
+    IF c.allocation = p_allocation THEN
+        RETURN;
+    END IF;
+    IF p_allocation = 'sequence' THEN
+        EXECUTE format('CREATE SEQUENCE IF NOT EXISTS %I AS bigint MINVALUE 1', offset_sequence(p_topic_id));
+        PERFORM setval(offset_sequence(p_topic_id)::regclass, c.next_offset, false);
+    ELSIF p_allocation = 'counter' THEN
+        UPDATE log_counter SET next_offset = topic_next_offset(p_topic_id) WHERE topic_id = p_topic_id;
+    ELSE
+        RAISE EXCEPTION 'pgevents: offset allocation must be counter or sequence, got %', p_allocation
+            USING ERRCODE = '22023';
+    END IF;
+    UPDATE log_counter SET allocation = p_allocation WHERE topic_id = p_topic_id;
 END;
 $$;
