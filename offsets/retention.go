@@ -234,7 +234,7 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 		testHookBeforeDropLock()
 	}
 	// No batch is in flight once this is held, and none starts.
-	if _, err := tx.Exec(ctx, `LOCK TABLE ONLY outbox_message_t IN ACCESS EXCLUSIVE MODE`); err != nil {
+	if err := lockLog(ctx, tx); err != nil {
 		return fail(err)
 	}
 	if blocked, err := decideDrop(ctx, tx, topic, seg, name, watermark, &r); err != nil || blocked != "" {
@@ -276,6 +276,41 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 		return fail(err)
 	}
 	return r, "", nil
+}
+
+// Taking the log's ACCESS EXCLUSIVE lock: first without waiting, a few
+// times, in a savepoint each, so that producers and batches never queue
+// behind a waiting request while the lock is busy; then waiting, for at
+// most the transaction's lock_timeout.
+const (
+	lockLogNowaitSQL = `LOCK TABLE ONLY outbox_message_t IN ACCESS EXCLUSIVE MODE NOWAIT`
+	lockLogSQL       = `LOCK TABLE ONLY outbox_message_t IN ACCESS EXCLUSIVE MODE`
+	lockLogTries     = 20
+	lockLogPause     = 5 * time.Millisecond
+)
+
+// lockLog takes the log's ACCESS EXCLUSIVE lock in tx, preferring a moment
+// when nobody holds a lock on it to a wait that holds appends off.
+func lockLog(ctx context.Context, tx pgx.Tx) error {
+	for range lockLogTries {
+		sp, err := tx.Begin(ctx) // a savepoint: a refused NOWAIT aborts only it
+		if err != nil {
+			return err
+		}
+		if _, err := sp.Exec(ctx, lockLogNowaitSQL); err == nil {
+			return sp.Commit(ctx)
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(lockLogPause):
+		}
+	}
+	_, err := tx.Exec(ctx, lockLogSQL)
+	return err
 }
 
 // decideDrop reads the topic's retention, the watermark and the age of
