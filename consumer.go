@@ -227,6 +227,9 @@ type Consumer struct {
 	kick       chan WakeSource // asks the poller to poll now
 	replicaID  string
 	clockSkew  atomic.Int64 // database clock minus local clock, ns
+	// wakeAlways says that every append to the topic notifies, so workers
+	// need not announce that they wait (schema.WakeAlways).
+	wakeAlways bool
 	// idleCut is how long a batch may go without a statement of its own
 	// before it stops taking units and commits, so that the server's
 	// idle_in_transaction_session_timeout never ends it; 0: no limit.
@@ -412,6 +415,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if topic.Partitions != c.cfg.TotalPartitions {
 		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
 	}
+	c.wakeAlways = topic.Wake == schema.WakeAlways
 	if topic.Channel != c.cfg.Channel {
 		return &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
 	}
@@ -529,7 +533,7 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 		return
 	}
 	before := time.Now()
-	work, dbNow, err := offsets.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, rt.order, rt.below.Load())
+	work, dbNow, err := offsets.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, rt.order, rt.layout.Version)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn().Err(err).Msg("poll failed")

@@ -402,8 +402,8 @@ func TestTwoWorkersRaceForOneOffsetsRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustExec(t, pool, `UPDATE partition_leases SET owner = $1, epoch = 1, expires_at = 'infinity'`, c.replicaID)
-	lr := &layoutRun{c: c, layout: offsets.Layout{Version: 1, Partitions: 1, From: 1, Below: offsets.NoLimit}}
-	lr.below.Store(offsets.NoLimit)
+	lr := &layoutRun{c: c, layout: offsets.Layout{Version: 1, Partitions: 1, From: 1, Below: []int64{offsets.NoLimit}}}
+	lr.cuts.Store(&lr.layout.Below)
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	for range 2 {

@@ -120,7 +120,8 @@ func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool)
 
 // planRelease decides what resolving dead letter resolved releases. The
 // hosts of the other parking dead letters (parking, visited in the order
-// of their ids) stay parked behind them; then, in offset order, a parked
+// of their ids) stay parked behind them; then, in the order they were parked
+// (each host's order), a parked
 // unit (the parked events of one producer transaction) is released when
 // none of its hosts is parked, and otherwise waits behind the dead letter
 // of its first parked host, parking all its hosts behind it too: a later
@@ -156,7 +157,7 @@ func planRelease(resolved int64, parking map[int64][]string, order []int64, park
 		if behind == 0 {
 			for _, p := range unit {
 				release = append(release, p.Event)
-				res.Released = append(res.Released, p.Event.Offset)
+				res.Released = append(res.Released, p.ID)
 			}
 			continue
 		}
@@ -164,7 +165,7 @@ func planRelease(resolved int64, parking map[int64][]string, order []int64, park
 			if _, ok := res.Hosts[p.Event.HostID]; !ok {
 				res.Hosts[p.Event.HostID] = behind
 			}
-			res.Waiting[p.Event.Offset] = behind
+			res.Waiting[p.ID] = behind
 		}
 	}
 	return release, res

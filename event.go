@@ -78,6 +78,16 @@ func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 	items := make([]appendItem, 0, len(events))
 	for _, t := range topics {
 		idx := byTopic[t]
+		if len(idx) == 1 {
+			// One event: append_event, without a JSON array.
+			ev := &events[idx[0]]
+			off, err := offsets.AppendOne(ctx, q, t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, ev.Metadata)
+			if err != nil {
+				return nil, err
+			}
+			out[idx[0]] = off
+			continue
+		}
 		items = items[:0]
 		for _, i := range idx {
 			ev := &events[i]
@@ -87,15 +97,15 @@ func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("append: encode: %w", err)
 		}
-		first, n, err := offsets.Append(ctx, q, t, body)
+		offs, err := offsets.Append(ctx, q, t, body)
 		if err != nil {
 			return nil, err
 		}
-		if n != len(idx) {
-			return nil, fmt.Errorf("append: topic %d: appended %d events, expected %d", t, n, len(idx))
+		if len(offs) != len(idx) {
+			return nil, fmt.Errorf("append: topic %d: appended %d events, expected %d", t, len(offs), len(idx))
 		}
 		for k, i := range idx {
-			out[i] = first + int64(k)
+			out[i] = offs[k]
 		}
 	}
 	return out, nil

@@ -397,26 +397,26 @@ func TestMaintainWithoutConsumer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newTopic(t, 2)
-	mustExec(t, pool, `UPDATE log_counter SET segment_size = 1000`)
-	mustExec(t, pool, `DROP TABLE outbox_message_t_1_0, outbox_message_t_1_1, outbox_message_t_1_2`)
-	mustExec(t, pool, `SELECT ensure_outbox_segments(1, 0)`) // segment 0 only
+	pgtest.ResizeSegments(t, pool, 1, 1000)
+	mustExec(t, pool, `DROP TABLE outbox_message_t_1_p0_1, outbox_message_t_1_p0_2, outbox_message_t_1_p1_1, outbox_message_t_1_p1_2`) // segment 0 only
 	mustExec(t, pool, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h' || i, 'event_type', 't'))
 		FROM generate_series(1, 2500) i))`)
-	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`); n != 1500 {
-		t.Fatalf("%d events in DEFAULT, want 1500", n)
+	inDefaults := `SELECT count(*) FROM outbox_message_t WHERE tableoid::regclass::text LIKE '%default'`
+	if n := queryInt(t, pool, inDefaults); n != 1500 {
+		t.Fatalf("%d events in DEFAULT tables, want 1500", n)
 	}
 	m, err := Maintain(ctx, pool, 1, nil)
-	if err != nil || !m.Ran || m.SegmentsCreated != 4 {
-		t.Fatalf("Maintain = %+v, %v; want 4 segments (1 and 2 for DEFAULT's rows, 3 and 4 ahead)", m, err)
+	if err != nil || !m.Ran || m.SegmentsCreated != 8 {
+		t.Fatalf("Maintain = %+v, %v; want 8 segments (in each partition 1 and 2 for DEFAULT's rows, 3 and 4 ahead)", m, err)
 	}
-	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`); n != 0 {
-		t.Fatalf("%d events left in DEFAULT", n)
+	if n := queryInt(t, pool, inDefaults); n != 0 {
+		t.Fatalf("%d events left in DEFAULT tables", n)
 	}
 	// No group, no subscription: retention removes the full segments.
 	mustExec(t, pool, `UPDATE topic_retention SET retention = '1 millisecond', zero_subscription_retention = '1 millisecond'`)
 	time.Sleep(5 * time.Millisecond)
-	if m, err = Maintain(ctx, pool, 1, nil); err != nil || len(m.Retention.Removed) != 2 {
-		t.Fatalf("Maintain = %+v, %v; want segments 0 and 1 removed", m, err)
+	if m, err = Maintain(ctx, pool, 1, nil); err != nil || len(m.Retention.Removed) != 4 {
+		t.Fatalf("Maintain = %+v, %v; want segments 0 and 1 of each partition removed", m, err)
 	}
 	if left, below := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`),
 		queryInt(t, pool, `SELECT removed_below FROM topic_retention`); left != 500 || below != 2001 {

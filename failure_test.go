@@ -67,7 +67,7 @@ func TestDecide(t *testing.T) {
 func TestPlanRelease(t *testing.T) {
 	t.Parallel()
 	parked := func(dl int64, tx int64, off int64, host string) offsets.Parked {
-		return offsets.Parked{DeadLetterID: dl, Event: Event{Offset: off, TransactionID: tx, HostID: host}}
+		return offsets.Parked{ID: off * 10, DeadLetterID: dl, Event: Event{Offset: off, TransactionID: tx, HostID: host}}
 	}
 	// Dead letter 1 parks a, 2 parks b. Parked: 3 {b} behind 2; 4-5 {a, b}
 	// behind 1; 6 {b} behind 2; 7 {c} behind 1 (a unit of c alone cannot
@@ -86,19 +86,19 @@ func TestPlanRelease(t *testing.T) {
 	// Resolving 2 first: 3 goes; 4-5 wait behind 1 and take b with them,
 	// so 6 waits too; 7 goes.
 	rel, res := planRelease(2, parking, order, all)
-	if offs(rel) != "[3 7]" || fmt.Sprint(res.Released) != "[3 7]" {
+	if offs(rel) != "[3 7]" || fmt.Sprint(res.Released) != "[30 70]" {
 		t.Fatalf("resolving 2 released %s (%v), want [3 7]", offs(rel), res.Released)
 	}
 	if res.Hosts["a"] != 1 || res.Hosts["b"] != 1 || len(res.Hosts) != 2 {
 		t.Fatalf("hosts left parked %v, want a and b behind 1", res.Hosts)
 	}
-	if res.Waiting[4] != 1 || res.Waiting[5] != 1 || res.Waiting[6] != 1 || len(res.Waiting) != 3 {
+	if res.Waiting[40] != 1 || res.Waiting[50] != 1 || res.Waiting[60] != 1 || len(res.Waiting) != 3 {
 		t.Fatalf("events left waiting %v, want 4, 5, 6 behind 1", res.Waiting)
 	}
 	// Resolving 1 first: b is still behind 2, so 4-5 wait behind 2 and a
 	// with them; 3 and 6 wait; 7 goes.
 	rel, res = planRelease(1, parking, order, all)
-	if offs(rel) != "[7]" || res.Hosts["a"] != 2 || res.Hosts["b"] != 2 || res.Waiting[4] != 2 || res.Waiting[3] != 2 {
+	if offs(rel) != "[7]" || res.Hosts["a"] != 2 || res.Hosts["b"] != 2 || res.Waiting[40] != 2 || res.Waiting[30] != 2 {
 		t.Fatalf("resolving 1 released %s, left %v / %v", offs(rel), res.Hosts, res.Waiting)
 	}
 	// The last one releases everything, in offset order.

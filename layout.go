@@ -20,7 +20,9 @@ import (
 type layoutRun struct {
 	c       *Consumer
 	layout  offsets.Layout
-	below   atomic.Int64 // the cut: events at or after it belong to the next layout
+	// cuts holds each partition's cut: its events at or after it belong to
+	// the next layout (offsets.NoLimit when none follows).
+	cuts    atomic.Pointer[[]int64]
 	workers map[int]*worker
 	order   []int
 	leaser  *partition.Leaser
@@ -63,7 +65,7 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error 
 		return err
 	}
 	lr := &layoutRun{c: c, layout: l, workers: make(map[int]*worker, len(parts)), order: parts}
-	lr.below.Store(l.Below)
+	lr.cuts.Store(&l.Below)
 	for _, p := range parts {
 		w := newWorker(c, lr, p)
 		next, _, err := offsets.Position(ctx, c.pool, cfg.GroupID, cfg.TopicID, p)
@@ -107,8 +109,8 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error 
 	defer cancel()
 	lr.cancel = cancel
 	ev := c.log.Info().Int("layout", l.Version).Int("partitions", l.Partitions).Int64("from_offset", l.From)
-	if l.Below != offsets.NoLimit {
-		ev = ev.Int64("below_offset", l.Below)
+	if !l.Final() {
+		ev = ev.Ints64("cuts", l.Below)
 	}
 	ev.Msg("consuming layout")
 	c.rt.Store(lr)
@@ -148,11 +150,11 @@ func (c *Consumer) checkLayout(ctx context.Context, lr *layoutRun) bool {
 		lr.cancel()
 		return false
 	}
-	lr.below.Store(l.Below)
-	if l.Below == offsets.NoLimit {
+	lr.cuts.Store(&l.Below)
+	if l.Final() {
 		return true
 	}
-	done, err := offsets.LayoutDone(ctx, c.pool, cfg.GroupID, cfg.TopicID, l.Below)
+	done, err := offsets.LayoutDone(ctx, c.pool, cfg.GroupID, cfg.TopicID, l.Version)
 	if err != nil || !done {
 		return true
 	}
@@ -169,9 +171,24 @@ func (c *Consumer) checkLayout(ctx context.Context, lr *layoutRun) bool {
 		return true
 	}
 	c.log.Info().Int("from_layout", l.Version).Int("to_layout", next.Version).Int("partitions", next.Partitions).
-		Int64("cut", l.Below).Msg("group finished its layout up to the cut; moving to the next one")
+		Ints64("cuts", l.Below).Msg("group finished its layout up to the cut; moving to the next one")
 	lr.cancel()
 	return false
+}
+
+// cut returns partition p's cut in the layout being consumed.
+func (lr *layoutRun) cut(p int) int64 {
+	if cuts := lr.cuts.Load(); cuts != nil && p < len(*cuts) {
+		return (*cuts)[p]
+	}
+	return offsets.NoLimit
+}
+
+// final reports whether no layout follows the one being consumed, as far
+// as the run knows.
+func (lr *layoutRun) final() bool {
+	cuts := lr.cuts.Load()
+	return cuts == nil || offsets.Layout{Below: *cuts}.Final()
 }
 
 // Acquired implements partition.Owner.
@@ -181,6 +198,7 @@ func (lr *layoutRun) Acquired(p int, epoch int64) {
 		w.next.Store(0) // another replica moved the position: ask the database
 		w.epoch.Store(epoch)
 		lr.c.pollNow(WakePoll)
+		w.signal() // caught up or not, the worker announces that it waits
 	}
 }
 

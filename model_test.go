@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -205,17 +206,11 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 	}
 	m.log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(level).
 		With().Timestamp().Uint64("seed", mc.seed).Logger()
-	for _, q := range []string{
-		modelHandledTable,
-		// Small segments and immediate retention: segments go while the
-		// case runs, behind the ghost group.
-		`UPDATE log_counter SET segment_size = 1000`,
-		`DROP TABLE outbox_message_t_1_0, outbox_message_t_1_1, outbox_message_t_1_2`,
-		`SELECT ensure_outbox_segments(1)`,
-		`UPDATE topic_retention SET retention = '1 millisecond'`,
-	} {
-		mustExec(t, m.pool, q)
-	}
+	// Small segments and immediate retention: segments go while the case
+	// runs, behind the ghost group.
+	pgtest.ResizeSegments(t, m.pool, 1, 1000)
+	mustExec(t, m.pool, modelHandledTable)
+	mustExec(t, m.pool, `UPDATE topic_retention SET retention = '1 millisecond'`)
 	if err := schema.SetAllocation(ctx, m.pool, 1, mc.allocation); err != nil {
 		t.Fatal(err)
 	}

@@ -66,6 +66,7 @@ type worker struct {
 	c         *Consumer
 	lr        *layoutRun
 	partition int
+	sql       *offsets.PartitionSQL // the partition's statements
 	log       zerolog.Logger
 
 	wake    chan struct{}
@@ -116,6 +117,7 @@ func newWorker(c *Consumer, lr *layoutRun, p int) *worker {
 		c:         c,
 		lr:        lr,
 		partition: p,
+		sql:       offsets.ForPartition(c.cfg.TopicID, p),
 		log:       c.log.With().Int("partition", p).Logger(),
 		wake:      make(chan struct{}, 1),
 		limit:     c.cfg.BatchSize,
@@ -132,7 +134,7 @@ func newWorker(c *Consumer, lr *layoutRun, p int) *worker {
 // woke the worker. Offsets at or after the layout's cut belong to another
 // layout's partition of the same number and are ignored.
 func (w *worker) hint(max int64) bool {
-	if below := w.lr.below.Load(); max >= below {
+	if below := w.lr.cut(w.partition); max >= below {
 		max = below - 1
 	}
 	for {
@@ -173,7 +175,13 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				break
 			}
 			epoch := w.epoch.Load()
-			if epoch == 0 || w.highest.Load() < w.next.Load() || w.c.paused.Load() {
+			if epoch == 0 || w.c.paused.Load() {
+				break
+			}
+			if w.highest.Load() < w.next.Load() {
+				// Caught up: announce that the worker waits, and look once
+				// more (the wake-up protocol) before sleeping.
+				w.idle(ctx)
 				break
 			}
 			if w.halted.Load() {
@@ -199,6 +207,26 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				w.hint(w.next.Load())
 			}
 		}
+	}
+}
+
+// idle runs the wake-up protocol before the worker sleeps (see
+// offsets.Idle): appends to the partition notify it from now on, and what
+// they committed before is found now. It hints the worker when there is
+// work after all. A failure is logged; the poll is the safety net.
+func (w *worker) idle(ctx context.Context) {
+	if w.c.wakeAlways {
+		return // every append notifies
+	}
+	max, err := offsets.Idle(ctx, w.c.pool, w.sql, w.c.cfg.GroupID, w.c.cfg.TopicID, w.partition, w.lr.layout.Version)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn().Err(err).Msg("could not announce that the worker waits; events may wait for the poll")
+		}
+		return
+	}
+	if max >= 0 && w.hint(max) {
+		w.c.cfg.Observer.Woken(w.partition, WakePoll)
 	}
 }
 
@@ -373,7 +401,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	w.last = batchShape{}
 	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 		Limit: w.limit + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
-		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version}.Do(ctx, w.c.pool, w.buf[:0])
+		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql}.Do(ctx, w.c.pool, w.buf[:0])
 	w.buf = cl.Events
 	if err != nil {
 		return false, err
@@ -394,7 +422,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		// group handled it. Remember that instead of claiming again.
 		w.c.empty.Add(1)
 		w.next.Store(max(w.next.Load(), known+1))
-		if w.lr.below.Load() != offsets.NoLimit {
+		if !w.lr.final() {
 			w.c.pollNow(WakePoll) // finished below the cut? the group may move on
 		}
 		return false, nil
@@ -413,7 +441,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		// memory stays bounded whatever its size. (A transaction never
 		// straddles a layout's cut: both take the counter row's lock.)
 		txID := st.lastTx
-		evs, err = offsets.Fetch(ctx, tx, cfg.TopicID, w.partition, st.last, w.lr.below.Load(), cfg.BatchSize+1, w.buf[:0])
+		evs, err = offsets.Fetch(ctx, tx, w.sql, cfg.TopicID, w.partition, st.last, w.lr.cut(w.partition), cfg.BatchSize+1, w.buf[:0])
 		w.buf = evs
 		st.lastSQL = time.Now()
 		if err != nil {
@@ -450,7 +478,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		return false, fmt.Errorf("commit: %w", err)
 	}
 	w.committed(&st, start)
-	if !more && w.lr.below.Load() != offsets.NoLimit {
+	if !more && !w.lr.final() {
 		w.c.pollNow(WakePoll) // finished below the cut? the group may move on
 	}
 	return more, nil
@@ -670,7 +698,7 @@ func (st *batchState) closeUnit() error {
 	case actDeadLetter:
 		f := st.fail
 		park := cfg.OnPermanentFailure == PolicyParkHost
-		id, _, err := offsets.WriteDeadLetter(ctx, st.tx.Tx, offsets.DeadLetter{
+		id, _, err := offsets.WriteDeadLetter(ctx, st.tx.Tx, w.sql, offsets.DeadLetter{
 			Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 			FirstOffset: st.unitFirst, LastOffset: st.last, TransactionID: st.lastTx,
 			Error: f.err.Error(), Attempts: max(f.attempts, 1), FirstFailedAt: f.first, LastFailedAt: f.last,
@@ -691,7 +719,7 @@ func (st *batchState) closeUnit() error {
 		}
 		st.deadLettered++
 	case actPark:
-		if err := offsets.ParkEvents(ctx, st.tx.Tx, cfg.GroupID, cfg.TopicID, w.partition, st.unitFirst, st.last, st.parkFor); err != nil {
+		if err := offsets.ParkEvents(ctx, st.tx.Tx, w.sql, cfg.GroupID, cfg.TopicID, w.partition, st.unitFirst, st.last, st.parkFor); err != nil {
 			return err
 		}
 		st.parkedUnits++

@@ -116,7 +116,9 @@ func startEnv(t *testing.T, opts envOptions) *env {
 	t.Helper()
 	dbURL := pgtest.MigratedDB(t)
 	pool := pgtest.Pool(t, dbURL)
-	if _, err := pool.Exec(t.Context(), "INSERT INTO log_counter (topic_id, total_partitions) VALUES (1, 4)"); err != nil {
+	// Every append notifies: these tests are about the listener, not about
+	// which appends notify.
+	if _, err := pool.Exec(t.Context(), "INSERT INTO log_counter (topic_id, total_partitions, wake) VALUES (1, 4, 'always')"); err != nil {
 		t.Fatal(err)
 	}
 	e := &env{pool: pool, sink: newRecSink()}

@@ -35,8 +35,8 @@ type Querier interface {
 //     leases likewise from partition_leases;
 //   - every read of outbox_message_t names topic_id, partition_id and a
 //     bound on c_offset, with ORDER BY c_offset and a LIMIT, or max(), so it
-//     is an index (only) scan of outbox_message_t_partition_idx (topic_id,
-//     partition_id, c_offset) on each segment, touching only the rows it
+//     is an index (only) scan of the primary key (topic_id, partition_id,
+//     c_offset) of the partition's segments, touching only the rows it
 //     returns: log end is one descending index probe, the first unhandled
 //     event one ascending probe, and the lag count reads at most $3 index
 //     entries, never the partition's history;
@@ -60,19 +60,18 @@ groups AS (
 ),
 glayout AS (
     -- Each group's partition count is its layout's (it may still be
-    -- finishing an older one after a repartition), and its partitions end
-    -- at the next layout's first offset.
+    -- finishing an older one after a repartition), and each of its
+    -- partitions ends at its first offset in the next layout (layout_cut).
     SELECT g.group_id, t.topic_id,
-           coalesce(l.total_partitions, t.total_partitions) AS total_partitions,
-           coalesce((SELECT n.from_offset FROM topic_layouts n
-                     WHERE n.topic_id = t.topic_id AND n.version = gl.version + 1), 9223372036854775807) AS below
+           coalesce(l.total_partitions, t.total_partitions) AS total_partitions, gl.version
     FROM topic t
     CROSS JOIN groups g
     LEFT JOIN group_layouts gl ON gl.group_id = g.group_id AND gl.topic_id = t.topic_id
     LEFT JOIN topic_layouts l ON l.topic_id = t.topic_id AND l.version = gl.version
 ),
 parts AS (
-    SELECT g.group_id, g.topic_id, p.partition_id, o.next_offset, g.below
+    SELECT g.group_id, g.topic_id, p.partition_id, o.next_offset,
+           coalesce(layout_cut(g.topic_id, g.version, p.partition_id), 9223372036854775807) AS below
     FROM glayout g
     CROSS JOIN generate_series(0, g.total_partitions - 1) AS p(partition_id)
     LEFT JOIN consumer_offsets o

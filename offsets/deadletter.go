@@ -25,7 +25,7 @@ const (
 SELECT $1, $2, $3, $4, $5, $6,
        array_agg(m.event_id ORDER BY m.c_offset), array_agg(DISTINCT m.host_id),
        jsonb_agg(to_jsonb(m) ORDER BY m.c_offset), $7, $8, $9, $10, $11
-FROM outbox_message_t m
+FROM %[1]s m
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
 RETURNING id, host_ids`
 
@@ -41,7 +41,7 @@ ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
 	parkEventsSQL = `WITH ev AS (
     INSERT INTO parked_events (group_id, topic_id, partition_id, c_offset, dead_letter_id, event)
     SELECT $1, $2, $3, m.c_offset, $6, to_jsonb(m)
-    FROM outbox_message_t m
+    FROM %[1]s m
     WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
     RETURNING (event->>'host_id') AS host_id
 )
@@ -79,7 +79,7 @@ ORDER BY id`
 	getDeadLetterSQL = `SELECT ` + deadLetterColumns + `, events
 FROM dead_letter_queue d WHERE id = $1`
 
-	parkedEventsSQL = `SELECT event FROM parked_events WHERE dead_letter_id = $1 ORDER BY c_offset`
+	parkedEventsSQL = `SELECT event FROM parked_events WHERE dead_letter_id = $1 ORDER BY id`
 
 	// groupLayoutSharedSQL keeps the group's layout from changing
 	// (SwitchLayout and Place lock the row FOR UPDATE) until the
@@ -95,9 +95,10 @@ FROM dead_letter_queue d WHERE id = $1`
 	lockGroupPositionsSQL = `SELECT partition_id FROM consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
 
-	// groupParkedSQL lists the group's parked events in offset order.
-	groupParkedSQL = `SELECT c_offset, dead_letter_id, event FROM parked_events
-WHERE group_id = $1 AND topic_id = $2 ORDER BY c_offset`
+	// groupParkedSQL lists the group's parked events in the order they were
+	// parked, which is each host's order.
+	groupParkedSQL = `SELECT id, dead_letter_id, event FROM parked_events
+WHERE group_id = $1 AND topic_id = $2 ORDER BY id`
 
 	// parkingDeadLettersSQL lists the group's dead letters whose hosts
 	// are parked behind them, oldest first.
@@ -114,11 +115,11 @@ SELECT $1, $2, event_partition(u.h, $5), u.h, u.dl FROM unnest($3::text[], $4::b
 	// reparkEventsSQL points parked events at the dead letter they now wait
 	// behind.
 	reparkEventsSQL = `UPDATE parked_events p SET dead_letter_id = u.dl
-FROM unnest($3::bigint[], $4::bigint[]) AS u(o, dl)
-WHERE p.group_id = $1 AND p.topic_id = $2 AND p.c_offset = u.o AND p.dead_letter_id <> u.dl`
+FROM unnest($3::bigint[], $4::bigint[]) AS u(id, dl)
+WHERE p.group_id = $1 AND p.topic_id = $2 AND p.id = u.id AND p.dead_letter_id <> u.dl`
 
 	// releaseParkedSQL removes the parked events that were handled.
-	releaseParkedSQL = `DELETE FROM parked_events WHERE group_id = $1 AND topic_id = $2 AND c_offset = ANY($3::bigint[])`
+	releaseParkedSQL = `DELETE FROM parked_events WHERE group_id = $1 AND topic_id = $2 AND id = ANY($3::bigint[])`
 
 	deleteDeadLetterSQL = `DELETE FROM dead_letter_queue WHERE id = $1`
 
@@ -155,12 +156,12 @@ type DeadLetter struct {
 // partition, in tx, with a copy of its events; when d.ParkHosts is set it
 // also parks the unit's hosts behind it. It returns the row's id and the
 // unit's hosts.
-func WriteDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) (int64, []string, error) {
+func WriteDeadLetter(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, d DeadLetter) (int64, []string, error) {
 	var (
 		id    int64
 		hosts []string
 	)
-	err := tx.QueryRow(ctx, writeDeadLetterSQL, d.Group, d.Topic, d.Partition, d.FirstOffset, d.LastOffset,
+	err := tx.QueryRow(ctx, ps.deadLetter, d.Group, d.Topic, d.Partition, d.FirstOffset, d.LastOffset,
 		d.TransactionID, d.Error, d.Attempts, d.FirstFailedAt, d.LastFailedAt, d.ParkHosts).Scan(&id, &hosts)
 	if err != nil {
 		return 0, nil, fmt.Errorf("offsets: dead-letter offsets %d-%d: %w", d.FirstOffset, d.LastOffset, err)
@@ -175,8 +176,8 @@ func WriteDeadLetter(ctx context.Context, tx pgx.Tx, d DeadLetter) (int64, []str
 
 // ParkEvents holds back the events first..last of a partition behind dead
 // letter deadLetterID, and parks their hosts, in tx.
-func ParkEvents(ctx context.Context, tx pgx.Tx, group string, topic, partition int, first, last, deadLetterID int64) error {
-	if _, err := tx.Exec(ctx, parkEventsSQL, group, topic, partition, first, last, deadLetterID); err != nil {
+func ParkEvents(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, group string, topic, partition int, first, last, deadLetterID int64) error {
+	if _, err := tx.Exec(ctx, ps.park, group, topic, partition, first, last, deadLetterID); err != nil {
 		return fmt.Errorf("offsets: park offsets %d-%d: %w", first, last, err)
 	}
 	return nil
@@ -332,6 +333,8 @@ func LockGroup(ctx context.Context, tx pgx.Tx, group string, topic int) (int, er
 
 // Parked is an event held back behind a dead letter.
 type Parked struct {
+	// ID numbers parked events in the order they were parked.
+	ID int64
 	// DeadLetterID is the dead letter the event waits behind.
 	DeadLetterID int64
 	// Event is the event.
@@ -349,10 +352,9 @@ func GroupParked(ctx context.Context, q Querier, group string, topic int) ([]Par
 	for rows.Next() {
 		var (
 			p   Parked
-			off int64
 			raw []byte
 		)
-		if err := rows.Scan(&off, &p.DeadLetterID, &raw); err != nil {
+		if err := rows.Scan(&p.ID, &p.DeadLetterID, &raw); err != nil {
 			return nil, fmt.Errorf("offsets: parked events: %w", err)
 		}
 		if p.Event, err = decodeEvent(raw); err != nil {
@@ -397,10 +399,10 @@ type Resolution struct {
 	Partitions int
 	// Hosts maps every host still parked to a dead letter it waits behind.
 	Hosts map[string]int64
-	// Waiting maps the offset of every event still parked to a dead letter
-	// it waits behind.
+	// Waiting maps the id of every event still parked to a dead letter it
+	// waits behind.
 	Waiting map[int64]int64
-	// Released lists the offsets of the parked events that were handled.
+	// Released lists the ids of the parked events that were handled.
 	Released []int64
 }
 

@@ -33,10 +33,11 @@ SELECT $1, $2, coalesce(
     (SELECT max(l.version) FROM topic_layouts l WHERE l.topic_id = $2))
 ON CONFLICT (group_id, topic_id) DO NOTHING`
 
-	// groupLayoutSQL reads the group's layout and where it ends: the next
-	// layout's first offset, or NULL.
+	// groupLayoutSQL reads the group's layout and where each of its
+	// partitions ends: its first offset in the next layout, or NoLimit.
 	groupLayoutSQL = `SELECT g.version, l.total_partitions, l.from_offset,
-       (SELECT n.from_offset FROM topic_layouts n WHERE n.topic_id = g.topic_id AND n.version = g.version + 1)
+       (SELECT array_agg(coalesce(layout_cut(g.topic_id, g.version, p), 9223372036854775807) ORDER BY p)
+          FROM generate_series(0, l.total_partitions - 1) AS p)
 FROM group_layouts g
 JOIN topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
 WHERE g.group_id = $1 AND g.topic_id = $2`
@@ -50,16 +51,16 @@ WHERE g.group_id = $1 AND g.topic_id = $2`
 ORDER BY partition_id FOR UPDATE`
 
 	// layoutDoneSQL says whether every partition of the group has handled
-	// every event below the cut $3.
+	// every event of layout $3, up to the partition's cut.
 	layoutDoneSQL = `SELECT NOT EXISTS (
     SELECT 1 FROM consumer_offsets o
     WHERE o.group_id = $1 AND o.topic_id = $2
       AND EXISTS (SELECT 1 FROM outbox_message_t m
                   WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
-                    AND m.c_offset >= o.next_offset AND m.c_offset < $3))`
+                    AND m.c_offset >= o.next_offset AND m.c_offset < layout_cut($2, $3, o.partition_id)))`
 
-	// switchSQL moves the group to the next layout: positions at the cut
-	// for the new partitions, leases freed with a higher epoch (epochs never
+	// switchSQL moves the group to the next layout $4 of $3 partitions:
+	// positions at each partition's first offset in it, leases freed with a higher epoch (epochs never
 	// go back, so fencing tokens stay monotonic per partition), parked
 	// hosts, parked events and dead letters moved to their host's new
 	// partition (a dead letter's unit may now span partitions: resolving it
@@ -67,11 +68,11 @@ ORDER BY partition_id FOR UPDATE`
 	switchSQL = `WITH drop_pos AS (
     DELETE FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
 ), move_pos AS (
-    UPDATE consumer_offsets SET next_offset = $4, updated_at = now()
+    UPDATE consumer_offsets SET next_offset = layout_start($2, $4, partition_id), updated_at = now()
     WHERE group_id = $1 AND topic_id = $2 AND partition_id < $3
 ), add_pos AS (
     INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
-    SELECT $1, $2, p, $4 FROM generate_series(0, $3 - 1) AS p
+    SELECT $1, $2, p, layout_start($2, $4, p) FROM generate_series(0, $3 - 1) AS p
     ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING
 ), top_epoch AS (
     SELECT coalesce(max(epoch), 0) AS e FROM partition_leases WHERE group_id = $1 AND topic_id = $2
@@ -106,8 +107,29 @@ type Layout struct {
 	Partitions int
 	// From is the layout's first offset.
 	From int64
-	// Below is the next layout's first offset (the cut), or NoLimit.
-	Below int64
+	// Below holds, for each partition p of the layout, at Below[p], its
+	// first offset in the next layout (the partition's cut), or NoLimit
+	// when no layout follows.
+	Below []int64
+}
+
+// Cut returns partition p's cut: events of p at or after it belong to the
+// next layout.
+func (l Layout) Cut(p int) int64 {
+	if p < len(l.Below) {
+		return l.Below[p]
+	}
+	return NoLimit
+}
+
+// Final reports whether no layout follows l.
+func (l Layout) Final() bool {
+	for _, b := range l.Below {
+		if b != NoLimit {
+			return false
+		}
+	}
+	return true
 }
 
 // InitGroupLayout records the layout a new group starts in; an existing
@@ -121,29 +143,22 @@ func InitGroupLayout(ctx context.Context, q Querier, group string, topic int) er
 
 // GroupLayout returns the layout the group consumes.
 func GroupLayout(ctx context.Context, q Querier, group string, topic int) (Layout, error) {
-	var (
-		l     Layout
-		below *int64
-	)
-	err := q.QueryRow(ctx, groupLayoutSQL, group, topic).Scan(&l.Version, &l.Partitions, &l.From, &below)
+	var l Layout
+	err := q.QueryRow(ctx, groupLayoutSQL, group, topic).Scan(&l.Version, &l.Partitions, &l.From, &l.Below)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, fmt.Errorf("offsets: group %q has no layout of topic %d (not initialised)", group, topic)
 	}
 	if err != nil {
 		return l, fmt.Errorf("offsets: layout of group %q: %w", group, err)
 	}
-	l.Below = NoLimit
-	if below != nil {
-		l.Below = *below
-	}
 	return l, nil
 }
 
 // LayoutDone says, without locking anything, whether every partition of
-// the group has handled every event below the cut.
-func LayoutDone(ctx context.Context, q Querier, group string, topic int, cut int64) (bool, error) {
+// the group has handled every event of layout version, up to its cut.
+func LayoutDone(ctx context.Context, q Querier, group string, topic, version int) (bool, error) {
 	var done bool
-	if err := q.QueryRow(ctx, layoutDoneSQL, group, topic, cut).Scan(&done); err != nil {
+	if err := q.QueryRow(ctx, layoutDoneSQL, group, topic, version).Scan(&done); err != nil {
 		return false, fmt.Errorf("offsets: layout done: %w", err)
 	}
 	return done, nil
@@ -178,13 +193,13 @@ func SwitchLayout(ctx context.Context, db Beginner, group string, topic int, fro
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
 	var done bool
-	if err := tx.QueryRow(ctx, layoutDoneSQL, group, topic, from.Below).Scan(&done); err != nil {
+	if err := tx.QueryRow(ctx, layoutDoneSQL, group, topic, from.Version).Scan(&done); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
 	if !done {
 		return false, nil
 	}
-	if _, err := tx.Exec(ctx, switchSQL, group, topic, next.Partitions, next.From); err != nil {
+	if _, err := tx.Exec(ctx, switchSQL, group, topic, next.Partitions, next.Version); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,40 +54,47 @@ type Event struct {
 // outbox_message_t_partition_idx and touches only this partition's rows.
 const (
 	// appendSQL appends a JSON array of events to one topic in the caller's
-	// transaction; append_events reserves the offsets under the counter
-	// lock (invariant 1) and returns them in array order.
-	appendSQL = `SELECT min(o), count(*) FROM append_events($1, $2) AS o`
+	// transaction; append_events reserves the offsets under the append
+	// lock (invariant 1) and returns them, here in one array, in the
+	// events' order.
+	appendSQL = `SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM append_events($1, $2) WITH ORDINALITY AS t(o, i)`
 
-	// nextOffsetOfSQL reads the offset the topic's next append will get,
-	// never more than an offset an append in flight holds (see
-	// topic_next_offset). Read it in a statement of its own, before the
-	// statement that looks for the first retained event: then every event
-	// below it that is committed is visible to that later statement. Read
-	// in one statement, the events would be looked for in the statement's
-	// snapshot, taken before topic_next_offset waited for (or saw) an
-	// append that committed meanwhile, whose events would be skipped.
-	nextOffsetOfSQL = `SELECT topic_next_offset($1)`
+	// appendOneSQL appends one event (append_event), without the JSON array.
+	appendOneSQL = `SELECT append_event($1, $2, $3, $4, $5, $6)`
 
-	// initSQL creates a group's positions for the partitions it serves,
-	// starting at the first retained event of the topic, or at $4, the
-	// topic's next offset read before (nextOffsetOfSQL), when the topic is
-	// empty. An existing position is never moved.
+	// nextOffsetsSQL reads the next offset of every partition the topic has
+	// had, element p+1 for partition p: the offset the next append to it
+	// will get, never more than an offset an append in flight holds
+	// (partition_next_offset). Read it in a statement of its own, before the
+	// statement that looks for the first retained events: then every event
+	// below it that is committed is visible to that later statement. Read in
+	// one statement, the events would be looked for in the statement's
+	// snapshot, taken before the next offset was read (and, for a sequence
+	// topic, before the append in flight it waited for committed), and that
+	// append's events would be skipped.
+	nextOffsetsSQL = `SELECT array_agg(partition_next_offset($1, pc.partition_id) ORDER BY pc.partition_id)
+FROM partition_counters pc WHERE pc.topic_id = $1`
+
+	// initSQL creates a group's positions for the partitions of its layout
+	// that have none (a group from before subscriptions): at the partition's
+	// first offset in the layout. An existing position is never moved.
 	initSQL = `INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
-SELECT $1, $2, p.partition_id,
-       coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $2), $4)
+SELECT $1, $2, p.partition_id, layout_start($2, g.version, p.partition_id)
 FROM unnest($3::integer[]) AS p(partition_id)
+JOIN group_layouts g ON g.group_id = $1 AND g.topic_id = $2
 ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 
 	// pendingSQL finds, without locking anything, the partitions among $3
 	// whose log holds an offset at or above the group's next_offset (and
-	// below $4, the end of the group's layout), and the highest such
-	// offset: a cheap question asked before taking a lock.
+	// below the end of the partition in the group's layout $4), and the
+	// highest such offset: a cheap question asked before taking a lock.
 	pendingSQL = `SELECT o.partition_id, o.next_offset, h.max_offset, clock_timestamp()
 FROM consumer_offsets o
 CROSS JOIN LATERAL (
     SELECT max(m.c_offset) AS max_offset
     FROM outbox_message_t m
-    WHERE m.topic_id = $2 AND m.partition_id = o.partition_id AND m.c_offset < $4
+    WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
+      AND m.c_offset < coalesce(layout_cut($2, $4, o.partition_id), 9223372036854775807)
 ) h
 WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = ANY($3::integer[])
   AND h.max_offset >= o.next_offset
@@ -101,29 +109,33 @@ SELECT -1, 0, 0, clock_timestamp()`
 	// batch transaction ends and orders batches (invariants 2 and 3): a
 	// second claimer waits here and then reads the advanced position.
 	//
-	// Events stop at the end of the claimer's layout $5: the first offset
-	// of the next layout, read in the same statement, so in the same
-	// snapshot as the events. A repartition records the next layout and
-	// moves the counter in one transaction, so an event past the cut is
-	// never visible to a claim that does not see the cut.
+	// Events stop at the end of the partition in the claimer's layout $5:
+	// its first offset in the next layout, read in the same statement, so in
+	// the same snapshot as the events. A repartition records the next layout
+	// under the topic's append lock, so an event past the cut is never
+	// visible to a claim that does not see the cut.
+	//
+	// %[1]s is the partition's table (PartitionTable): the statement's plan,
+	// even a generic one, touches only that partition's tables, so a batch
+	// locks nothing of other partitions (retention drops their segments
+	// meanwhile), and no routing through the log's partitions is paid.
 	claimSQL = `WITH o AS (
     SELECT next_offset FROM consumer_offsets
     WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
     FOR UPDATE
 )
 SELECT ` + eventColumns + `
-FROM outbox_message_t m
+FROM %[1]s m
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= (SELECT next_offset FROM o)
-  AND m.c_offset < coalesce((SELECT n.from_offset FROM topic_layouts n
-                             WHERE n.topic_id = $2 AND n.version = $5 + 1), 9223372036854775807)
+  AND m.c_offset < coalesce(layout_cut($2, $5, $3), 9223372036854775807)
 ORDER BY m.c_offset
 LIMIT $4`
 
 	// fetchSQL reads the events after offset $3 in the partition: the
 	// continuation of a producer transaction larger than the batch, read in
-	// chunks under the claim's lock.
+	// chunks under the claim's lock. %[1]s is the partition's table.
 	fetchSQL = `SELECT ` + eventColumns + `
-FROM outbox_message_t m
+FROM %[1]s m
 WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset > $3 AND m.c_offset < $5
 ORDER BY m.c_offset
 LIMIT $4`
@@ -167,26 +179,68 @@ WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 // host_id, user_id, event_type, payload and metadata, to topic in q's
 // transaction, and returns the first offset and the number of events. The
 // offsets are consecutive, in array order.
-func Append(ctx context.Context, q Querier, topic int, eventsJSON []byte) (first int64, n int, err error) {
-	var min *int64
-	if err := q.QueryRow(ctx, appendSQL, topic, eventsJSON).Scan(&min, &n); err != nil {
-		return 0, 0, fmt.Errorf("append: %w", err)
+func Append(ctx context.Context, q Querier, topic int, eventsJSON []byte) ([]int64, error) {
+	var offs []int64
+	if err := q.QueryRow(ctx, appendSQL, topic, eventsJSON).Scan(&offs); err != nil {
+		return nil, fmt.Errorf("append: %w", err)
 	}
-	if min == nil {
-		return 0, 0, nil
+	return offs, nil
+}
+
+// AppendOne appends one event to topic in q's transaction with
+// append_event, and returns its offset. payload and metadata are JSON or
+// nil.
+func AppendOne(ctx context.Context, q Querier, topic int, host, user, eventType string, payload, metadata []byte) (int64, error) {
+	var off int64
+	if err := q.QueryRow(ctx, appendOneSQL, topic, host, user, eventType, jsonArg(payload), jsonArg(metadata)).Scan(&off); err != nil {
+		return 0, fmt.Errorf("append: %w", err)
 	}
-	return *min, n, nil
+	return off, nil
+}
+
+// jsonArg passes JSON text as a jsonb argument, nil as NULL.
+func jsonArg(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return string(b)
+}
+
+// PartitionTable returns the name of the table that holds a partition of a
+// topic (see migration 0008): every statement that reads one partition's
+// events in a batch transaction names it, so that it locks and plans only
+// that partition's tables.
+func PartitionTable(topic, partition int) string {
+	return "outbox_message_t_" + strconv.Itoa(topic) + "_p" + strconv.Itoa(partition)
+}
+
+// PartitionSQL holds the statements of one partition, with its table's
+// name in them; make them once per partition with ForPartition.
+type PartitionSQL struct {
+	claim, fetch, deadLetter, park, idleCheck string
+}
+
+// ForPartition returns the statements of a partition of topic.
+func ForPartition(topic, partition int) *PartitionSQL {
+	t := PartitionTable(topic, partition)
+	return &PartitionSQL{
+		claim:      fmt.Sprintf(claimSQL, t),
+		fetch:      fmt.Sprintf(fetchSQL, t),
+		deadLetter: fmt.Sprintf(writeDeadLetterSQL, t),
+		park:       fmt.Sprintf(parkEventsSQL, t),
+		idleCheck:  fmt.Sprintf(idleCheckSQL, t),
+	}
 }
 
 // Init creates the group's positions for partitions of topic that it has
-// none for yet, at the first retained offset (see initSQL), and their free
-// lease rows.
+// none for yet, at their first offset in the group's layout (see initSQL;
+// the group is given a layout first if it has none, see InitGroupLayout),
+// and their free lease rows.
 func Init(ctx context.Context, q Querier, group string, topic int, partitions []int) error {
-	var next int64
-	if err := q.QueryRow(ctx, nextOffsetOfSQL, topic).Scan(&next); err != nil {
-		return fmt.Errorf("offsets: init group %q: %w", group, err)
+	if err := InitGroupLayout(ctx, q, group, topic); err != nil {
+		return err
 	}
-	if _, err := q.Exec(ctx, initSQL, group, topic, partitions, next); err != nil {
+	if _, err := q.Exec(ctx, initSQL, group, topic, partitions); err != nil {
 		return fmt.Errorf("offsets: init group %q: %w", group, err)
 	}
 	if _, err := q.Exec(ctx, initLeasesSQL, group, topic, partitions); err != nil {
@@ -206,10 +260,10 @@ type Work struct {
 }
 
 // Pending returns the partitions among partitions where the group has events
-// to handle below offset below, without taking any lock, and the database
-// clock when it answered.
-func Pending(ctx context.Context, q Querier, group string, topic int, partitions []int, below int64) ([]Work, time.Time, error) {
-	rows, err := q.Query(ctx, pendingSQL, group, topic, partitions, below)
+// of its layout (version layout) to handle, without taking any lock, and the
+// database clock when it answered.
+func Pending(ctx context.Context, q Querier, group string, topic int, partitions []int, layout int) ([]Work, time.Time, error) {
+	rows, err := q.Query(ctx, pendingSQL, group, topic, partitions, layout)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("offsets: pending: %w", err)
 	}
@@ -272,6 +326,8 @@ type Claim struct {
 	// Owner and Epoch are the lease the claim is made under.
 	Owner string
 	Epoch int64
+	// SQL holds the partition's statements (ForPartition).
+	SQL *PartitionSQL
 }
 
 // Claimed is what a claim returns.
@@ -313,7 +369,7 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(batchNameSQL, BatchApplicationName(c.Owner))
 	b.Queue(leaseHeldSQL, c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
-	b.Queue(claimSQL, c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
+	b.Queue(c.SQL.claim, c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
 	if c.Parked {
 		b.Queue(parkedSQL, c.Group, c.Topic, c.Partition)
 	}
@@ -373,8 +429,8 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 // Fetch appends to buf up to limit events of the partition after offset
 // after and below offset below, in offset order. It takes no lock: call it
 // in the transaction that claimed the partition.
-func Fetch(ctx context.Context, q Querier, topic, partition int, after, below int64, limit int, buf []Event) ([]Event, error) {
-	rows, err := q.Query(ctx, fetchSQL, topic, partition, after, limit, below)
+func Fetch(ctx context.Context, q Querier, ps *PartitionSQL, topic, partition int, after, below int64, limit int, buf []Event) ([]Event, error) {
+	rows, err := q.Query(ctx, ps.fetch, topic, partition, after, limit, below)
 	if err != nil {
 		return buf, fmt.Errorf("offsets: fetch: %w", err)
 	}

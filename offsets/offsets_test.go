@@ -39,7 +39,7 @@ func TestClaimPlanSurvivesGrowth(t *testing.T) {
 	t.Parallel()
 	ctx, url := setup(t, 1)
 	admin := pgtest.Pool(t, url)
-	for _, tbl := range []string{"outbox_message_t_1_0", "outbox_message_t_default"} {
+	for _, tbl := range []string{"outbox_message_t_1_p0_0", "outbox_message_t_1_p0_default"} {
 		// Statistics of an empty table, and no autovacuum to refresh them.
 		if _, err := admin.Exec(ctx, `ALTER TABLE `+tbl+` SET (autovacuum_enabled = off)`); err != nil {
 			t.Fatal(err)
@@ -47,6 +47,9 @@ func TestClaimPlanSurvivesGrowth(t *testing.T) {
 		if _, err := admin.Exec(ctx, `ANALYZE `+tbl); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := InitGroupLayout(ctx, admin, "g", 1); err != nil {
+		t.Fatal(err)
 	}
 	if err := Init(ctx, admin, "g", 1, []int{0}); err != nil {
 		t.Fatal(err)
@@ -61,7 +64,8 @@ func TestClaimPlanSurvivesGrowth(t *testing.T) {
 	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
 		t.Fatal(err)
 	}
-	stmts := map[string]string{"claim_stmt": claimSQL, "fetch_stmt": fetchSQL}
+	ps := ForPartition(1, 0)
+	stmts := map[string]string{"claim_stmt": ps.claim, "fetch_stmt": ps.fetch}
 	args := map[string]string{"claim_stmt": `('g', 1, 0, 11, 1)`, "fetch_stmt": `(1, 0, 0, 11, 9223372036854775807)`}
 	for name, sql := range stmts {
 		if _, err := conn.Prepare(ctx, name, sql); err != nil {
@@ -85,7 +89,7 @@ func TestClaimPlanSurvivesGrowth(t *testing.T) {
 			t.Fatal(err)
 		}
 		plan := strings.Join(lines, "\n")
-		if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "Index Scan using outbox_message_t_1_0_") {
+		if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "Index Scan using outbox_message_t_1_p0_0_") {
 			t.Fatalf("%s: the generic plan made on an empty table does not read through the index:\n%s", name, plan)
 		}
 	}
@@ -102,17 +106,21 @@ func TestClaimOrdersCompetingClaimers(t *testing.T) {
 		FROM generate_series(1, 10)))`); err != nil {
 		t.Fatal(err)
 	}
+	if err := InitGroupLayout(ctx, pool, "g", 1); err != nil {
+		t.Fatal(err)
+	}
 	if err := Init(ctx, pool, "g", 1, []int{0}); err != nil {
 		t.Fatal(err)
 	}
-	c1, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4, Layout: 1}.Do(ctx, pool, nil)
+	ps := ForPartition(1, 0)
+	c1, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4, Layout: 1, SQL: ps}.Do(ctx, pool, nil)
 	tx1, evs1 := c1.Tx, c1.Events
 	if err != nil || len(evs1) != 4 || evs1[0].Offset != 1 {
 		t.Fatalf("first claim: %d events from %v, %v", len(evs1), evs1, err)
 	}
 	second := make(chan []Event, 1)
 	go func() {
-		c2, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4, Layout: 1}.Do(ctx, pool, nil)
+		c2, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4, Layout: 1, SQL: ps}.Do(ctx, pool, nil)
 		if err != nil {
 			t.Error(err)
 			second <- nil

@@ -24,70 +24,55 @@ const (
 FROM topic_retention r
 WHERE r.topic_id = $1`
 
-	// nextOffsetSQL reads the offset the topic's next append gets. For a
-	// sequence topic it waits for the append in flight (topic_next_offset
-	// takes the append lock shared): never call it while holding a lock an
-	// append needs.
-	nextOffsetSQL = `SELECT topic_next_offset($1)`
 
-	// watermarkSQL is the lowest offset an ACTIVE or PAUSED group still
-	// needs: for each of its partitions, the first event at or after its
-	// position (below the end of its layout), or the end of its layout when
-	// it has handled everything there. A partition without pending events
-	// does not hold the watermark back, however old its position: it is as
-	// if its position had advanced past the events of other partitions.
-	// NULL when no such group has positions.
-	watermarkSQL = `WITH pos AS (
-    SELECT o.group_id, o.partition_id, o.next_offset,
-           coalesce((SELECT n.from_offset FROM group_layouts g
-                     JOIN topic_layouts n ON n.topic_id = g.topic_id AND n.version = g.version + 1
-                     WHERE g.group_id = o.group_id AND g.topic_id = o.topic_id), 9223372036854775807) AS below
-    FROM consumer_offsets o
-    JOIN subscriptions s ON s.group_id = o.group_id AND s.topic_id = o.topic_id
-    WHERE o.topic_id = $1 AND s.state IN ('ACTIVE', 'PAUSED')
-)
-SELECT min(coalesce(f.c_offset, p.below))
-FROM pos p
-LEFT JOIN LATERAL (
+
+	// unhandledFromSQL is, for each group of the topic and partition $2,
+	// the offset from which the group has not handled the partition's
+	// events: its position there, in its layout, and from the partition's
+	// first offset in that layout when the layout does not have the
+	// partition (every event of the partition from there on belongs to a
+	// later layout, which the group has not reached). Events below it
+	// belong to layouts the group has finished.
+	unhandledFromSQL = `SELECT gl.group_id, s.state,
+       CASE WHEN $2 < l.total_partitions
+            THEN greatest(coalesce(o.next_offset, 0), layout_start($1, gl.version, $2))
+            ELSE layout_start($1, gl.version, $2) END AS from_offset
+FROM group_layouts gl
+JOIN topic_layouts l ON l.topic_id = gl.topic_id AND l.version = gl.version
+LEFT JOIN subscriptions s ON s.group_id = gl.group_id AND s.topic_id = gl.topic_id
+LEFT JOIN consumer_offsets o ON o.group_id = gl.group_id AND o.topic_id = gl.topic_id AND o.partition_id = $2
+WHERE gl.topic_id = $1`
+
+	// watermarkSQL is the lowest offset of partition $2 an ACTIVE or PAUSED
+	// group still needs: the first event at or after where each such group
+	// stopped handling the partition (unhandledFromSQL). A group with
+	// nothing pending there does not hold the watermark back, however old
+	// its position. NULL when no group holds it.
+	watermarkSQL = `SELECT min(f.c_offset)
+FROM (` + unhandledFromSQL + `) g
+CROSS JOIN LATERAL (
     SELECT m.c_offset FROM outbox_message_t m
-    WHERE m.topic_id = $1 AND m.partition_id = p.partition_id
-      AND m.c_offset >= p.next_offset AND m.c_offset < p.below
+    WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset >= g.from_offset
     ORDER BY m.c_offset LIMIT 1
-) f ON true`
+) f
+WHERE g.state IN ('ACTIVE', 'PAUSED')`
 
-	// positionsPrintSQL is a fingerprint of what a count of skips depends
-	// on: the positions below $2 (the segment's end) and the layout of
-	// every group of the topic.
-	positionsPrintSQL = `SELECT coalesce((SELECT string_agg(group_id || ':' || partition_id || ':' || next_offset, ',' ORDER BY group_id, partition_id)
-                  FROM consumer_offsets WHERE topic_id = $1 AND next_offset < $2), '')
-       || '|' || coalesce((SELECT string_agg(group_id || ':' || version, ',' ORDER BY group_id)
-                           FROM group_layouts WHERE topic_id = $1), '')`
+	// positionsPrintSQL is a fingerprint of what a count of skips in
+	// partition $2 depends on: the groups' positions there and their
+	// layouts.
+	positionsPrintSQL = `SELECT coalesce(string_agg(g.group_id || ':' || g.from_offset, ',' ORDER BY g.group_id), '')
+FROM (` + unhandledFromSQL + `) g`
 
-	// countSkipsSQL counts, per group (whatever its state) and partition,
-	// the segment's events the group has not handled: those of its layout
-	// at or after its position in their partition, and those of every
-	// later layout, which it has not reached. A last row carries the
-	// fingerprint of what was counted from, read in the same snapshot. %s
-	// is the segment's table.
-	countSkipsSQL = `WITH gl AS (
-    SELECT g.group_id, l.from_offset AS lo,
-           coalesce((SELECT n.from_offset FROM topic_layouts n
-                     WHERE n.topic_id = g.topic_id AND n.version = g.version + 1), 9223372036854775807) AS hi
-    FROM group_layouts g JOIN topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
-    WHERE g.topic_id = $1
-), lost AS (
-    SELECT gl.group_id, m.partition_id, m.c_offset
-    FROM gl
-    JOIN consumer_offsets o ON o.group_id = gl.group_id AND o.topic_id = $1 AND o.next_offset < $2
-    JOIN %[1]s m ON m.topic_id = $1 AND m.partition_id = o.partition_id
-                AND m.c_offset >= greatest(o.next_offset, gl.lo) AND m.c_offset < gl.hi
-    UNION ALL
-    SELECT gl.group_id, m.partition_id, m.c_offset
-    FROM gl JOIN %[1]s m ON m.topic_id = $1 AND m.c_offset >= gl.hi
-)
-SELECT group_id, partition_id, count(*), min(c_offset), max(c_offset), NULL::text FROM lost GROUP BY 1, 2
+	// countSkipsSQL counts, per group (whatever its state), the segment's
+	// events the group has not handled (unhandledFromSQL). A last row carries
+	// the fingerprint of what was counted from, read in the same snapshot.
+	// %s is the segment's table.
+	countSkipsSQL = `SELECT g.group_id, count(m.c_offset), min(m.c_offset), max(m.c_offset), NULL::text
+FROM (` + unhandledFromSQL + `) g
+JOIN %s m ON m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset >= g.from_offset
+GROUP BY g.group_id
 UNION ALL
-SELECT NULL, NULL, 0, NULL, NULL, (` + positionsPrintSQL + `)`
+SELECT NULL, 0, NULL, NULL, (` + positionsPrintSQL + `)`
 
 	// recordSkipsSQL records what a group loses with the segment.
 	recordSkipsSQL = `INSERT INTO retention_skips (group_id, topic_id, partition_id, skipped, first_offset, last_offset, reason)
@@ -100,9 +85,10 @@ WHERE topic_id = $1`
 
 // Removed describes a segment that retention removed.
 type Removed struct {
-	Segment string
-	Lo, Hi  int64 // the offsets [Lo, Hi)
-	Reason  string
+	Segment   string
+	Partition int
+	Lo, Hi    int64 // the partition's offsets [Lo, Hi)
+	Reason    string
 	// Skipped counts the events removed before a group handled them, by
 	// group.
 	Skipped map[string]int64
@@ -110,11 +96,13 @@ type Removed struct {
 
 // Retention is what one pass of ApplyRetention found and did.
 type Retention struct {
-	// Watermark is the lowest offset an ACTIVE or PAUSED group needs;
-	// NoLimit when none holds any.
+	// Watermark is the lowest of the partitions' watermarks (the lowest
+	// offset of the partition an ACTIVE or PAUSED group needs) that were
+	// read; NoLimit when none holds any.
 	Watermark int64
 	Removed   []Removed
-	// Blocked says why the oldest segment stayed, when one did.
+	// Blocked says why a partition's oldest segment stayed, for the first
+	// partition where one did.
 	Blocked string
 }
 
@@ -133,26 +121,29 @@ const (
 	retentionLockSharedSQL = `SELECT pg_advisory_xact_lock_shared(hashtext('pgevents.retention'), $1)`
 )
 
-// ApplyRetention removes the topic's oldest segments that retention allows,
-// oldest first, stopping at the first one that must stay:
+// ApplyRetention removes, partition by partition, the oldest segments that
+// retention allows, oldest first, stopping in each partition at the first
+// one that must stay:
 //
 //   - a segment goes when its newest event is older than the topic's
-//     retention and all its offsets are below the watermark (and, for a
-//     topic without subscriptions, its newest event is older than the
-//     zero-subscription retention); DEAD groups do not hold the watermark;
+//     retention and all its offsets are below the partition's watermark
+//     (and, for a topic without subscriptions, its newest event is older
+//     than the zero-subscription retention); DEAD groups do not hold the
+//     watermark;
 //   - a segment goes whatever the groups when its newest event is older
 //     than max_retention.
 //
 // Each segment is decided and dropped in its own transaction. It takes the
 // topic's retention lock (Place takes it shared, so no group is placed
-// meanwhile), decides, and counts, per group and partition whatever the
-// group's state, the events of the segment not handled yet. Then it takes
-// the ACCESS EXCLUSIVE lock on outbox_message_t that dropping a partition
-// needs (with a 100 ms lock timeout: producers and consumers wait at most
-// that long, and a busy lock leaves the segment to the next pass). Under
-// it no batch is in flight: it decides again, with the watermark as it is
-// now (a DEAD group that came back holds it again), counts again if a
-// position moved since the first count, and records the counts in
+// meanwhile), decides, and counts, per group whatever its state, the events
+// of the segment not handled yet. Then it takes the ACCESS EXCLUSIVE lock on
+// the partition's table that dropping a segment needs: without waiting
+// first, a few times, then waiting at most 100 ms (the partition's producers
+// and batches wait at most that long, and a busy lock leaves the segment to
+// the next pass; other partitions are not touched). Under it no batch of the
+// partition is in flight: it decides again, with the watermark as it is now
+// (a DEAD group that came back holds it again), counts again if a position
+// or layout changed since the first count, and records the counts in
 // retention_skips with the drop, so nothing is skipped silently.
 func ApplyRetention(ctx context.Context, db Pool, topic int) (Retention, error) {
 	out := Retention{Watermark: NoLimit}
@@ -160,31 +151,43 @@ func ApplyRetention(ctx context.Context, db Pool, topic int) (Retention, error) 
 	if err != nil {
 		return out, err
 	}
-	// The counter only grows: read once, on its own (for a sequence topic
-	// it waits for the append in flight and would hold appends off for as
-	// long as the transaction that read it lasts), it is safe to decide
-	// every segment with.
-	var counter int64
-	if err := db.QueryRow(ctx, nextOffsetSQL, topic).Scan(&counter); err != nil {
-		return out, fmt.Errorf("offsets: next offset of topic %d: %w", topic, err)
+	// The next offsets only grow: read once, on their own (for a sequence
+	// topic it waits for the append in flight and would hold appends off
+	// for as long as the transaction that read it lasts), they are safe to
+	// decide every segment with.
+	var nexts []int64
+	if err := db.QueryRow(ctx, nextOffsetsSQL, topic).Scan(&nexts); err != nil {
+		return out, fmt.Errorf("offsets: next offsets of topic %d: %w", topic, err)
 	}
+	stays := map[int]bool{} // partitions whose oldest segment stays
 	for _, seg := range segs {
-		if seg.Hi > counter {
-			out.Blocked = "the oldest segment is the one being written"
-			break
+		if stays[seg.Partition] {
+			continue
 		}
-		r, blocked, err := dropSegment(ctx, db, topic, seg, &out.Watermark)
+		block := func(why string) {
+			stays[seg.Partition] = true
+			if out.Blocked == "" {
+				out.Blocked = fmt.Sprintf("partition %d: %s", seg.Partition, why)
+			}
+		}
+		if seg.Partition >= len(nexts) || seg.Hi > nexts[seg.Partition] {
+			block("the oldest segment is the one being written")
+			continue
+		}
+		var wm int64
+		r, blocked, err := dropSegment(ctx, db, topic, seg, &wm)
+		out.Watermark = min(out.Watermark, wm)
 		if err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
-				out.Blocked = "the log's lock was busy; retrying at the next pass"
-				break
+				block("the partition's lock was busy; retrying at the next pass")
+				continue
 			}
 			return out, err
 		}
 		if blocked != "" {
-			out.Blocked = blocked
-			break
+			block(blocked)
+			continue
 		}
 		out.Removed = append(out.Removed, r)
 	}
@@ -195,19 +198,18 @@ func ApplyRetention(ctx context.Context, db Pool, topic int) (Retention, error) 
 // decision on a segment and the lock under which it is decided again.
 var testHookBeforeDropLock func()
 
-// skipCount is what a group loses in one partition when a segment goes.
+// skipCount is what a group loses when a segment goes.
 type skipCount struct {
 	group     string
-	partition int
 	n, lo, hi int64
 }
 
 // dropSegment decides whether seg may go, and if so counts what groups
 // lose, drops it and records how far retention went, in one transaction.
 // It returns why the segment stays, or "" when it went, and sets
-// *watermark.
+// *watermark to the partition's.
 func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment, watermark *int64) (Removed, string, error) {
-	r := Removed{Segment: seg.Name, Lo: seg.Lo, Hi: seg.Hi, Skipped: map[string]int64{}}
+	r := Removed{Segment: seg.Name, Partition: seg.Partition, Lo: seg.Lo, Hi: seg.Hi, Skipped: map[string]int64{}}
 	fail := func(err error) (Removed, string, error) {
 		return r, "", fmt.Errorf("offsets: drop %s: %w", seg.Name, err)
 	}
@@ -233,15 +235,16 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 	if testHookBeforeDropLock != nil {
 		testHookBeforeDropLock()
 	}
-	// No batch is in flight once this is held, and none starts.
-	if err := lockLog(ctx, tx); err != nil {
+	// No batch of the partition is in flight once this is held, and none
+	// starts.
+	if err := lockPartition(ctx, tx, pgx.Identifier{PartitionTable(topic, seg.Partition)}.Sanitize()); err != nil {
 		return fail(err)
 	}
 	if blocked, err := decideDrop(ctx, tx, topic, seg, name, watermark, &r); err != nil || blocked != "" {
 		return r, blocked, err
 	}
 	var now string
-	if err := tx.QueryRow(ctx, positionsPrintSQL, topic, seg.Hi).Scan(&now); err != nil {
+	if err := tx.QueryRow(ctx, positionsPrintSQL, topic, seg.Partition).Scan(&now); err != nil {
 		return fail(err)
 	}
 	if now != print {
@@ -259,7 +262,7 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 		if c.n == 0 {
 			continue
 		}
-		groups, parts = append(groups, c.group), append(parts, int32(c.partition))
+		groups, parts = append(groups, c.group), append(parts, int32(seg.Partition))
 		ns, los, highs = append(ns, c.n), append(los, c.lo), append(highs, c.hi)
 		r.Skipped[c.group] += c.n
 	}
@@ -278,26 +281,26 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 	return r, "", nil
 }
 
-// Taking the log's ACCESS EXCLUSIVE lock: first without waiting, a few
-// times, in a savepoint each, so that producers and batches never queue
-// behind a waiting request while the lock is busy; then waiting, for at
-// most the transaction's lock_timeout.
+// Taking a partition table's ACCESS EXCLUSIVE lock: first without waiting,
+// a few times, in a savepoint each, so that the partition's producers and
+// batches never queue behind a waiting request while the lock is busy;
+// then waiting, for at most the transaction's lock_timeout.
 const (
-	lockLogNowaitSQL = `LOCK TABLE ONLY outbox_message_t IN ACCESS EXCLUSIVE MODE NOWAIT`
-	lockLogSQL       = `LOCK TABLE ONLY outbox_message_t IN ACCESS EXCLUSIVE MODE`
-	lockLogTries     = 20
-	lockLogPause     = 5 * time.Millisecond
+	lockNowaitSQL = `LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE NOWAIT`
+	lockSQL       = `LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE`
+	lockTries     = 20
+	lockPause     = 5 * time.Millisecond
 )
 
-// lockLog takes the log's ACCESS EXCLUSIVE lock in tx, preferring a moment
-// when nobody holds a lock on it to a wait that holds appends off.
-func lockLog(ctx context.Context, tx pgx.Tx) error {
-	for range lockLogTries {
+// lockPartition takes the ACCESS EXCLUSIVE lock on table in tx, preferring
+// a moment when nobody holds a lock on it to a wait that holds appends off.
+func lockPartition(ctx context.Context, tx pgx.Tx, table string) error {
+	for range lockTries {
 		sp, err := tx.Begin(ctx) // a savepoint: a refused NOWAIT aborts only it
 		if err != nil {
 			return err
 		}
-		if _, err := sp.Exec(ctx, lockLogNowaitSQL); err == nil {
+		if _, err := sp.Exec(ctx, fmt.Sprintf(lockNowaitSQL, table)); err == nil {
 			return sp.Commit(ctx)
 		}
 		if err := sp.Rollback(ctx); err != nil {
@@ -306,10 +309,10 @@ func lockLog(ctx context.Context, tx pgx.Tx) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(lockLogPause):
+		case <-time.After(lockPause):
 		}
 	}
-	_, err := tx.Exec(ctx, lockLogSQL)
+	_, err := tx.Exec(ctx, fmt.Sprintf(lockSQL, table))
 	return err
 }
 
@@ -328,7 +331,7 @@ func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, n
 	if err := tx.QueryRow(ctx, retentionSettingsSQL, topic).Scan(&retention, &maxRetention, &zeroSubs, &now, &subs); err != nil {
 		return "", fmt.Errorf("offsets: retention settings of topic %d: %w", topic, err)
 	}
-	if err := tx.QueryRow(ctx, watermarkSQL, topic).Scan(&wm); err != nil {
+	if err := tx.QueryRow(ctx, watermarkSQL, topic, seg.Partition).Scan(&wm); err != nil {
 		return "", fmt.Errorf("offsets: watermark of topic %d: %w", topic, err)
 	}
 	*watermark = NoLimit
@@ -362,7 +365,7 @@ func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, n
 // countSkips counts what each group loses with seg (see countSkipsSQL),
 // and returns the fingerprint of the positions and layouts it counted from.
 func countSkips(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, name string) ([]skipCount, string, error) {
-	rows, err := tx.Query(ctx, fmt.Sprintf(countSkipsSQL, name), topic, seg.Hi)
+	rows, err := tx.Query(ctx, fmt.Sprintf(countSkipsSQL, name), topic, seg.Partition)
 	if err != nil {
 		return nil, "", fmt.Errorf("count skips: %w", err)
 	}
@@ -370,17 +373,20 @@ func countSkips(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, n
 		out    []skipCount
 		print  string
 		group  *string
-		part   *int
 		n      int64
 		lo, hi *int64
 		fp     *string
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&group, &part, &n, &lo, &hi, &fp}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&group, &n, &lo, &hi, &fp}, func() error {
 		if fp != nil {
 			print = *fp
 			return nil
 		}
-		out = append(out, skipCount{group: *group, partition: *part, n: n, lo: *lo, hi: *hi})
+		c := skipCount{group: *group, n: n}
+		if lo != nil {
+			c.lo, c.hi = *lo, *hi
+		}
+		out = append(out, c)
 		return nil
 	}); err != nil {
 		return nil, "", fmt.Errorf("count skips: %w", err)

@@ -56,24 +56,61 @@ RETURNING state`
 WHERE topic_id = $1 AND state = 'ACTIVE' AND last_seen_at < clock_timestamp() - dead_after
 RETURNING group_id`
 
-	// startOffsetSQL resolves a start position to an offset: the first
-	// retained event (earliest), $5, the topic's next offset read before in
-	// a statement of its own (latest: events appended from now on; see
-	// nextOffsetOfSQL for why it is read first), N, or the first event
-	// appended at or after a time.
-	startOffsetSQL = `SELECT CASE $2::text
-    WHEN 'earliest' THEN coalesce((SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $1), $5)
-    WHEN 'latest' THEN $5
-    WHEN 'offset' THEN $3::bigint
-    ELSE coalesce((SELECT m.c_offset FROM outbox_message_t m
-                   WHERE m.topic_id = $1 AND m.created_at >= $4::timestamptz
-                   ORDER BY m.c_offset LIMIT 1), $5)
-END`
+	// startLayoutSQL chooses the layout a group placed at a start position
+	// ($2 the kind, $3 the offset, $4 the time) begins in: the oldest layout
+	// with a retained event (earliest), the layout of the first event at or
+	// after the time (time), the layout holding the offset under scope
+	// 'topic' (offset), or the current one. It returns the layout's version
+	// and partition count. An event of partition p with offset o belongs to
+	// the newest layout v with layout_start(t, v, p) <= o.
+	startLayoutSQL = `WITH cur AS (
+    SELECT max(version) AS v FROM topic_layouts WHERE topic_id = $1
+), firsts AS (
+    SELECT pc.partition_id, f.o
+    FROM partition_counters pc
+    CROSS JOIN LATERAL (
+        SELECT m.c_offset AS o FROM outbox_message_t m
+        WHERE m.topic_id = $1 AND m.partition_id = pc.partition_id
+          AND ($2::text = 'earliest' OR m.created_at >= $4::timestamptz)
+        ORDER BY m.c_offset LIMIT 1
+    ) f
+    WHERE pc.topic_id = $1 AND $2::text IN ('earliest', 'time')
+), v AS (
+    SELECT CASE
+        WHEN $2::text IN ('earliest', 'time') THEN coalesce((
+            SELECT min(lv.v) FROM firsts f
+            CROSS JOIN LATERAL (SELECT max(l.version) AS v FROM topic_layouts l
+                                WHERE l.topic_id = $1 AND layout_start($1, l.version, f.partition_id) <= f.o) lv),
+            (SELECT v FROM cur))
+        WHEN $2::text = 'offset' AND c.offset_scope = 'topic' THEN coalesce(
+            (SELECT max(l.version) FROM topic_layouts l WHERE l.topic_id = $1 AND l.from_offset <= $3), 1)
+        ELSE (SELECT v FROM cur)
+    END AS v
+    FROM log_counter c WHERE c.topic_id = $1
+)
+SELECT l.version, l.total_partitions FROM v JOIN topic_layouts l ON l.topic_id = $1 AND l.version = v.v`
 
-	// layoutOfSQL finds the layout an offset belongs to.
-	layoutOfSQL = `SELECT version, total_partitions FROM topic_layouts
-WHERE topic_id = $1 AND from_offset <= greatest($2, 1)
-ORDER BY version DESC LIMIT 1`
+	// startPositionsSQL computes the positions of a group placed in layout
+	// $5 of $6 partitions at a start position ($2 kind, $3 offset, $4 time):
+	// for each partition p, its first retained event (earliest), its first
+	// event at or after the time (time), the offset (offset), or its next
+	// offset (latest; and where no such event exists), within p's offsets
+	// in the layout, at element p+1. $7 holds every partition's next offset,
+	// read before in a statement of its own (nextOffsetsSQL), so that an
+	// event below it that is committed is visible here.
+	startPositionsSQL = `SELECT array_agg(least(
+           coalesce(layout_cut($1, $5, p), 9223372036854775807),
+           greatest(layout_start($1, $5, p),
+                    CASE $2::text
+                        WHEN 'offset' THEN $3::bigint
+                        WHEN 'latest' THEN ($7::bigint[])[p + 1]
+                        ELSE coalesce((SELECT m.c_offset FROM outbox_message_t m
+                                       WHERE m.topic_id = $1 AND m.partition_id = p
+                                         AND m.c_offset >= layout_start($1, $5, p)
+                                         AND ($2::text = 'earliest' OR m.created_at >= $4::timestamptz)
+                                       ORDER BY m.c_offset LIMIT 1), ($7::bigint[])[p + 1])
+                    END)) ORDER BY p)
+FROM generate_series(0, $6 - 1) AS p`
 
 	liveReplicasOfSQL = `SELECT count(*) FROM consumer_replicas
 WHERE group_id = $1 AND topic_id = $2 AND expires_at > clock_timestamp()`
@@ -83,13 +120,14 @@ WHERE group_id = $1 AND topic_id = $2 AND expires_at > clock_timestamp()`
 	oldPositionsSQL = `SELECT partition_id, next_offset FROM consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
 
-	// placeSQL puts the group at offset $4 in layout $5 of $3 partitions
-	// (run after deleting its positions and leases): positions, fresh
-	// leases with epoch $6 (above every earlier one, so fencing tokens
-	// never go back), parked hosts in their partition of that layout.
+	// placeSQL puts the group at positions $4 (element p+1 for partition p)
+	// in layout $5 of $3 partitions (run after deleting its positions and
+	// leases): positions, fresh leases with epoch $6 (above every earlier
+	// one, so fencing tokens never go back), parked hosts, parked events and
+	// dead letters in their host's partition of that layout.
 	placeSQL = `WITH add_pos AS (
     INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
-    SELECT $1, $2, p, $4 FROM generate_series(0, $3 - 1) AS p
+    SELECT $1, $2, p, ($4::bigint[])[p + 1] FROM generate_series(0, $3 - 1) AS p
 ), add_leases AS (
     INSERT INTO partition_leases (group_id, topic_id, partition_id, epoch)
     SELECT $1, $2, p, $6 FROM generate_series(0, $3 - 1) AS p
@@ -154,14 +192,7 @@ func Subscribe(ctx context.Context, db Beginner, group string, topic int, start 
 			return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
 		}
 		if !hasPositions {
-			if err := lockRetentionShared(ctx, tx, topic); err != nil {
-				return "", false, err
-			}
-			at, err := ResolveStart(ctx, tx, topic, start)
-			if err != nil {
-				return "", false, err
-			}
-			if err := Place(ctx, tx, group, topic, at); err != nil {
+			if err := Place(ctx, tx, group, topic, start); err != nil {
 				return "", false, err
 			}
 		}
@@ -244,18 +275,6 @@ func SweepDead(ctx context.Context, q Querier, topic int) ([]string, error) {
 	return out, nil
 }
 
-// ResolveStart returns the offset a start position designates on topic.
-func ResolveStart(ctx context.Context, q Querier, topic int, s config.Start) (int64, error) {
-	var next, off int64
-	if err := q.QueryRow(ctx, nextOffsetOfSQL, topic).Scan(&next); err != nil {
-		return 0, fmt.Errorf("offsets: resolve start %s: %w", s, err)
-	}
-	if err := q.QueryRow(ctx, startOffsetSQL, topic, s.Kind, s.Offset, s.Time, next).Scan(&off); err != nil {
-		return 0, fmt.Errorf("offsets: resolve start %s: %w", s, err)
-	}
-	return off, nil
-}
-
 // lockRetentionShared keeps retention from removing a segment of topic
 // until tx ends: take it before resolving a start position, so that the
 // position and the segments agree (see ApplyRetention).
@@ -266,24 +285,36 @@ func lockRetentionShared(ctx context.Context, tx pgx.Tx, topic int) error {
 	return nil
 }
 
-// Place puts a new group at offset at: its layout (the one at belongs to)
-// and a position at at in each of that layout's partitions, with free
-// leases. Existing positions are replaced: use it for a group's first start
-// or, through Reset, to move a group.
-func Place(ctx context.Context, tx pgx.Tx, group string, topic int, at int64) error {
+// Place puts a group at a start position: in the layout it designates,
+// with a position in each of that layout's partitions and free leases.
+// Existing positions are replaced: use it for a group's first start or,
+// through Reset, to move a group. It holds retention off (the positions and
+// the segments agree) and reads every partition's next offset before it
+// looks for events, in a statement of its own, so that an append that
+// commits meanwhile is never skipped.
+func Place(ctx context.Context, tx pgx.Tx, group string, topic int, start config.Start) error {
 	if err := lockRetentionShared(ctx, tx, topic); err != nil {
 		return err
 	}
+	var nexts []int64
+	if err := tx.QueryRow(ctx, nextOffsetsSQL, topic).Scan(&nexts); err != nil {
+		return fmt.Errorf("offsets: place group %q: next offsets: %w", group, err)
+	}
 	var version, partitions int
-	if err := tx.QueryRow(ctx, layoutOfSQL, topic, at).Scan(&version, &partitions); err != nil {
-		return fmt.Errorf("offsets: layout of offset %d: %w", at, err)
+	if err := tx.QueryRow(ctx, startLayoutSQL, topic, start.Kind, start.Offset, start.Time).Scan(&version, &partitions); err != nil {
+		return fmt.Errorf("offsets: place group %q at %s: layout: %w", group, start, err)
+	}
+	var positions []int64
+	if err := tx.QueryRow(ctx, startPositionsSQL, topic, start.Kind, start.Offset, start.Time, version, partitions, nexts).
+		Scan(&positions); err != nil {
+		return fmt.Errorf("offsets: place group %q at %s: positions: %w", group, start, err)
 	}
 	var epoch int64
 	if err := tx.QueryRow(ctx, clearSQL, group, topic).Scan(&epoch); err != nil {
 		return fmt.Errorf("offsets: place group %q: %w", group, err)
 	}
-	if _, err := tx.Exec(ctx, placeSQL, group, topic, partitions, at, version, epoch+1); err != nil {
-		return fmt.Errorf("offsets: place group %q at %d: %w", group, at, err)
+	if _, err := tx.Exec(ctx, placeSQL, group, topic, partitions, positions, version, epoch+1); err != nil {
+		return fmt.Errorf("offsets: place group %q at %s: %w", group, start, err)
 	}
 	return nil
 }
@@ -340,14 +371,7 @@ func Reset(ctx context.Context, db Beginner, group string, topic int, start conf
 	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { old[p] = n; return nil }); err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
 	}
-	if err := lockRetentionShared(ctx, tx, topic); err != nil {
-		return nil, err
-	}
-	at, err := ResolveStart(ctx, tx, topic, start)
-	if err != nil {
-		return nil, err
-	}
-	if err := Place(ctx, tx, group, topic, at); err != nil {
+	if err := Place(ctx, tx, group, topic, start); err != nil {
 		return nil, err
 	}
 	rows, err = tx.Query(ctx, `SELECT partition_id, next_offset FROM consumer_offsets

@@ -20,6 +20,9 @@ func leaseDB(t *testing.T) (context.Context, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	pool := pgtest.TopicPool(t, 2)
+	if err := offsets.InitGroupLayout(ctx, pool, "g", 1); err != nil {
+		t.Fatal(err)
+	}
 	if err := offsets.Init(ctx, pool, "g", 1, []int{0, 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -94,70 +94,88 @@ func TestEnsureTopicKeepsRecordedPartitionCount(t *testing.T) {
 	if _, err := schema.LookupTopic(ctx, pool, 99); !errors.Is(err, schema.ErrTopicNotFound) {
 		t.Fatalf("LookupTopic(99) = %v, want ErrTopicNotFound", err)
 	}
-	// The first segments exist as partitions of outbox_message_t.
-	var segs int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_message_t'::regclass
-		AND inhrelid::regclass::text LIKE 'outbox_message_t_7_%'`).Scan(&segs); err != nil {
-		t.Fatal(err)
-	}
-	if segs != schema.SegmentsAhead+1 {
-		t.Fatalf("topic 7 has %d segments, want %d", segs, schema.SegmentsAhead+1)
-	}
-}
-
-func TestSegmentsFollowTheCounter(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
-	mustExec(t, pool, `INSERT INTO log_counter (topic_id, total_partitions, segment_size) VALUES (3, 4, 1000)`)
-	// Segments 0..2 (offsets 1..3000): the counter's and two ahead.
-	if n, err := schema.EnsureSegments(ctx, pool, 3); err != nil || n != schema.SegmentsAhead+1 {
-		t.Fatalf("EnsureSegments = %d, %v", n, err)
-	}
-	appendN := func(n int) {
-		mustExec(t, pool, `SELECT append_events(3, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||i, 'event_type', 't'))
-			FROM generate_series(1, $1) i))`, n)
-	}
-	// 3,500 events: the last 500 overflow into the DEFAULT partition
-	// (maintenance fell behind the producers).
-	appendN(3500)
-	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`); n != 500 {
-		t.Fatalf("%d rows in DEFAULT, want the 500 past the segments", n)
-	}
-	// Segment 3 is created with DEFAULT's rows moved into it; 4 and 5 are
-	// created ahead. DEFAULT is empty again.
-	if n, err := schema.EnsureSegments(ctx, pool, 3); err != nil || n != 3 {
-		t.Fatalf("EnsureSegments after overflow = %d, %v; want 3", n, err)
-	}
-	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`); n != 0 {
-		t.Fatalf("%d rows left in DEFAULT after maintenance", n)
-	}
-	appendN(1600) // offsets 3501..5100
-	rows, err := pool.Query(ctx, `SELECT tableoid::regclass::text, min(c_offset), max(c_offset)
-		FROM outbox_message_t WHERE topic_id = 3 GROUP BY 1 ORDER BY 2`)
+	// Every partition has its table, with its first segments.
+	segs, err := schema.Segments(ctx, pool, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []string
-	for rows.Next() {
-		var name string
-		var lo, hi int64
-		if err := rows.Scan(&name, &lo, &hi); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, fmt.Sprintf("%s:%d-%d", name, lo, hi))
+	if len(segs) != 12*(schema.SegmentsAhead+1) {
+		t.Fatalf("topic 7 has %d segments, want %d", len(segs), 12*(schema.SegmentsAhead+1))
 	}
-	want := "outbox_message_t_3_0:1-1000 outbox_message_t_3_1:1001-2000 outbox_message_t_3_2:2001-3000 " +
-		"outbox_message_t_3_3:3001-4000 outbox_message_t_3_4:4001-5000 outbox_message_t_3_5:5001-5100"
-	if strings.Join(got, " ") != want {
-		t.Fatalf("events stored as\n %v\nwant\n %v", strings.Join(got, " "), want)
-	}
-	var count, max int64
-	if err := pool.QueryRow(ctx, `SELECT count(*), max(c_offset) FROM outbox_message_t WHERE topic_id = 3`).Scan(&count, &max); err != nil {
-		t.Fatal(err)
-	}
-	if count != 5100 || max != 5100 {
-		t.Fatalf("%d events up to offset %d, want 5100 gapless", count, max)
+}
+
+// TestSegmentsFollowTheCounter: every partition of a topic has its table
+// and segments ahead of its next offset; rows that outran maintenance land
+// in a DEFAULT table (the partition's, or the log's when the partition has
+// no table yet) and the next pass moves them into their segment, so every
+// row ends up in the segment of its partition and offset range.
+func TestSegmentsFollowTheCounter(t *testing.T) {
+	t.Parallel()
+	for _, scope := range []string{schema.ScopeTopic, schema.ScopePartition} {
+		t.Run(scope, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+			// 2 partitions, segments of 1,000 offsets: segments 0..2 of
+			// each, the next offset's and two ahead.
+			if _, _, err := schema.EnsureTopicSpec(ctx, pool, schema.TopicSpec{ID: 3, Partitions: 2, SegmentSize: 1000, Scope: scope}); err != nil {
+				t.Fatal(err)
+			}
+			if segs, err := schema.Segments(ctx, pool, 3); err != nil || len(segs) != 2*(schema.SegmentsAhead+1) {
+				t.Fatalf("%d segments, %v", len(segs), err)
+			}
+			appendN := func(n int) {
+				mustExec(t, pool, `SELECT append_events(3, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||i, 'event_type', 't'))
+					FROM generate_series(1, $1) i))`, n)
+			}
+			inDefaults := func() int64 {
+				return queryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE tableoid::regclass::text LIKE '%default'`)
+			}
+			// Past the segments in both partitions: maintenance fell behind.
+			n := 3500
+			if scope == schema.ScopePartition {
+				n = 7000
+			}
+			appendN(n)
+			if inDefaults() == 0 {
+				t.Fatal("no row in a DEFAULT table: the test did not outrun the segments")
+			}
+			if created, err := schema.EnsureSegments(ctx, pool, 3); err != nil || created == 0 {
+				t.Fatalf("EnsureSegments after overflow = %d, %v", created, err)
+			}
+			if d := inDefaults(); d != 0 {
+				t.Fatalf("%d rows left in DEFAULT tables after maintenance", d)
+			}
+			// A third partition before maintenance: its rows land in the
+			// log's DEFAULT, and move into its table.
+			mustExec(t, pool, `SELECT repartition_topic(3, 3)`)
+			appendN(300)
+			if queryInt(t, pool, `SELECT count(*) FROM outbox_message_t_default`) == 0 {
+				t.Fatal("no row of the new partition in the log's DEFAULT")
+			}
+			if _, err := schema.EnsureSegments(ctx, pool, 3); err != nil {
+				t.Fatal(err)
+			}
+			if d := inDefaults(); d != 0 {
+				t.Fatalf("%d rows left in DEFAULT tables after maintenance", d)
+			}
+			total := int64(n + 300)
+			if misplaced := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t
+				WHERE tableoid::regclass::text <> format('outbox_message_t_3_p%s_%s', partition_id, (c_offset - 1) / 1000)`); misplaced != 0 {
+				t.Fatalf("%d rows outside the segment of their partition and offset", misplaced)
+			}
+			var count, gaps int64
+			gapsSQL := `SELECT count(*), max(c_offset) - count(*) FROM outbox_message_t WHERE topic_id = 3`
+			if scope == schema.ScopePartition {
+				gapsSQL = `SELECT sum(n), sum(m - n) FROM (SELECT count(*) n, max(c_offset) m FROM outbox_message_t WHERE topic_id = 3 GROUP BY partition_id) x`
+			}
+			if err := pool.QueryRow(ctx, gapsSQL).Scan(&count, &gaps); err != nil {
+				t.Fatal(err)
+			}
+			if count != total || gaps != 0 {
+				t.Fatalf("%d events with %d gaps, want %d gapless", count, gaps, total)
+			}
+		})
 	}
 }
 
@@ -299,46 +317,79 @@ func TestOffsetsGaplessContiguousAndCommitOrdered(t *testing.T) {
 	}
 }
 
-func TestNotifyNamesPartitionsOncePerStatement(t *testing.T) {
+func TestNotifyNamesWaitingPartitionsOncePerStatement(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	url := pgtest.MigratedDB(t)
-	pool := pgtest.Pool(t, url)
-	mustExec(t, pool, `INSERT INTO log_counter (topic_id, total_partitions) VALUES (5, 4)`)
-	ln, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close(ctx)
-	if _, err := ln.Exec(ctx, `LISTEN event_channel`); err != nil {
-		t.Fatal(err)
-	}
-	// One statement appending 50 events over 4 partitions.
-	var wantPayload string
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT append_events(5, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||i, 'event_type', 't'))
-			FROM generate_series(1, 50) i))`); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `SELECT '5:' || string_agg(partition_id || '/' || m, ',' ORDER BY partition_id)
-			FROM (SELECT partition_id, max(c_offset) m FROM outbox_message_t WHERE topic_id = 5 GROUP BY 1) x`).Scan(&wantPayload)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := ln.WaitForNotification(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := n.Payload; got != wantPayload {
-		t.Fatalf("payload %q, want %q", got, wantPayload)
-	}
-	// Exactly one notification for that statement.
-	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancelShort()
-	if extra, err := ln.WaitForNotification(short); err == nil {
-		t.Fatalf("a second notification %q for one statement", extra.Payload)
+	for _, scope := range []string{schema.ScopeTopic, schema.ScopePartition} {
+		t.Run(scope, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			url := pgtest.MigratedDB(t)
+			pool := pgtest.Pool(t, url)
+			if _, _, err := schema.EnsureTopicSpec(ctx, pool, schema.TopicSpec{ID: 5, Partitions: 4, Scope: scope}); err != nil {
+				t.Fatal(err)
+			}
+			ln, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close(ctx)
+			if _, err := ln.Exec(ctx, `LISTEN event_channel`); err != nil {
+				t.Fatal(err)
+			}
+			// appendAll appends 50 events over the 4 partitions in one
+			// statement and returns the payload naming the partitions in
+			// want, with their highest offset.
+			appendAll := func(want ...int) string {
+				var payload string
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `SELECT append_events(5, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h'||i, 'event_type', 't'))
+						FROM generate_series(1, 50) i))`); err != nil {
+						return err
+					}
+					return tx.QueryRow(ctx, `SELECT coalesce('5:' || string_agg(partition_id || '/' || m, ',' ORDER BY partition_id), '')
+						FROM (SELECT partition_id, max(c_offset) m FROM outbox_message_t WHERE topic_id = 5 GROUP BY 1) x
+						WHERE partition_id = ANY($1)`, want).Scan(&payload)
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return payload
+			}
+			expect := func(want string) {
+				t.Helper()
+				if want != "" {
+					n, err := ln.WaitForNotification(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if n.Payload != want {
+						t.Fatalf("payload %q, want %q", n.Payload, want)
+					}
+				}
+				// Nothing more for that statement.
+				short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+				defer cancelShort()
+				if extra, err := ln.WaitForNotification(short); err == nil {
+					t.Fatalf("an unexpected notification %q", extra.Payload)
+				}
+			}
+			// No worker waits: appends send nothing.
+			expect(appendAll())
+			// The workers of partitions 1 and 3 wait: one notification names
+			// them, and clears their flags, so the next append sends nothing.
+			mustExec(t, pool, `UPDATE partition_counters SET waiting = true WHERE topic_id = 5 AND partition_id IN (1, 3)`)
+			expect(appendAll(1, 3))
+			if n := queryInt(t, pool, `SELECT count(*) FROM partition_counters WHERE waiting`); n != 0 {
+				t.Fatalf("%d waiting flags left after the notification", n)
+			}
+			expect(appendAll())
+			// Wake-ups always: every append names every partition it wrote.
+			if err := schema.SetWake(ctx, pool, 5, schema.WakeAlways); err != nil {
+				t.Fatal(err)
+			}
+			expect(appendAll(0, 1, 2, 3))
+		})
 	}
 }
 
@@ -647,6 +698,8 @@ func TestPlacingAGroupDoesNotDeadlockWithMaintenance(t *testing.T) {
 	if err := schema.SetAllocation(ctx, pool, 1, schema.AllocationSequence); err != nil {
 		t.Fatal(err)
 	}
+	// A segment to create: maintenance will lock appends.
+	mustExec(t, pool, `DROP TABLE outbox_message_t_1_p0_2`)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,8 @@ type Topic struct {
 	ID int
 	// Partitions is the topic's partition count, recorded in log_counter.
 	Partitions int
-	// NextOffset is the offset the next append will receive.
+	// NextOffset is the offset the next append will receive under
+	// ScopeTopic; 0 under ScopePartition, whose offsets are per partition.
 	NextOffset int64
 	// SegmentSize is the number of offsets per segment of outbox_message_t.
 	SegmentSize int64
@@ -24,6 +25,55 @@ type Topic struct {
 	Allocation string
 	// Channel is the NOTIFY channel of the topic's wake-ups.
 	Channel string
+	// Scope is ScopeTopic (offsets gapless and commit-ordered across the
+	// topic) or ScopePartition (per partition).
+	Scope string
+	// Wake is WakeWaiting (appends notify only partitions whose worker may
+	// be waiting) or WakeAlways.
+	Wake string
+}
+
+// Offset scopes of a topic; see migration 0008.
+const (
+	// ScopeTopic gives the topic one sequence of offsets, gapless (with
+	// AllocationCounter) and commit-ordered across all its partitions:
+	// every producer of the topic takes the same lock, held to commit.
+	ScopeTopic = "topic"
+	// ScopePartition gives every partition its own sequence of offsets,
+	// gapless and commit-ordered per partition, as in Kafka: producers of
+	// different partitions never wait for each other.
+	ScopePartition = "partition"
+)
+
+// Wake-up modes of a topic; see migration 0008.
+const (
+	// WakeWaiting notifies a partition's worker only when it may be
+	// waiting for events: producers of busy partitions send nothing.
+	WakeWaiting = "waiting"
+	// WakeAlways notifies on every append.
+	WakeAlways = "always"
+)
+
+// TopicSpec describes a topic to create.
+type TopicSpec struct {
+	// ID is the topic's id; required, positive.
+	ID int
+	// Partitions is the partition count; required, 1 to 1024.
+	Partitions int
+	// SegmentSize is the number of offsets per segment of a partition's
+	// table; DefaultSegmentSize when 0.
+	SegmentSize int
+	// Scope is the offset scope, ScopeTopic (the default) or
+	// ScopePartition. It is chosen when the topic is created.
+	Scope string
+}
+
+// SetWake sets a topic's wake-up mode (WakeWaiting or WakeAlways).
+func SetWake(ctx context.Context, db DB, id int, wake string) error {
+	if _, err := db.Exec(ctx, `UPDATE log_counter SET wake = $2 WHERE topic_id = $1 AND wake <> $2`, id, wake); err != nil {
+		return fmt.Errorf("schema: set wake-up mode of topic %d: %w", id, err)
+	}
+	return nil
 }
 
 // DefaultChannel is the NOTIFY channel of a topic unless SetChannel says
@@ -66,16 +116,20 @@ func SetAllocation(ctx context.Context, db DB, id int, allocation string) error 
 // count sends hosts to other partitions (invariant 5).
 const (
 	createTopicSQL = `WITH t AS (
-    INSERT INTO log_counter (topic_id, total_partitions, segment_size) VALUES ($1, $2, $3)
+    INSERT INTO log_counter (topic_id, total_partitions, segment_size, offset_scope) VALUES ($1, $2, $3, $4)
     ON CONFLICT (topic_id) DO NOTHING
     RETURNING topic_id, total_partitions
 ), r AS (
     INSERT INTO topic_retention (topic_id) SELECT topic_id FROM t
+), c AS (
+    INSERT INTO partition_counters (topic_id, partition_id)
+    SELECT t.topic_id, p FROM t CROSS JOIN generate_series(0, t.total_partitions - 1) AS p
 )
 INSERT INTO topic_layouts (topic_id, version, total_partitions, from_offset)
 SELECT topic_id, 1, total_partitions, 1 FROM t`
 
-	lookupTopicSQL = `SELECT topic_id, total_partitions, topic_next_offset(topic_id), segment_size, allocation, channel
+	lookupTopicSQL = `SELECT topic_id, total_partitions, coalesce(topic_next_offset(topic_id), 0), segment_size, allocation, channel,
+       offset_scope, wake
 FROM log_counter WHERE topic_id = $1`
 
 	// ensureSegmentsSQL runs under a short lock_timeout so that DDL never
@@ -92,32 +146,45 @@ const SegmentsAhead = 2
 // unless EnsureTopic is told otherwise.
 const DefaultSegmentSize = 1000000
 
-// EnsureTopic creates topic id with the given partition count when it does
-// not exist yet, creates its first segments, and returns the topic as the
-// database records it, which may have another partition count than asked:
-// the caller compares. segmentSize (offsets per segment, the unit retention
-// removes; DefaultSegmentSize when 0) applies to a topic created here only.
+// EnsureTopic creates topic id with the given partition count and scope
+// ScopeTopic when it does not exist yet; see EnsureTopicSpec.
 func EnsureTopic(ctx context.Context, db DB, id, partitions int, segmentSize ...int) (Topic, bool, error) {
-	size := DefaultSegmentSize
-	if len(segmentSize) > 0 && segmentSize[0] > 0 {
-		size = segmentSize[0]
+	spec := TopicSpec{ID: id, Partitions: partitions}
+	if len(segmentSize) > 0 {
+		spec.SegmentSize = segmentSize[0]
 	}
-	tag, err := db.Exec(ctx, createTopicSQL, id, partitions, size)
+	return EnsureTopicSpec(ctx, db, spec)
+}
+
+// EnsureTopicSpec creates the topic spec describes when it does not exist
+// yet, creates its tables, and returns the topic as the database records
+// it, and whether it was created here. A topic that exists keeps its
+// partition count, segment size and scope, whatever spec says: the caller
+// compares.
+func EnsureTopicSpec(ctx context.Context, db DB, spec TopicSpec) (Topic, bool, error) {
+	if spec.SegmentSize <= 0 {
+		spec.SegmentSize = DefaultSegmentSize
+	}
+	if spec.Scope == "" {
+		spec.Scope = ScopeTopic
+	}
+	tag, err := db.Exec(ctx, createTopicSQL, spec.ID, spec.Partitions, spec.SegmentSize, spec.Scope)
 	if err != nil {
-		return Topic{}, false, fmt.Errorf("schema: create topic %d: %w", id, err)
+		return Topic{}, false, fmt.Errorf("schema: create topic %d: %w", spec.ID, err)
 	}
 	created := tag.RowsAffected() == 1
-	if _, err := EnsureSegments(ctx, db, id); err != nil {
+	if _, err := EnsureSegments(ctx, db, spec.ID); err != nil {
 		return Topic{}, created, err
 	}
-	t, err := LookupTopic(ctx, db, id)
+	t, err := LookupTopic(ctx, db, spec.ID)
 	return t, created, err
 }
 
 // LookupTopic returns topic id, or an error wrapping ErrTopicNotFound.
 func LookupTopic(ctx context.Context, db DB, id int) (Topic, error) {
 	var t Topic
-	err := db.QueryRow(ctx, lookupTopicSQL, id).Scan(&t.ID, &t.Partitions, &t.NextOffset, &t.SegmentSize, &t.Allocation, &t.Channel)
+	err := db.QueryRow(ctx, lookupTopicSQL, id).Scan(&t.ID, &t.Partitions, &t.NextOffset, &t.SegmentSize, &t.Allocation, &t.Channel,
+		&t.Scope, &t.Wake)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Topic{}, fmt.Errorf("schema: topic %d: %w", id, ErrTopicNotFound)
 	}
@@ -164,25 +231,28 @@ func Repartition(ctx context.Context, db DB, id, partitions int) (int64, error) 
 	return cut, nil
 }
 
-// Segment is a range-partition of outbox_message_t holding the offsets
-// [Lo, Hi) of one topic.
+// Segment is a table of outbox_message_t holding the offsets [Lo, Hi) of
+// one partition of a topic.
 type Segment struct {
-	Name   string
-	Lo, Hi int64
+	Name      string
+	Partition int
+	Lo, Hi    int64
 }
 
 // segmentsSQL lists a topic's segments (ensure_outbox_segments names them
-// outbox_message_t_<topic>_<k> and gives segment k the offsets
-// [k*size + 1, (k+1)*size + 1)).
-const segmentsSQL = `SELECT c.relname::text, substring(c.relname FROM '_(\d+)$')::bigint, lc.segment_size
+// outbox_message_t_<topic>_p<partition>_<k> and gives segment k the offsets
+// [k*size + 1, (k+1)*size + 1) of the partition).
+const segmentsSQL = `SELECT c.relname::text, substring(c.relname FROM '_p(\d+)_\d+$')::int,
+       substring(c.relname FROM '_(\d+)$')::bigint, lc.segment_size
 FROM pg_inherits i
 JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class parent ON parent.oid = i.inhparent
 JOIN log_counter lc ON lc.topic_id = $1
-WHERE i.inhparent = 'outbox_message_t'::regclass
-  AND c.relname ~ ('^outbox_message_t_' || $1 || '_\d+$')
-ORDER BY 2`
+WHERE parent.relname ~ ('^outbox_message_t_' || $1 || '_p\d+$')
+  AND c.relname ~ ('^outbox_message_t_' || $1 || '_p\d+_\d+$')
+ORDER BY 2, 3`
 
-// Segments returns the topic's segments in offset order.
+// Segments returns the topic's segments, by partition and offset.
 func Segments(ctx context.Context, db DB, topicID int) ([]Segment, error) {
 	rows, err := db.Query(ctx, segmentsSQL, topicID)
 	if err != nil {
@@ -191,17 +261,56 @@ func Segments(ctx context.Context, db DB, topicID int) ([]Segment, error) {
 	var (
 		out  []Segment
 		name string
+		p    int
 		k    int64
 		size int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&name, &k, &size}, func() error {
-		out = append(out, Segment{Name: name, Lo: k*size + 1, Hi: (k+1)*size + 1})
+	_, err = pgx.ForEachRow(rows, []any{&name, &p, &k, &size}, func() error {
+		out = append(out, Segment{Name: name, Partition: p, Lo: k*size + 1, Hi: (k+1)*size + 1})
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("schema: segments of topic %d: %w", topicID, err)
 	}
 	return out, nil
+}
+
+// ErrTopicNotEmpty is returned by SetSegmentSize for a topic that holds
+// events.
+var ErrTopicNotEmpty = errors.New("topic is not empty")
+
+// SetSegmentSize changes the number of offsets per segment of a topic that
+// holds no event yet: its segments are dropped and created again, the
+// segment of every partition's next offset and ahead more beyond it.
+func SetSegmentSize(ctx context.Context, db DB, topicID int, size int64, ahead int) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("schema: segment size of topic %d: %w", topicID, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
+	var events bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_message_t WHERE topic_id = $1)`, topicID).Scan(&events); err != nil {
+		return fmt.Errorf("schema: segment size of topic %d: %w", topicID, err)
+	}
+	if events {
+		return fmt.Errorf("schema: segment size of topic %d: %w", topicID, ErrTopicNotEmpty)
+	}
+	segs, err := Segments(ctx, tx, topicID)
+	if err != nil {
+		return err
+	}
+	for _, s := range segs {
+		if _, err := tx.Exec(ctx, `DROP TABLE `+pgx.Identifier{s.Name}.Sanitize()); err != nil {
+			return fmt.Errorf("schema: segment size of topic %d: %w", topicID, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `UPDATE log_counter SET segment_size = $2 WHERE topic_id = $1`, topicID, size); err != nil {
+		return fmt.Errorf("schema: segment size of topic %d: %w", topicID, err)
+	}
+	if _, err := tx.Exec(ctx, ensureSegmentsSQL, topicID, ahead); err != nil {
+		return fmt.Errorf("schema: segment size of topic %d: %w", topicID, err)
+	}
+	return tx.Commit(ctx)
 }
 
 // Retention is how long a topic keeps its events; see topic_retention.

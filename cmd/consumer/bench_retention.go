@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // benchRetention measures the two ways of removing old events while
@@ -31,10 +32,10 @@ func benchRetention(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		res, err := func() ([]benchResult, error) {
 			defer db.close()
 			ahead := preload/segment + 4
+			if err := schema.SetSegmentSize(ctx, db.pool, benchTopic, segment, int(ahead)); err != nil {
+				return nil, err
+			}
 			for _, stmt := range []string{
-				`UPDATE log_counter SET segment_size = 20000`,
-				`DROP TABLE outbox_message_t_1_0, outbox_message_t_1_1, outbox_message_t_1_2`,
-				fmt.Sprintf(`SELECT ensure_outbox_segments(1, %d)`, ahead),
 				`UPDATE topic_retention SET retention = '1 millisecond', zero_subscription_retention = '1 millisecond'`,
 			} {
 				if err := db.exec(ctx, stmt); err != nil {

@@ -50,3 +50,14 @@ func TopicPool(tb testing.TB, partitions int) *pgxpool.Pool {
 	}
 	return pool
 }
+
+// ResizeSegments gives an empty topic segments of size offsets: its
+// segments are dropped and created again at that size, as a topic created
+// with that size would have them. Tests use it to see segments fill and go
+// with few events.
+func ResizeSegments(tb testing.TB, pool *pgxpool.Pool, topic, size int) {
+	tb.Helper()
+	if err := schema.SetSegmentSize(context.Background(), pool, topic, int64(size), schema.SegmentsAhead); err != nil {
+		tb.Fatal(err)
+	}
+}
