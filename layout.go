@@ -18,8 +18,8 @@ import (
 // once every partition of this one has handled every event below the cut;
 // the run then ends and the consumer starts one for the next layout.
 type layoutRun struct {
-	c       *Consumer
-	layout  offsets.Layout
+	c      *Consumer
+	layout offsets.Layout
 	// cuts holds each partition's cut: its events at or after it belong to
 	// the next layout (offsets.NoLimit when none follows).
 	cuts    atomic.Pointer[[]int64]

@@ -24,8 +24,6 @@ const (
 FROM topic_retention r
 WHERE r.topic_id = $1`
 
-
-
 	// unhandledFromSQL is, for each group of the topic and partition $2,
 	// the offset from which the group has not handled the partition's
 	// events: its position there, in its layout, and from the partition's
