@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgevents/pgevents/offsets"
 )
 
@@ -36,14 +38,107 @@ type appendItem struct {
 
 // Append appends events in q's transaction and returns their offsets, in the
 // order given. Events of one topic take one round trip and receive
-// consecutive offsets; events of several topics are appended topic by topic
-// in ascending topic order (a fixed order, so that producers cannot deadlock
-// on the topics' counter rows), one round trip each.
+// consecutive offsets (consecutive per partition under offset scope
+// 'partition'); events of several topics are appended topic by topic in
+// ascending topic order (a fixed order, so that producers cannot deadlock on
+// the topics' append locks), one round trip each.
 //
-// The topic's counter row stays locked until q's transaction ends: append as
-// late in the transaction as possible. Append checks HostID, EventType and
-// that Payload and Metadata are valid JSON before any round trip.
+// The topic's append lock (its counter row, or its partitions' counter rows
+// under offset scope 'partition') stays held until q's transaction ends:
+// append as late in the transaction as possible, or use AppendCommit. Given
+// a pool, Append runs in a transaction of its own, the fastest way to
+// append: the lock is held for the server's work and the commit only.
+// Append checks HostID, EventType and that Payload and Metadata are valid
+// JSON before any round trip.
 func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
+	stmts, err := planAppend(events)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, len(events))
+	for i := range stmts {
+		if err := stmts[i].scan(q.QueryRow(ctx, stmts[i].sql, stmts[i].args...), out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// AppendCommit appends events as the last statements of tx and commits tx,
+// in one round trip: the append lock is then held for the server's work and
+// the commit's WAL flush only, not for one more round trip of the network
+// (the fast path for producers whose append is the last thing they do). It
+// returns the offsets. Whatever the outcome, the transaction is finished
+// when AppendCommit returns: committed, or rolled back on error. tx itself
+// does not know it: call tx.Rollback afterwards, as a deferred Rollback
+// does, to release a pooled connection; PostgreSQL answers it "no
+// transaction in progress", a warning, and it holds no lock.
+func AppendCommit(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
+	stmts, err := planAppend(events)
+	if err != nil {
+		return nil, err
+	}
+	var b pgx.Batch
+	for i := range stmts {
+		b.Queue(stmts[i].sql, stmts[i].args...)
+	}
+	b.Queue("COMMIT")
+	br := tx.SendBatch(ctx, &b)
+	out := make([]int64, len(events))
+	fail := func(err error) ([]int64, error) {
+		_ = br.Close()
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	for i := range stmts {
+		if err := stmts[i].scan(br.QueryRow(), out); err != nil {
+			return fail(err)
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		return fail(fmt.Errorf("append: commit: %w", err))
+	}
+	if err := br.Close(); err != nil {
+		return fail(fmt.Errorf("append: commit: %w", err))
+	}
+	return out, nil
+}
+
+// appendStmt is the statement that appends the events of one topic.
+type appendStmt struct {
+	topic int
+	idx   []int // the events' indexes in Append's arguments
+	sql   string
+	args  []any
+}
+
+// scan reads the statement's offsets into out, at the events' indexes.
+func (s *appendStmt) scan(row pgx.Row, out []int64) error {
+	if len(s.idx) == 1 {
+		var off int64
+		if err := row.Scan(&off); err != nil {
+			return fmt.Errorf("append: %w", err)
+		}
+		out[s.idx[0]] = off
+		return nil
+	}
+	var offs []int64
+	if err := row.Scan(&offs); err != nil {
+		return fmt.Errorf("append: %w", err)
+	}
+	if len(offs) != len(s.idx) {
+		return fmt.Errorf("append: topic %d: appended %d events, expected %d", s.topic, len(offs), len(s.idx))
+	}
+	for k, i := range s.idx {
+		out[i] = offs[k]
+	}
+	return nil
+}
+
+// planAppend checks events and returns the statements that append them:
+// one per topic, in ascending topic order; append_event for a single event,
+// append_events with a JSON array otherwise.
+func planAppend(events []Event) ([]appendStmt, error) {
 	if len(events) == 0 {
 		return nil, nil
 	}
@@ -73,22 +168,16 @@ func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 		topics = append(topics, t)
 	}
 	sort.Ints(topics)
-
-	out := make([]int64, len(events))
-	items := make([]appendItem, 0, len(events))
+	stmts := make([]appendStmt, 0, len(topics))
 	for _, t := range topics {
 		idx := byTopic[t]
 		if len(idx) == 1 {
-			// One event: append_event, without a JSON array.
 			ev := &events[idx[0]]
-			off, err := offsets.AppendOne(ctx, q, t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, ev.Metadata)
-			if err != nil {
-				return nil, err
-			}
-			out[idx[0]] = off
+			sql, args := offsets.AppendOneSQL(t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, ev.Metadata)
+			stmts = append(stmts, appendStmt{topic: t, idx: idx, sql: sql, args: args})
 			continue
 		}
-		items = items[:0]
+		items := make([]appendItem, 0, len(idx))
 		for _, i := range idx {
 			ev := &events[i]
 			items = append(items, appendItem{HostID: ev.HostID, UserID: ev.UserID, EventType: ev.EventType, Payload: ev.Payload, Metadata: ev.Metadata})
@@ -97,16 +186,8 @@ func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("append: encode: %w", err)
 		}
-		offs, err := offsets.Append(ctx, q, t, body)
-		if err != nil {
-			return nil, err
-		}
-		if len(offs) != len(idx) {
-			return nil, fmt.Errorf("append: topic %d: appended %d events, expected %d", t, len(offs), len(idx))
-		}
-		for k, i := range idx {
-			out[i] = offs[k]
-		}
+		sql, args := offsets.AppendSQL(t, body)
+		stmts = append(stmts, appendStmt{topic: t, idx: idx, sql: sql, args: args})
 	}
-	return out, nil
+	return stmts, nil
 }

@@ -354,17 +354,18 @@ func TestParkedReplayAfterRepartition(t *testing.T) {
 	poisoned.Store(true)
 	c := startConsumer(t, pool, Config{TotalPartitions: 2, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
 	a, b := hostIn(t, pool, 2, 1), hostIn(t, pool, 2, 0)
-	appendTx(t, pool, ev(a, "t", `{"poison":true}`)) // 1: dead letter in partition 1
-	appendTx(t, pool, ev(a, "t", `{}`))              // 2: parked
-	appendTx(t, pool, ev(b, "t", `{}`))              // 3: handled
+	var o [7]int64 // the offsets of events 1..6 (per partition under scope 'partition')
+	o[1] = appendTx(t, pool, ev(a, "t", `{"poison":true}`))[0] // 1: dead letter in partition 1
+	o[2] = appendTx(t, pool, ev(a, "t", `{}`))[0]              // 2: parked
+	o[3] = appendTx(t, pool, ev(b, "t", `{}`))[0]              // 3: handled
 	pgtest.WaitFor(t, 10*time.Second, "the poison dead-lettered and its successor parked", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM parked_events`) == 1 && queryInt(t, pool, `SELECT count(*) FROM handled`) == 1
 	})
 	if _, err := schema.Repartition(ctx, pool, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	appendTx(t, pool, ev(a, "t", `{}`)) // 4: parked, in the new layout's partition 0
-	appendTx(t, pool, ev(b, "t", `{}`)) // 5: handled
+	o[4] = appendTx(t, pool, ev(a, "t", `{}`))[0] // 4: parked, in the new layout's partition 0
+	o[5] = appendTx(t, pool, ev(b, "t", `{}`))[0] // 5: handled
 	pgtest.WaitFor(t, 10*time.Second, "the group in the new layout, 4 parked and 5 handled", func() bool {
 		return queryInt(t, pool, `SELECT version FROM group_layouts WHERE group_id = 'g'`) == 2 &&
 			queryInt(t, pool, `SELECT count(*) FROM parked_events`) == 2 && queryInt(t, pool, `SELECT count(*) FROM handled`) == 2
@@ -381,8 +382,8 @@ func TestParkedReplayAfterRepartition(t *testing.T) {
 	if n, err := c.ReplayDeadLetter(ctx, dls[0].ID); err != nil || n != 3 {
 		t.Fatalf("replay after repartition handled %d, %v; want 3", n, err)
 	}
-	if got := handledOffsets(t, pool); got != "[3 5 1 2 4]" {
-		t.Fatalf("handled %s, want [3 5 1 2 4]", got)
+	if got, want := handledOffsets(t, pool), fmt.Sprint([]int64{o[3], o[5], o[1], o[2], o[4]}); got != want {
+		t.Fatalf("handled %s, want events 3 5 1 2 4: %s", got, want)
 	}
 	appendTx(t, pool, ev(a, "t", `{}`)) // 6: flows again
 	waitHandled(t, pool, 6, 10*time.Second)
@@ -396,14 +397,16 @@ func TestParkedReplayAfterRepartition(t *testing.T) {
 func TestMaintainWithoutConsumer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := newTopic(t, 2)
+	// The counts below are those of offset scope 'topic'; under scope
+	// 'partition' each partition's segments work the same way.
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 2, Scope: schema.ScopeTopic})
 	pgtest.ResizeSegments(t, pool, 1, 1000)
 	mustExec(t, pool, `DROP TABLE outbox_message_t_1_p0_1, outbox_message_t_1_p0_2, outbox_message_t_1_p1_1, outbox_message_t_1_p1_2`) // segment 0 only
 	mustExec(t, pool, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h' || i, 'event_type', 't'))
 		FROM generate_series(1, 2500) i))`)
 	inDefaults := `SELECT count(*) FROM outbox_message_t WHERE tableoid::regclass::text LIKE '%default'`
-	if n := queryInt(t, pool, inDefaults); n != 1500 {
-		t.Fatalf("%d events in DEFAULT tables, want 1500", n)
+	if n, want := queryInt(t, pool, inDefaults), queryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE c_offset > 1000`); n != want || n == 0 {
+		t.Fatalf("%d events in DEFAULT tables, want the %d past segment 0", n, want)
 	}
 	m, err := Maintain(ctx, pool, 1, nil)
 	if err != nil || !m.Ran || m.SegmentsCreated != 8 {
@@ -540,5 +543,54 @@ func TestLostLeaseCancelsHandlers(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the handler ran on after the lease was lost")
+	}
+}
+
+// TestAppendCommit: the append and the commit travel in one round trip;
+// the events and the transaction's other writes commit together, the
+// append lock is free when it returns, and a failed append rolls the whole
+// transaction back.
+func TestAppendCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 2)
+	mustExec(t, pool, `CREATE TABLE business (k text PRIMARY KEY)`)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO business VALUES ('a')`); err != nil {
+		t.Fatal(err)
+	}
+	offs, err := AppendCommit(ctx, tx, ev("h1", "t", `{"n":1}`), ev("h2", "t", `{"n":2}`), Event{TopicID: 1, HostID: "h3", EventType: "t"})
+	if err != nil || len(offs) != 3 {
+		t.Fatalf("AppendCommit = %v, %v", offs, err)
+	}
+	if err := tx.Rollback(ctx); err != nil { // releases the connection; the transaction is over
+		t.Fatalf("Rollback after AppendCommit: %v", err)
+	}
+	if n := queryInt(t, pool, `SELECT (SELECT count(*) FROM business) + (SELECT count(*) FROM outbox_message_t)`); n != 4 {
+		t.Fatalf("%d rows committed, want the business row and 3 events", n)
+	}
+	// The append lock is free: another producer appends at once.
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := Append(lctx, pool, ev("h1", "t", `{}`)); err != nil {
+		t.Fatalf("append after AppendCommit: %v", err)
+	}
+	// A failed append: nothing of the transaction commits.
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO business VALUES ('b')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := AppendCommit(ctx, tx, Event{TopicID: 99, HostID: "h", EventType: "t"}); err == nil {
+		t.Fatal("AppendCommit to a topic that does not exist succeeded")
+	}
+	_ = tx.Rollback(ctx)
+	if n := queryInt(t, pool, `SELECT count(*) FROM business WHERE k = 'b'`); n != 0 {
+		t.Fatal("the business write of a failed AppendCommit committed")
 	}
 }

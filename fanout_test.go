@@ -17,12 +17,12 @@ import (
 	"github.com/pgevents/pgevents/offsets"
 )
 
-const fxTable = `CREATE TABLE fx (group_id text NOT NULL, c_offset bigint NOT NULL)`
+const fxTable = `CREATE TABLE fx (group_id text NOT NULL, partition_id int NOT NULL, c_offset bigint NOT NULL)`
 
 // fxConfig is a consumer of group that records (group, offset) per event.
 func fxConfig(group string, partitions int) Config {
 	hs := &Handlers{}
-	hs.HandleAll(SQLHandler(group, `INSERT INTO fx VALUES (@group_id, @c_offset)`))
+	hs.HandleAll(SQLHandler(group, `INSERT INTO fx VALUES (@group_id, @partition_id, @c_offset)`))
 	return Config{GroupID: group, TotalPartitions: partitions, Handlers: hs, WaitPeriod: 500 * time.Millisecond}
 }
 
@@ -31,7 +31,7 @@ func fxConfig(group string, partitions int) Config {
 func handledBy(t *testing.T, pool *pgxpool.Pool, group string) (n, dups int64) {
 	t.Helper()
 	n = queryInt(t, pool, `SELECT count(*) FROM fx WHERE group_id = $1`, group)
-	dups = queryInt(t, pool, `SELECT count(*) FROM (SELECT c_offset FROM fx WHERE group_id = $1 GROUP BY 1 HAVING count(*) > 1) d`, group)
+	dups = queryInt(t, pool, `SELECT count(*) FROM (SELECT 1 FROM fx WHERE group_id = $1 GROUP BY partition_id, c_offset HAVING count(*) > 1) d`, group)
 	return n, dups
 }
 
@@ -50,20 +50,21 @@ func TestStartFrom(t *testing.T) {
 	pool := newTopic(t, 2)
 	mustExec(t, pool, fxTable)
 	for i := range 10 {
-		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`)) // offsets 1..10
+		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`))
 	}
-	var at time.Time
-	if err := pool.QueryRow(context.Background(), `SELECT created_at FROM outbox_message_t WHERE c_offset = 6`).Scan(&at); err != nil {
+	var at time.Time // the sixth event's append time
+	if err := pool.QueryRow(context.Background(), `SELECT created_at FROM outbox_message_t ORDER BY created_at OFFSET 5 LIMIT 1`).Scan(&at); err != nil {
 		t.Fatal(err)
 	}
+	mustExec(t, pool, `CREATE TABLE before_late AS SELECT partition_id, c_offset FROM outbox_message_t`)
 	cases := []struct {
 		start string
-		want  string // offsets handled, after 3 more events are appended (11..13)
+		want  string // the events the group handles, as a condition on outbox_message_t m
 	}{
-		{"earliest", "1-13"},
-		{"latest", "11-13"},
-		{"offset:4", "4-13"},
-		{"time:" + at.Format(time.RFC3339Nano), "6-13"},
+		{"earliest", `true`},
+		{"latest", `NOT EXISTS (SELECT 1 FROM before_late b WHERE b.partition_id = m.partition_id AND b.c_offset = m.c_offset)`},
+		{"offset:4", `m.c_offset >= 4`}, // in every partition under offset scope 'partition'
+		{"time:" + at.Format(time.RFC3339Nano), `m.created_at >= '` + at.Format(time.RFC3339Nano) + `'`},
 	}
 	for i, tc := range cases {
 		cfg := fxConfig(fmt.Sprintf("late%d", i), 2)
@@ -75,16 +76,13 @@ func TestStartFrom(t *testing.T) {
 	}
 	for i, tc := range cases {
 		group := fmt.Sprintf("late%d", i)
-		var lo, hi int64
-		var want1, want2 int64
-		fmt.Sscanf(tc.want, "%d-%d", &want1, &want2)
-		waitGroupHandled(t, pool, group, want2-want1+1)
-		if err := pool.QueryRow(context.Background(), `SELECT min(c_offset), max(c_offset) FROM fx WHERE group_id = $1`, group).Scan(&lo, &hi); err != nil {
-			t.Fatal(err)
-		}
+		want := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t m WHERE `+tc.want)
+		waitGroupHandled(t, pool, group, want)
+		wrong := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t m WHERE (`+tc.want+`) <>
+			EXISTS (SELECT 1 FROM fx WHERE fx.group_id = $1 AND fx.partition_id = m.partition_id AND fx.c_offset = m.c_offset)`, group)
 		n, dups := handledBy(t, pool, group)
-		if lo != want1 || hi != want2 || n != want2-want1+1 || dups != 0 {
-			t.Errorf("startFrom %s: handled %d events %d-%d (%d twice), want %s", tc.start, n, lo, hi, dups, tc.want)
+		if wrong != 0 || n != want || dups != 0 {
+			t.Errorf("startFrom %s: handled %d events (%d twice, %d wrongly handled or not), want %d", tc.start, n, dups, wrong, want)
 		}
 	}
 }
@@ -121,7 +119,7 @@ func TestOffsetsResetReplaysOneGroup(t *testing.T) {
 	}
 	startConsumer(t, pool, fxConfig("a", 2))
 	waitGroupHandled(t, pool, "a", 40)
-	if n := queryInt(t, pool, `SELECT count(*) FROM (SELECT c_offset FROM fx WHERE group_id = 'a' GROUP BY 1 HAVING count(*) <> 2) x`); n != 0 {
+	if n := queryInt(t, pool, `SELECT count(*) FROM (SELECT 1 FROM fx WHERE group_id = 'a' GROUP BY partition_id, c_offset HAVING count(*) <> 2) x`); n != 0 {
 		t.Fatalf("%d events not replayed exactly once to group a", n)
 	}
 	if n, dups := handledBy(t, pool, "b"); n != 20 || dups != 0 {
@@ -261,9 +259,8 @@ func TestRetentionWithDeadGroup(t *testing.T) {
 	var rows, pending int64
 	pgtest.WaitFor(t, 20*time.Second, "the log bounded by the ACTIVE groups' lag plus a few segments", func() bool {
 		rows = queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`)
-		na, _ := handledBy(t, pool, "a")
-		nb, _ := handledBy(t, pool, "b")
-		pending = queryInt(t, pool, `SELECT max(c_offset) FROM outbox_message_t`) - min(na, nb)
+		pending = queryInt(t, pool, `SELECT count(*) FROM outbox_message_t m WHERE EXISTS (
+			SELECT 1 FROM consumer_offsets o WHERE o.group_id IN ('a', 'b') AND o.partition_id = m.partition_id AND m.c_offset >= o.next_offset)`)
 		return rows <= pending+4000
 	})
 	t.Logf("log: %d events, %d not yet handled by a or b, %d appended", rows, pending, appended.Load())
@@ -282,9 +279,10 @@ func TestRetentionWithDeadGroup(t *testing.T) {
 	// what it skipped.
 	skipped := queryInt(t, pool, `SELECT coalesce(sum(skipped), 0) FROM retention_skips WHERE group_id = 'c'`)
 	c2 := startConsumer(t, pool, mk("c"))
-	pgtest.WaitFor(t, 20*time.Second, "c caught up", func() bool {
-		n, _ := handledBy(t, pool, "c")
-		return n+skipped >= total
+	var caught int64
+	pgtest.WaitFor(t, 20*time.Second, fmt.Sprintf("c caught up: %d handled + %d skipped of %d", caught, skipped, total), func() bool {
+		caught, _ = handledBy(t, pool, "c")
+		return caught+skipped >= total
 	})
 	n, dups := handledBy(t, pool, "c")
 	if n+skipped != total || dups != 0 {

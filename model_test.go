@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,6 +64,18 @@ type modelPayload struct {
 	Storm int       `json:"storm,omitempty"`
 }
 
+// modelEvent is a committed event as the model knows it.
+type modelEvent struct {
+	modelPayload
+	host   string
+	offset int64
+	// layout is the topic's layout version when the event was appended:
+	// a host's events are handled in (layout, offset) order, since a host
+	// is in one partition per layout and offsets are commit-ordered per
+	// partition.
+	layout int
+}
+
 // modelCase is one case's configuration, drawn from its seed.
 type modelCase struct {
 	seed        uint64
@@ -72,7 +83,7 @@ type modelCase struct {
 	policy      FailurePolicy
 	batchSize   int
 	replicas    int
-	allocation  string
+	mode        string // counter, sequence (scope topic), or partition (scope)
 	maxAttempts int
 	breaker     int
 	producers   int
@@ -80,8 +91,8 @@ type modelCase struct {
 }
 
 func (mc modelCase) String() string {
-	return fmt.Sprintf("seed=%d partitions=%d policy=%s batchSize=%d replicas=%d allocation=%s maxAttempts=%d maxDeadLetters=%d producers=%d load=%s",
-		mc.seed, mc.partitions, mc.policy, mc.batchSize, mc.replicas, mc.allocation, mc.maxAttempts, mc.breaker, mc.producers, mc.load)
+	return fmt.Sprintf("seed=%d partitions=%d policy=%s batchSize=%d replicas=%d mode=%s maxAttempts=%d maxDeadLetters=%d producers=%d load=%s",
+		mc.seed, mc.partitions, mc.policy, mc.batchSize, mc.replicas, mc.mode, mc.maxAttempts, mc.breaker, mc.producers, mc.load)
 }
 
 func drawCase(seed uint64, load time.Duration) modelCase {
@@ -93,7 +104,7 @@ func drawCase(seed uint64, load time.Duration) modelCase {
 		policy:      []FailurePolicy{PolicyDeadLetter, PolicyParkHost, PolicyHalt}[r.IntN(3)],
 		batchSize:   pick(1, 3, 7, 20, 50),
 		replicas:    pick(1, 2),
-		allocation:  []string{schema.AllocationCounter, schema.AllocationSequence}[r.IntN(2)],
+		mode:        []string{schema.AllocationCounter, schema.AllocationSequence, schema.ScopePartition}[r.IntN(3)],
 		maxAttempts: pick(1, 2, 3),
 		breaker:     -1,
 		producers:   pick(2, 3, 4),
@@ -149,12 +160,12 @@ type model struct {
 	fixed atomic.Bool // a fix for every behaviour is deployed
 
 	mu        sync.Mutex
-	committed map[int64]modelPayload // by offset
+	committed map[string]modelEvent // by event key
 	calls     map[string]int         // handler calls by event key
 	attempts  map[string]int         // storm attempts by event key
 	fixedKeys map[string]bool
-	resolved  map[int64]bool // offsets of dead-lettered units replayed or discarded
-	discarded map[int64]bool // offsets of discarded units
+	resolved  map[string]bool // keys of dead-lettered events replayed or discarded
+	discarded map[string]bool // keys of discarded events
 	opsDone   []string
 
 	consumers  []*modelConsumer
@@ -193,10 +204,14 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 		}
 	}()
 	ctx := context.Background()
+	scope := schema.ScopeTopic
+	if mc.mode == schema.ScopePartition {
+		scope = schema.ScopePartition
+	}
 	m := &model{
-		t: t, mc: mc, ctx: ctx, pool: newTopic(t, mc.partitions),
-		committed: map[int64]modelPayload{}, calls: map[string]int{}, attempts: map[string]int{},
-		fixedKeys: map[string]bool{}, resolved: map[int64]bool{}, discarded: map[int64]bool{},
+		t: t, mc: mc, ctx: ctx, pool: pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: mc.partitions, Scope: scope}),
+		committed: map[string]modelEvent{}, calls: map[string]int{}, attempts: map[string]int{},
+		fixedKeys: map[string]bool{}, resolved: map[string]bool{}, discarded: map[string]bool{},
 		partitions: mc.partitions,
 	}
 	// Quiet: the case makes handlers fail on purpose. -v shows the log.
@@ -211,8 +226,10 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 	pgtest.ResizeSegments(t, m.pool, 1, 1000)
 	mustExec(t, m.pool, modelHandledTable)
 	mustExec(t, m.pool, `UPDATE topic_retention SET retention = '1 millisecond'`)
-	if err := schema.SetAllocation(ctx, m.pool, 1, mc.allocation); err != nil {
-		t.Fatal(err)
+	if mc.mode == schema.AllocationSequence {
+		if err := schema.SetAllocation(ctx, m.pool, 1, schema.AllocationSequence); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// The ghost group starts with the topic and stops early: it is DEAD
 	// while retention goes past it, and comes back at the end.
@@ -307,11 +324,14 @@ func (m *model) stop(mcon *modelConsumer) {
 // crash ends a consumer as kill -9 would: its sessions are terminated
 // mid-batch, nothing is released.
 func (m *model) crash(mcon *modelConsumer) {
-	_, err := m.pool.Exec(m.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE application_name IN ($1, $2)`, mcon.app, offsets.BatchApplicationName(mcon.c.ReplicaID()))
+	var killed string
+	err := m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(application_name || '/' || pid, ' '), '')
+		FROM pg_stat_activity WHERE application_name IN ($1, $2) AND pg_terminate_backend(pid)`,
+		mcon.app, offsets.BatchApplicationName(mcon.c.ReplicaID())).Scan(&killed)
 	if err != nil {
 		m.t.Error(err)
 	}
+	m.op("kill -9 of %s (%s)", mcon.app, killed)
 	mcon.cancel()
 	mcon.cancel = nil
 	select {
@@ -372,13 +392,20 @@ func (m *model) produce(r *rand.Rand, tag string) {
 	if rollback {
 		return
 	}
+	// The layout cannot change before this transaction ends: the append
+	// holds the topic's append lock, which repartitioning takes.
+	var layout int
+	if err := tx.QueryRow(m.ctx, `SELECT max(version) FROM topic_layouts WHERE topic_id = 1`).Scan(&layout); err != nil {
+		m.t.Error(err)
+		return
+	}
 	if err := tx.Commit(m.ctx); err != nil {
 		m.t.Error(err)
 		return
 	}
 	m.mu.Lock()
 	for i, o := range offs {
-		m.committed[o] = pays[i]
+		m.committed[pays[i].Key] = modelEvent{modelPayload: pays[i], host: evs[i].HostID, offset: o, layout: layout}
 	}
 	m.mu.Unlock()
 }
@@ -469,7 +496,7 @@ func (m *model) operate(r *rand.Rand) {
 		i := r.IntN(len(m.consumers))
 		m.crash(m.consumers[i])
 		m.consumers[i] = m.start("main")
-		m.op("kill -9 and restart a replica")
+		m.op("restarted as %s", m.consumers[i].app)
 	}
 }
 
@@ -510,9 +537,11 @@ func (m *model) resolve(id int64, replay bool) {
 	}
 	m.mu.Lock()
 	for _, e := range d.Events {
-		m.resolved[e.Offset] = true
+		var p modelPayload
+		_ = json.Unmarshal(e.Payload, &p)
+		m.resolved[p.Key] = true
 		if !replay {
-			m.discarded[e.Offset] = true
+			m.discarded[p.Key] = true
 		}
 	}
 	m.mu.Unlock()
@@ -578,12 +607,19 @@ func (m *model) heal() {
 		}
 		if time.Now().After(deadline) {
 			m.mu.Lock()
-			var unhandled []int64
-			for o := range m.committed {
-				if !m.discarded[o] && queryInt(t, m.pool, `SELECT count(*) FROM handled WHERE group_id = 'main' AND c_offset = $1`, o) == 0 {
-					unhandled = append(unhandled, o)
+			var unhandled []string
+			for k := range m.committed {
+				if !m.discarded[k] && queryInt(t, m.pool, `SELECT count(*) FROM handled WHERE group_id = 'main' AND k = $1`, k) == 0 {
+					unhandled = append(unhandled, fmt.Sprintf("%s@%d/%d", k, m.committed[k].layout, m.committed[k].offset))
+				}
+				if queryInt(t, m.pool, `SELECT count(*) FROM handled WHERE group_id = 'ghost' AND k = $1`, k) == 0 {
+					unhandled = append(unhandled, fmt.Sprintf("ghost:%s@%d/%d", k, m.committed[k].layout, m.committed[k].offset))
 				}
 			}
+			var ghostDLs string
+			_ = m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(format('%s %s-%s: %s', partition_id, first_offset, last_offset, error), '; '), '')
+				FROM dead_letter_queue WHERE group_id = 'ghost'`).Scan(&ghostDLs)
+			unhandled = append(unhandled, "ghost dead letters: "+ghostDLs)
 			slices.Sort(unhandled)
 			var state string
 			_ = m.pool.QueryRow(m.ctx, `SELECT format('parked events %s, parked hosts %s, halts %s, group layout %s of %s, positions %s',
@@ -591,8 +627,23 @@ func (m *model) heal() {
 				(SELECT count(*) FROM partition_halts), (SELECT version FROM group_layouts WHERE group_id = 'main'),
 				(SELECT max(version) FROM topic_layouts), (SELECT string_agg(partition_id || ':' || next_offset, ' ' ORDER BY partition_id)
 				FROM consumer_offsets WHERE group_id = 'main'))`).Scan(&state)
-			t.Errorf("not healed within 60 s: main handled %d of %d, %d dead letters open; ghost handled %d + skipped %d of %d; unhandled %v; %s; operations: %s",
-				got, want, len(dls), ghostGot, ghostSkipped, total, unhandled[:min(len(unhandled), 30)], state, strings.Join(m.opsDone, "; "))
+			var activity string
+			_ = m.pool.QueryRow(m.ctx, `SELECT string_agg(format('%s %s %s/%s %s: %s', pid, application_name, wait_event_type, wait_event, state,
+				left(regexp_replace(query, '\s+', ' ', 'g'), 100)), E'\n') FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&activity)
+			var workers []string
+			for _, mc := range append(m.consumers, ghost) {
+				if rt := mc.c.rt.Load(); rt != nil {
+					for p, w := range rt.workers {
+						workers = append(workers, fmt.Sprintf("%s p%d: epoch %d next %d highest %d halted %v limit %d",
+							mc.app, p, w.epoch.Load(), w.next.Load(), w.highest.Load(), w.halted.Load(), w.limit))
+					}
+				} else {
+					workers = append(workers, mc.app+": no layout run")
+				}
+			}
+			t.Errorf("not healed within 60 s: main handled %d of %d, %d dead letters open; ghost handled %d + skipped %d of %d; unhandled %v; %s; workers:\n%s\nactivity:\n%s\noperations: %s",
+				got, want, len(dls), ghostGot, ghostSkipped, total, unhandled[max(0, len(unhandled)-30):], state,
+				strings.Join(workers, "\n"), activity, strings.Join(m.opsDone, "; "))
 			m.mu.Unlock()
 			return
 		}
@@ -632,52 +683,53 @@ func (m *model) check() {
 		t.Helper()
 		t.Errorf("%s\noperations: %s", fmt.Sprintf(format, args...), strings.Join(m.opsDone, "; "))
 	}
-	seen := map[string]map[int64]bool{"main": {}, "ghost": {}}
-	lastOfHost := map[string]map[string]int64{"main": {}, "ghost": {}}
+	seen := map[string]map[string]bool{"main": {}, "ghost": {}}
+	type pos struct {
+		layout int
+		offset int64
+	}
+	lastOfHost := map[string]map[string]pos{"main": {}, "ghost": {}}
 	for _, h := range handled {
-		p, ok := m.committed[h.offset]
-		if !ok || p.Key != h.key {
-			fail("group %s handled offset %d (key %q), which no committed transaction appended (%+v)", h.group, h.offset, h.key, p)
+		e, ok := m.committed[h.key]
+		if !ok || e.offset != h.offset || e.host != h.host {
+			fail("group %s handled offset %d (key %q, host %s), which no committed transaction appended (%+v)", h.group, h.offset, h.key, h.host, e)
 			return
 		}
-		if seen[h.group][h.offset] {
-			fail("group %s handled offset %d twice", h.group, h.offset)
+		if seen[h.group][h.key] {
+			fail("group %s handled %s (offset %d) twice", h.group, h.key, h.offset)
 			return
 		}
-		seen[h.group][h.offset] = true
-		if h.group == "main" && m.discarded[h.offset] {
-			fail("offset %d was handled although its dead letter was discarded", h.offset)
+		seen[h.group][h.key] = true
+		if h.group == "main" && m.discarded[h.key] {
+			fail("%s (offset %d) was handled although its dead letter was discarded", h.key, h.offset)
 			return
 		}
 		// Order per host: under deadLetter a replayed unit comes late by
-		// design; everything else is in offset order.
-		if m.mc.policy == PolicyDeadLetter && h.group == "main" && m.resolved[h.offset] {
+		// design; everything else is in (layout, offset) order.
+		if m.mc.policy == PolicyDeadLetter && h.group == "main" && m.resolved[h.key] {
 			continue
 		}
-		if prev, ok := lastOfHost[h.group][h.host]; ok && prev > h.offset {
-			fail("group %s handled offset %d of host %s after offset %d", h.group, h.offset, h.host, prev)
+		at := pos{e.layout, e.offset}
+		if prev, ok := lastOfHost[h.group][h.host]; ok && (prev.layout > at.layout || prev.layout == at.layout && prev.offset > at.offset) {
+			fail("group %s handled %s (layout %d, offset %d) of host %s after layout %d, offset %d", h.group, h.key, at.layout, at.offset, h.host, prev.layout, prev.offset)
 			return
 		}
-		lastOfHost[h.group][h.host] = h.offset
+		lastOfHost[h.group][h.host] = at
 	}
-	offs := make([]int64, 0, len(m.committed))
-	for o := range m.committed {
-		offs = append(offs, o)
-	}
-	sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
-	var missing []int64
-	for _, o := range offs {
-		if !seen["main"][o] && !m.discarded[o] {
-			missing = append(missing, o)
+	var missing []string
+	for k := range m.committed {
+		if !seen["main"][k] && !m.discarded[k] {
+			missing = append(missing, k)
 		}
 	}
+	slices.Sort(missing)
 	if len(missing) > 0 {
 		fail("main group: %d committed events neither handled nor discarded, first %v", len(missing), missing[:min(10, len(missing))])
 	}
 	// The ghost: every event handled, or counted as skipped by retention.
 	skipped := queryInt(t, m.pool, `SELECT coalesce(sum(skipped), 0) FROM retention_skips WHERE group_id = 'ghost'`)
-	if int64(len(seen["ghost"]))+skipped != int64(len(offs)) {
-		fail("ghost group: %d handled + %d skipped, want the %d committed", len(seen["ghost"]), skipped, len(offs))
+	if int64(len(seen["ghost"]))+skipped != int64(len(m.committed)) {
+		fail("ghost group: %d handled + %d skipped, want the %d committed", len(seen["ghost"]), skipped, len(m.committed))
 	}
 	if n := queryInt(t, m.pool, `SELECT coalesce(sum(skipped), 0) FROM retention_skips WHERE group_id = 'main'`); n != 0 {
 		fail("retention removed %d events the ACTIVE main group had not handled", n)
@@ -707,5 +759,5 @@ func (m *model) check() {
 	}
 	slices.Sort(keys)
 	t.Logf("%d committed events (%s), %d handled by main, %d discarded, ghost skipped %d; at most %d calls of one event; operations: %s",
-		len(offs), strings.Join(keys, " "), len(seen["main"]), len(m.discarded), skipped, worst, strings.Join(m.opsDone, "; "))
+		len(m.committed), strings.Join(keys, " "), len(seen["main"]), len(m.discarded), skipped, worst, strings.Join(m.opsDone, "; "))
 }

@@ -195,6 +195,15 @@ type Config struct {
 	// to "counter". Written by consumer migrate.
 	OffsetAllocation string `yaml:"offsetAllocation"`
 
+	// OffsetScope is the scope of the topic's offsets, chosen when `consumer
+	// migrate` creates the topic: "topic" (one sequence of offsets across
+	// the topic, gapless with the counter allocation; every producer of the
+	// topic waits for the others' commits) or "partition" (a sequence per
+	// partition, gapless and commit-ordered per partition, as in Kafka;
+	// producers of different partitions never wait for each other).
+	// Defaults to "topic".
+	OffsetScope string `yaml:"offsetScope"`
+
 	// LeaseMs is how long a partition lease lives without a heartbeat, in
 	// milliseconds: a dead or frozen replica's partitions are taken over
 	// about that long after it stopped. Defaults to 1000; must be at least
@@ -294,6 +303,7 @@ func Default() Config {
 		ZeroSubscriptionRetention:  "24h",
 		SegmentSize:                1000000,
 		OffsetAllocation:           "counter",
+		OffsetScope:                "topic",
 	}
 }
 
@@ -564,6 +574,7 @@ var topFields = map[string]topField{
 	"zeroSubscriptionRetention": stringField(func(c *Config) *string { return &c.ZeroSubscriptionRetention }),
 	"segmentSize":               intField(func(c *Config) *int { return &c.SegmentSize }),
 	"offsetAllocation":          stringField(func(c *Config) *string { return &c.OffsetAllocation }),
+	"offsetScope":               stringField(func(c *Config) *string { return &c.OffsetScope }),
 	"metricsAddr":               stringField(func(c *Config) *string { return &c.MetricsAddr }),
 	"pprof":                     boolField(func(c *Config) *bool { return &c.Pprof }),
 }
@@ -907,6 +918,7 @@ func (c *Config) problems() []*Error {
 		}
 	}
 	oneOf("offsetAllocation", c.OffsetAllocation, []string{"counter", "sequence"})
+	oneOf("offsetScope", c.OffsetScope, []string{"topic", "partition"})
 	if c.SegmentSize < 1000 {
 		add("segmentSize", "must be at least 1000, got %d", c.SegmentSize)
 	}

@@ -175,27 +175,19 @@ ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 )
 
-// Append appends the events in eventsJSON, a JSON array of objects with keys
-// host_id, user_id, event_type, payload and metadata, to topic in q's
-// transaction, and returns the first offset and the number of events. The
-// offsets are consecutive, in array order.
-func Append(ctx context.Context, q Querier, topic int, eventsJSON []byte) ([]int64, error) {
-	var offs []int64
-	if err := q.QueryRow(ctx, appendSQL, topic, eventsJSON).Scan(&offs); err != nil {
-		return nil, fmt.Errorf("append: %w", err)
-	}
-	return offs, nil
+// AppendSQL returns the statement, and its arguments, that appends the
+// events in eventsJSON, a JSON array of objects with keys host_id, user_id,
+// event_type, payload and metadata, to topic in the caller's transaction. It
+// returns one row: the offsets, in array order (bigint[]).
+func AppendSQL(topic int, eventsJSON []byte) (string, []any) {
+	return appendSQL, []any{topic, eventsJSON}
 }
 
-// AppendOne appends one event to topic in q's transaction with
-// append_event, and returns its offset. payload and metadata are JSON or
-// nil.
-func AppendOne(ctx context.Context, q Querier, topic int, host, user, eventType string, payload, metadata []byte) (int64, error) {
-	var off int64
-	if err := q.QueryRow(ctx, appendOneSQL, topic, host, user, eventType, jsonArg(payload), jsonArg(metadata)).Scan(&off); err != nil {
-		return 0, fmt.Errorf("append: %w", err)
-	}
-	return off, nil
+// AppendOneSQL returns the statement, and its arguments, that appends one
+// event with append_event. It returns one row: the offset. payload and
+// metadata are JSON or nil.
+func AppendOneSQL(topic int, host, user, eventType string, payload, metadata []byte) (string, []any) {
+	return appendOneSQL, []any{topic, host, user, eventType, jsonArg(payload), jsonArg(metadata)}
 }
 
 // jsonArg passes JSON text as a jsonb argument, nil as NULL.

@@ -45,9 +45,14 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "schema at version %d (applied: %v)\n", schema.Latest(), applied)
 	// Every topic the configured groups consume.
 	for _, g := range cfg.GroupConfigs() {
-		topic, created, err := schema.EnsureTopic(ctx, conn, g.TopicID, g.TotalPartitions, g.SegmentSize)
+		topic, created, err := schema.EnsureTopicSpec(ctx, conn, schema.TopicSpec{
+			ID: g.TopicID, Partitions: g.TotalPartitions, SegmentSize: g.SegmentSize, Scope: g.OffsetScope})
 		if err != nil {
 			return err
+		}
+		if topic.Scope != g.OffsetScope {
+			return &config.Error{File: *path, Key: "offsetScope",
+				Msg: fmt.Sprintf("topic %d was created with offset scope %q, not %q; a topic's scope is chosen when it is created", topic.ID, topic.Scope, g.OffsetScope)}
 		}
 		if err := schema.SetRetention(ctx, conn, g.TopicID, retentionOf(&g)); err != nil {
 			return err
@@ -67,7 +72,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if created {
 			verb = "created"
 		}
-		fmt.Fprintf(stdout, "topic %d %s with %d partitions, %s offset allocation\n", topic.ID, verb, topic.Partitions, g.OffsetAllocation)
+		fmt.Fprintf(stdout, "topic %d %s with %d partitions, offsets per %s, %s allocation\n", topic.ID, verb, topic.Partitions, topic.Scope, g.OffsetAllocation)
 	}
 	return nil
 }

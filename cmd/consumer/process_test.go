@@ -148,19 +148,21 @@ func runOnce(t *testing.T, url string, args ...string) (int, string) {
 	return cmd.ProcessState.ExitCode(), string(out)
 }
 
-// recordingConfig is a configuration with the recording SQL handler.
+// recordingConfig is a configuration with the recording SQL handler, for
+// a topic in the offset scope the tests run in (pgtest.Scope).
 func recordingConfig(partitions, partitionID, batchSize int) string {
 	return fmt.Sprintf(`groupId: g
 batchSize: %d
 totalPartitions: %d
 partitionId: %d
+offsetScope: %s
 waitPeriodMs: 1000
 logLevel: warn
 handlers:
   - eventType: "*"
     type: sql
     statement: %q
-`, batchSize, partitions, partitionID, strings.Join(strings.Fields(eventtest.RecordSQL), " "))
+`, batchSize, partitions, partitionID, pgtest.Scope(), strings.Join(strings.Fields(eventtest.RecordSQL), " "))
 }
 
 // migrated returns a fresh database URL with the schema and topic created

@@ -56,14 +56,21 @@ func Exec(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
 // transaction in one partition handled by one consumer transaction.
 func CheckHandled(tb testing.TB, pool *pgxpool.Pool) {
 	tb.Helper()
+	// Events are identified by (partition_id, c_offset): under offset scope
+	// 'partition' offsets repeat across partitions. A host's order is
+	// (layout, offset): a host is in one partition per layout.
 	missing := QueryInt(tb, pool, `SELECT count(*) FROM outbox_message_t m WHERE m.topic_id = 1
-		AND NOT EXISTS (SELECT 1 FROM handled h WHERE h.c_offset = m.c_offset)`)
+		AND NOT EXISTS (SELECT 1 FROM handled h WHERE h.partition_id = m.partition_id AND h.c_offset = m.c_offset)`)
 	extra := QueryInt(tb, pool, `SELECT count(*) FROM handled h WHERE NOT EXISTS
-		(SELECT 1 FROM outbox_message_t m WHERE m.topic_id = 1 AND m.c_offset = h.c_offset)`)
-	dups := QueryInt(tb, pool, `SELECT count(*) FROM (SELECT c_offset FROM handled GROUP BY 1 HAVING count(*) > 1) d`)
+		(SELECT 1 FROM outbox_message_t m WHERE m.topic_id = 1 AND m.partition_id = h.partition_id AND m.c_offset = h.c_offset)`)
+	dups := QueryInt(tb, pool, `SELECT count(*) FROM (SELECT partition_id, c_offset FROM handled GROUP BY 1, 2 HAVING count(*) > 1) d`)
 	disorder := QueryInt(tb, pool, `SELECT count(*) FROM (
-		SELECT c_offset, lag(c_offset) OVER (PARTITION BY host_id ORDER BY seq) AS prev FROM handled) x
-		WHERE prev > c_offset`)
+		SELECT v, c_offset, lag(v) OVER w AS prev_v, lag(c_offset) OVER w AS prev
+		FROM (SELECT h.*, (SELECT max(l.version) FROM topic_layouts l
+		                   WHERE l.topic_id = 1 AND layout_start(1, l.version, h.partition_id) <= h.c_offset) AS v
+		      FROM handled h) x
+		WINDOW w AS (PARTITION BY host_id ORDER BY seq)) y
+		WHERE (prev_v, prev) > (v, c_offset)`)
 	split := QueryInt(tb, pool, `SELECT count(*) FROM (SELECT transaction_id, partition_id FROM handled
 		GROUP BY 1, 2 HAVING count(DISTINCT consumer_tx) > 1) s`)
 	if missing+extra+dups+disorder+split != 0 {

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -28,24 +29,44 @@ func MigratedDB(tb testing.TB) string {
 	return NewDBFrom(tb, tmpl)
 }
 
+// EnvOffsetScope names the environment variable that chooses the offset
+// scope of the topics TopicPool creates: "topic" (the default) or
+// "partition". make test runs the main suites in both.
+const EnvOffsetScope = "PGEVENTS_TEST_OFFSET_SCOPE"
+
+// Scope returns the offset scope tests create topics with (EnvOffsetScope).
+func Scope() string {
+	if os.Getenv(EnvOffsetScope) == schema.ScopePartition {
+		return schema.ScopePartition
+	}
+	return schema.ScopeTopic
+}
+
 // TopicPool returns a pool on a fresh migrated database that holds topic 1
-// with the given partition count, with room for a consumer of every
-// partition plus test queries. The pool is closed when the test ends.
+// with the given partition count, in the offset scope of Scope, with room
+// for a consumer of every partition plus test queries. The pool is closed
+// when the test ends.
 func TopicPool(tb testing.TB, partitions int) *pgxpool.Pool {
+	tb.Helper()
+	return TopicPoolSpec(tb, schema.TopicSpec{ID: 1, Partitions: partitions, Scope: Scope()})
+}
+
+// TopicPoolSpec is TopicPool for the topic spec describes.
+func TopicPoolSpec(tb testing.TB, spec schema.TopicSpec) *pgxpool.Pool {
 	tb.Helper()
 	ctx := context.Background()
 	pc, err := pgxpool.ParseConfig(MigratedDB(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	pc.MaxConns = int32(partitions + 8)
+	pc.MaxConns = int32(spec.Partitions + 8)
 	pc.ConnConfig.RuntimeParams["jit"] = "off" // as consumer pools have it
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(pool.Close)
-	if _, _, err := schema.EnsureTopic(ctx, pool, 1, partitions); err != nil {
+	if _, _, err := schema.EnsureTopicSpec(ctx, pool, spec); err != nil {
 		tb.Fatal(err)
 	}
 	return pool

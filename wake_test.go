@@ -1,0 +1,159 @@
+package pgevents
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// TestNoEventWaitsForThePoll stresses the wake-up protocol: appends notify
+// only partitions whose worker may be waiting, so the race between an
+// append that read "busy" and a worker that goes idle must be closed by the
+// worker. With a poll period of an hour, producers append in bursts with
+// random pauses (so that workers keep going idle while appends are in
+// flight), and every event must be handled promptly: one that missed its
+// wake-up would wait for the poll, an hour. It runs in each offset mode,
+// with two replicas of the group.
+func TestNoEventWaitsForThePoll(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{schema.AllocationCounter, schema.AllocationSequence, schema.ScopePartition} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			scope := schema.ScopeTopic
+			if mode == schema.ScopePartition {
+				scope = schema.ScopePartition
+			}
+			pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 4, Scope: scope})
+			if mode == schema.AllocationSequence {
+				if err := schema.SetAllocation(ctx, pool, 1, mode); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mustExec(t, pool, handledTable)
+			mustExec(t, pool, `ALTER TABLE handled ADD COLUMN handled_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+				ADD COLUMN appended_at timestamptz`)
+			hs := &Handlers{}
+			hs.HandleAll(SQLHandler("g", `INSERT INTO handled (c_offset, host_id, partition_id, transaction_id, appended_at)
+				VALUES (@c_offset, @host_id, @partition_id, @transaction_id, @created_at)`))
+			cfg := Config{TotalPartitions: 4, BatchSize: 5, WaitPeriod: time.Hour, Handlers: hs}
+			c1 := startConsumer(t, pool, cfg)
+			c2 := startConsumer(t, pool, cfg)
+			pgtest.WaitFor(t, 10*time.Second, "the replicas share the partitions", func() bool {
+				return len(c1.Partitions())+len(c2.Partitions()) == 4
+			})
+			seed := uint64(time.Now().UnixNano())
+			t.Logf("seed %d", seed)
+			var total atomic.Int64
+			var wg sync.WaitGroup
+			for p := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(seed, uint64(p)))
+					for range 150 {
+						n := 1 + r.IntN(3)
+						evs := make([]Event, n)
+						for i := range evs {
+							evs[i] = ev(fmt.Sprintf("h%d", r.IntN(20)), "t", `{}`)
+						}
+						if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+							_, err := Append(ctx, tx, evs...)
+							return err
+						}); err != nil {
+							t.Error(err)
+							return
+						}
+						total.Add(int64(n))
+						// Pauses about as long as a batch: workers go idle
+						// while others append.
+						time.Sleep(time.Duration(r.IntN(3000)) * time.Microsecond)
+					}
+				}()
+			}
+			wg.Wait()
+			waitHandled(t, pool, total.Load(), 60*time.Second)
+			checkHandled(t, pool)
+			var worst float64
+			if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM max(handled_at - appended_at)) FROM handled`).Scan(&worst); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d events, slowest handled %.0f ms after its append", total.Load(), worst*1000)
+			if worst > 10 {
+				t.Fatalf("an event waited %.1f s: a wake-up was missed (seed %d)", worst, seed)
+			}
+		})
+	}
+}
+
+// TestIdleWorkerWaitsForAppendsInFlight plays the race the wake-up protocol
+// closes, step by step: an append reads "not waiting" while the partition's
+// worker is busy, and commits only after the worker has gone idle. The
+// worker must wait for that append before its last look, or the event
+// would wait for the poll (an hour here).
+func TestIdleWorkerWaitsForAppendsInFlight(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{schema.AllocationCounter, schema.AllocationSequence, schema.ScopePartition} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			scope := schema.ScopeTopic
+			if mode == schema.ScopePartition {
+				scope = schema.ScopePartition
+			}
+			pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 1, Scope: scope})
+			if mode == schema.AllocationSequence {
+				if err := schema.SetAllocation(ctx, pool, 1, mode); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mustExec(t, pool, handledTable)
+			release := make(chan struct{})
+			record := SQLHandler("g", recordSQL)
+			hs := &Handlers{}
+			hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
+				if ev.EventType == "hold" {
+					<-release // the worker stays busy until the test says
+				}
+				return record.Handle(ctx, tx, ev)
+			}))
+			startConsumer(t, pool, Config{TotalPartitions: 1, WaitPeriod: time.Hour, Handlers: hs})
+			waiting := func() bool {
+				return queryInt(t, pool, `SELECT count(*) FROM partition_counters WHERE topic_id = 1 AND waiting`) == 1
+			}
+			pgtest.WaitFor(t, 10*time.Second, "the idle worker announced", waiting)
+			// The worker wakes for this one and stays busy with it.
+			appendTx(t, pool, ev("a", "hold", `{}`))
+			pgtest.WaitFor(t, 10*time.Second, "the worker busy, the flag cleared", func() bool { return !waiting() })
+			// An append reads "not waiting" and stays in flight.
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			if _, err := Append(ctx, tx, ev("a", "t", `{}`)); err != nil {
+				t.Fatal(err)
+			}
+			// The worker finishes, goes idle, announces it, and waits for
+			// the append in flight before its last look.
+			close(release)
+			pgtest.WaitFor(t, 10*time.Second, "the worker waiting for the append in flight", func() bool {
+				return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock' AND application_name = 'pgevents-consumer'`) > 0
+			})
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			waitHandled(t, pool, 2, 5*time.Second)
+		})
+	}
+}
