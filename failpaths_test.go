@@ -354,7 +354,7 @@ func TestParkedReplayAfterRepartition(t *testing.T) {
 	poisoned.Store(true)
 	c := startConsumer(t, pool, Config{TotalPartitions: 2, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
 	a, b := hostIn(t, pool, 2, 1), hostIn(t, pool, 2, 0)
-	var o [7]int64 // the offsets of events 1..6 (per partition under scope 'partition')
+	var o [7]int64                                             // the offsets of events 1..6 (per partition under scope 'partition')
 	o[1] = appendTx(t, pool, ev(a, "t", `{"poison":true}`))[0] // 1: dead letter in partition 1
 	o[2] = appendTx(t, pool, ev(a, "t", `{}`))[0]              // 2: parked
 	o[3] = appendTx(t, pool, ev(b, "t", `{}`))[0]              // 3: handled

@@ -161,8 +161,8 @@ type model struct {
 
 	mu        sync.Mutex
 	committed map[string]modelEvent // by event key
-	calls     map[string]int         // handler calls by event key
-	attempts  map[string]int         // storm attempts by event key
+	calls     map[string]int        // handler calls by event key
+	attempts  map[string]int        // storm attempts by event key
 	fixedKeys map[string]bool
 	resolved  map[string]bool // keys of dead-lettered events replayed or discarded
 	discarded map[string]bool // keys of discarded events
