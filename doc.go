@@ -4,27 +4,60 @@
 // # Appending
 //
 // A service appends events inside its own business transaction, with
-// [Append] from Go or the SQL functions append_event and append_events from
-// any language. Each topic has a counter row; an append reserves offsets by
-// updating it and holds its lock until the transaction ends, so offsets
-// (c_offset) are gapless and commit-ordered: a visible offset implies that
-// every lower offset is committed or rolled back along with its reservation,
-// and the events of one producer transaction are contiguous. Each event's
-// partition, abs(hashtext(host_id)) % partitions, is computed once, in SQL, at
-// append, and stored.
+// [Append] (or [AppendCommit], which pipelines the append with COMMIT) from
+// Go or the SQL functions append_event and append_events from any language.
+// Each event's partition, abs(hashtext(host_id)) % partitions, is computed
+// once, in SQL, at append, and stored; a partition's rows are stored
+// together, in a table of their own split into segments of offsets.
 //
-// Because producers serialise on the counter row, append as late in the
-// transaction as possible, in READ COMMITTED (REPEATABLE READ producers get
-// serialization failures), to several topics in a fixed order, and never
-// under two-phase commit (NOTIFY forbids PREPARE TRANSACTION).
+// Offsets come from a counter, in one of two scopes chosen per topic:
+//
+//   - scope topic (the default, the seed design's): one counter per topic.
+//     An append reserves offsets by updating it and holds its lock until the
+//     transaction ends, so offsets are gapless and commit-ordered across the
+//     topic, and every producer of the topic waits for the one before it to
+//     commit (allocation 'sequence' trades gaplessness for immunity to long
+//     open snapshots);
+//   - scope partition: one counter per partition, locked in ascending order
+//     by a transaction that appends to several, so offsets are gapless and
+//     commit-ordered per partition, as in Kafka, and producers of different
+//     partitions never wait for each other.
+//
+// Either way a visible offset implies that every lower offset of its
+// sequence is committed or rolled back along with its reservation, and the
+// events of one producer transaction in one partition are contiguous.
+// Append as late in the transaction as possible, in READ COMMITTED
+// (REPEATABLE READ producers get serialization failures), to several topics
+// in a fixed order, and never under two-phase commit (NOTIFY forbids
+// PREPARE TRANSACTION).
+//
+// # Wake-ups
+//
+// A notification at commit takes a database-wide lock held until the
+// commit's WAL flush, so notifying transactions commit one after another.
+// Appends therefore notify only partitions whose worker may be waiting: a
+// worker that finds nothing more to do sets its partition's waiting flag
+// (partition_counters.waiting), and the next append to the partition sends
+// one notification and clears the flag. Producers of busy partitions send
+// none. The race between an append that read the flag clear and a worker
+// that sets it is closed by the worker, which, before it sleeps,
+//
+//  1. sets the flag and commits: appends that read it later notify;
+//  2. waits for every append in flight on the topic (or, under scope
+//     partition, the partition) to end, by taking their append lock shared:
+//     an append that read the flag before step 1 held that lock then;
+//  3. looks for events once more: what such an append committed is visible.
+//
+// So no event waits for the poll: it is announced, or found in step 3.
+// Polling every WaitPeriod stays as the safety net for lost notifications.
 //
 // # Consuming
 //
 // A [Consumer] serves one group on one topic: a worker per partition whose
 // lease it holds (the live replicas of a group share the partitions; see the
-// partition package). A worker wakes on a notification naming its partition (sent by the
-// append trigger at commit), on a poll every WaitPeriod, or after the
-// listener reconnects, and then, in one transaction:
+// partition package). A worker wakes on a notification naming its
+// partition, on a poll every WaitPeriod, or after the listener reconnects,
+// and then, in one transaction:
 //
 //  1. locks the group's consumer_offsets row for the partition and reads up
 //     to BatchSize events from its next_offset;

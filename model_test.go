@@ -290,7 +290,10 @@ func (m *model) start(group string) *modelConsumer {
 		MaintenanceInterval: 100 * time.Millisecond, DeadAfter: time.Minute,
 	}
 	if group == "ghost" {
+		// The ghost never fails: a budget that a loaded machine cannot
+		// exhaust, so that none of its events is dead-lettered.
 		cfg.OnPermanentFailure, cfg.MaxDeadLetters, cfg.DeadAfter = PolicyDeadLetter, -1, 300*time.Millisecond
+		cfg.HandlerTimeout = 20 * time.Second
 	}
 	c, err := NewConsumer(mcon.pool, cfg)
 	if err != nil {

@@ -3,24 +3,30 @@
 //
 // # Objects
 //
-// Migration 0001 creates, in the first schema of the search_path:
+// The migrations create, in the first schema of the search_path:
 //
-//   - log_counter: one row per topic holding the next offset to hand out and
-//     the topic's partition count. Appends reserve offsets by updating this
-//     row and keep it locked until they commit, which makes offsets gapless
-//     and commit-ordered.
-//   - outbox_message_t: the log, range-partitioned on (topic_id, c_offset)
-//     into segments so that retention can drop whole old ranges; the
-//     partition of each event is computed once, at append, and indexed with
-//     its offset.
+//   - log_counter: one row per topic: its partition count, offset scope
+//     ('topic' or 'partition'), allocation, channel, wake-up mode and, under
+//     scope 'topic', the next offset to hand out. Appends reserve offsets by
+//     updating it and keep it locked until they commit, which makes offsets
+//     gapless and commit-ordered across the topic.
+//   - partition_counters: one row per partition: its next offset under scope
+//     'partition' (the same guarantee, per partition, with no lock shared
+//     across partitions) and its waiting flag (appends notify a partition
+//     only while its worker may be waiting).
+//   - outbox_message_t: the log, partitioned by (topic_id, partition_id)
+//     into one table per partition of a topic, each partitioned by c_offset
+//     into segments that retention drops whole; the partition of each event
+//     is computed once, at append, and a partition's rows are stored
+//     together.
 //   - consumer_offsets: the next offset to read, per group, topic and
 //     partition, updated in the consumer's own transaction.
 //   - dead_letter_queue: units that failed permanently, with their reason.
-//   - the SQL functions append_event, append_events (usable from any
-//     language, inside the caller's transaction), event_partition,
-//     reserve_offsets, ensure_outbox_segments, and the statement-level
-//     trigger that sends one NOTIFY per append statement on the topic's channel
-//     (log_counter.channel, event_channel unless SetChannel says otherwise).
+//   - the SQL functions append_event and append_events (usable from any
+//     language, inside the caller's transaction, notifying the channel of
+//     the topic, log_counter.channel, for waiting partitions),
+//     event_partition, reserve_offsets, ensure_outbox_segments,
+//     repartition_topic, layout_start and layout_cut.
 //
 // Each migration file states the invariant every object upholds beside it.
 //
