@@ -21,12 +21,19 @@ type Keys[E any] struct {
 // flags that are never both true:
 //
 //   - extend is true when the transaction of rows[n-1] may continue past the
-//     fetched rows. Then n is batchSize+1 (the peeked row belongs to the same
+//     fetched rows and the batch is that one transaction, larger than
+//     batchSize. Then n is batchSize+1 (the peeked row belongs to the same
 //     transaction, so it is part of the batch) and the caller must read the
 //     following rows with [Continue], passing the transaction id of rows[n-1],
 //     before the batch is complete.
 //   - more is true when the batch is complete and rows are known to exist
 //     beyond it: the caller should fetch the next batch without waiting.
+//
+// When the peeked row continues the transaction of the batchSize-th row and
+// that transaction began after the first row, the batch ends before it:
+// that transaction starts the next batch, and no more rows are read for
+// this one (a transaction is never split, and a batch reads past its
+// batchSize only for a transaction larger than batchSize).
 //
 // When both are false the batch is complete and the partition was exhausted
 // by the fetch: the caller is caught up. When extend is true, more is decided
@@ -41,10 +48,18 @@ func Cut[E any](k Keys[E], rows []E, batchSize int) (n int, extend bool, more bo
 	if len(rows) <= batchSize {
 		return len(rows), false, false
 	}
-	if k.TxID(&rows[batchSize]) == k.TxID(&rows[batchSize-1]) {
-		return batchSize + 1, true, false
+	tx := k.TxID(&rows[batchSize-1])
+	if k.TxID(&rows[batchSize]) != tx {
+		return batchSize, false, true
 	}
-	return batchSize, false, true
+	start := batchSize - 1
+	for start > 0 && k.TxID(&rows[start-1]) == tx {
+		start--
+	}
+	if start > 0 {
+		return start, false, true
+	}
+	return batchSize + 1, true, false
 }
 
 // Continue examines a chunk fetched after an extended batch and reports how

@@ -48,12 +48,14 @@ func TestCut(t *testing.T) {
 		{"exactly batchSize", mk(1, 2, 2), 3, 3, false, false},
 		{"exactly batchSize one tx", mk(1, 1, 1), 3, 3, false, false},
 		{"batchSize+1 at boundary", mk(1, 2, 2, 3), 3, 3, false, true},
-		{"batchSize+1 same tx", mk(1, 2, 2, 2), 3, 4, true, false},
+		{"batchSize+1 same tx", mk(1, 2, 2, 2), 3, 1, false, true}, // tx 2 starts the next batch
+		{"batchSize+1 same tx from the start", mk(2, 2, 2, 2), 3, 4, true, false},
 		{"batchSize+1 all one tx", mk(5, 5, 5, 5), 3, 4, true, false},
 		{"batchSize 1 boundary", mk(1, 2), 1, 1, false, true},
 		{"batchSize 1 same tx", mk(1, 1), 1, 2, true, false},
 		{"over-fetch ignored, boundary", mk(1, 2, 3, 3, 3), 2, 2, false, true},
-		{"over-fetch ignored, same tx", mk(1, 2, 2, 2, 2), 2, 3, true, false},
+		{"over-fetch ignored, same tx", mk(1, 2, 2, 2, 2), 2, 1, false, true},
+		{"over-fetch ignored, one tx", mk(2, 2, 2, 2, 2), 2, 3, true, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -222,15 +224,22 @@ func checkBatches(t testing.TB, log []ev, batches [][]ev, batchSize int) {
 			if last := batch[len(batch)-1]; last.Tx == log[i].Tx {
 				t.Fatalf("batch %d ends at offset %d inside transaction %d", b, last.Off, last.Tx)
 			}
-			if len(batch) < batchSize {
-				t.Fatalf("batch %d has %d events < batchSize %d but is not the last", b, len(batch), batchSize)
+			// A batch short of batchSize could not take the next
+			// transaction whole.
+			next := 0
+			for j := i; j < len(log) && log[j].Tx == log[i].Tx; j++ {
+				next++
+			}
+			if len(batch) < batchSize && len(batch)+next <= batchSize {
+				t.Fatalf("batch %d has %d events < batchSize %d and stops before transaction %d of %d events",
+					b, len(batch), batchSize, log[i].Tx, next)
 			}
 		}
-		if len(batch) >= batchSize {
-			tx := batch[batchSize-1].Tx
-			for _, e := range batch[batchSize-1:] {
-				if e.Tx != tx {
-					t.Fatalf("batch %d is not minimal: it goes past the end of transaction %d", b, tx)
+		// A batch goes past batchSize only as one transaction larger than it.
+		if len(batch) > batchSize {
+			for _, e := range batch {
+				if e.Tx != batch[0].Tx {
+					t.Fatalf("batch %d has %d events > batchSize %d over several transactions", b, len(batch), batchSize)
 				}
 			}
 		}
@@ -267,7 +276,8 @@ func TestConsumeEdgeLogs(t *testing.T) {
 		{"one huge tx", mk(1, 1, 1, 1, 1, 1, 1, 1, 1), 2, 2, [][]int64{{1, 1, 1, 1, 1, 1, 1, 1, 1}}},
 		{"tx ends at chunk edge", mk(1, 1, 1, 1, 1, 1, 2), 2, 2, [][]int64{{1, 1, 1, 1, 1, 1}, {2}}},
 		{"singletons", mk(1, 2, 3, 4, 5), 2, 1, [][]int64{{1, 2}, {3, 4}, {5}}},
-		{"doc example", mk(1, 2, 2, 2, 2, 2, 3), 3, 2, [][]int64{{1, 2, 2, 2, 2, 2}, {3}}},
+		{"doc example", mk(1, 2, 2, 2, 2, 2, 3), 3, 2, [][]int64{{1}, {2, 2, 2, 2, 2}, {3}}},
+		{"tx straddles the limit", mk(1, 2, 3, 3, 4), 3, 2, [][]int64{{1, 2}, {3, 3, 4}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

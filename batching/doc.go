@@ -16,9 +16,11 @@
 // the rest in another: if the worker committed its offset in the middle of a
 // transaction and crashed, or if two halves were handled with different
 // outcomes, a consumer could observe a state the producer never wrote. A batch
-// therefore holds at least batchSize events (unless the partition runs out)
-// and is extended, when needed, up to the end of the transaction that
-// contains its batchSize-th event.
+// therefore ends at a transaction's end: it holds batchSize events or fewer,
+// ending before the transaction that would take it past batchSize, and goes
+// past batchSize only when it is one transaction larger than batchSize,
+// read in chunks. So the rows a batch reads beyond its end are at most one
+// transaction's, and the next batch reads them again, instead of a chunk.
 //
 // # Units and runs
 //
@@ -40,9 +42,13 @@
 //     the batch and the worker is caught up (more is false).
 //   - The peeked row belongs to another transaction: the batch is the first
 //     batchSize rows and more work is waiting (more is true).
-//   - The peeked row belongs to the same transaction: it is part of the batch
-//     (n is batchSize+1) and extend is true: the transaction may continue past
-//     what was fetched.
+//   - The peeked row belongs to the same transaction, which began after the
+//     first row: the batch ends before that transaction, which starts the
+//     next batch (more is true).
+//   - The peeked row belongs to the same transaction, which began at the
+//     first row: it is part of the batch (n is batchSize+1) and extend is
+//     true: the transaction, larger than batchSize, may continue past what
+//     was fetched.
 //
 // While extend is true the worker handles the rows it has, then fetches the
 // next chunk with keyset pagination (WHERE c_offset > last handled offset
@@ -62,9 +68,11 @@
 // With batchSize 3 and chunk 2, take a partition holding the transactions
 // (offset:tx) 1:A 2:B 3:B 4:B 5:B 6:B 7:C.
 //
-//	fetch offset>0 LIMIT 4  -> 1:A 2:B 3:B 4:B  Cut: n=4 extend=true  (4 is B like 3)
-//	fetch offset>4 LIMIT 3  -> 5:B 6:B 7:C      Continue(B): n=2 extend=false more=true
-//	batch 1 = 1..6 (units A and B); commit offset 6
+//	fetch offset>0 LIMIT 4  -> 1:A 2:B 3:B 4:B  Cut: n=1 more=true     (4 is B like 3; B began at 2)
+//	batch 1 = 1 (unit A); commit offset 1
+//	fetch offset>1 LIMIT 4  -> 2:B 3:B 4:B 5:B  Cut: n=4 extend=true   (B began at the first row)
+//	fetch offset>5 LIMIT 3  -> 6:B 7:C          Continue(B): n=1 extend=false more=true
+//	batch 2 = 2..6 (unit B); commit offset 6
 //	fetch offset>6 LIMIT 4  -> 7:C              Cut: n=1 extend=false more=false
-//	batch 2 = 7 (unit C); commit offset 7; caught up, wait for a notification
+//	batch 3 = 7 (unit C); commit offset 7; caught up, wait for a notification
 package batching

@@ -78,9 +78,10 @@ func Example() {
 	// Output:
 	// batch after offset 0:
 	//   tx 100 h1/alice offsets 1..1
+	// commit 1
+	// batch after offset 1:
 	//   tx 101 h1/bob offsets 2..3
-	//   tx 101 h2/carol offsets 4..4
-	//   tx 101 h2/carol offsets 5..5
+	//   tx 101 h2/carol offsets 4..5
 	//   tx 101 h1/bob offsets 6..6
 	// commit 6
 	// batch after offset 6:

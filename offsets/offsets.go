@@ -429,25 +429,6 @@ func Fetch(ctx context.Context, q Querier, ps *PartitionSQL, topic, partition in
 	return scanEvents(rows, buf, "fetch")
 }
 
-func scanEvents(rows pgx.Rows, buf []Event, op string) ([]Event, error) {
-	defer rows.Close()
-	for rows.Next() {
-		buf = append(buf, Event{})
-		ev := &buf[len(buf)-1]
-		// Payload and metadata are scanned as bytes: into a
-		// json.RawMessage pgx would run json.Unmarshal on them, which was
-		// half of the scan's time in the drain benchmark.
-		if err := rows.Scan(&ev.Offset, &ev.TopicID, &ev.PartitionID, &ev.EventID, &ev.HostID, &ev.UserID,
-			&ev.TransactionID, &ev.EventType, (*[]byte)(&ev.Payload), (*[]byte)(&ev.Metadata), &ev.CreatedAt); err != nil {
-			return buf[:len(buf)-1], fmt.Errorf("offsets: %s: %w", op, err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return buf, fmt.Errorf("offsets: %s: %w", op, err)
-	}
-	return buf, nil
-}
-
 // Commit sets the group's position in the partition to next, in tx, if
 // owner still holds the partition's lease with epoch; otherwise it returns
 // ErrLeaseLost and the caller must roll back.
