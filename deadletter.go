@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/pgevents/pgevents/offsets"
@@ -139,14 +140,29 @@ func planRelease(resolved int64, parking map[int64][]string, order []int64, park
 			}
 		}
 	}
-	var release []Event
-	for i := 0; i < len(parked); {
-		j := i + 1
-		for j < len(parked) && parked[j].Event.TransactionID == parked[i].Event.TransactionID {
-			j++
+	// A unit is the parked events of one producer transaction in one
+	// partition (the partition the events were appended to, which a
+	// repartition does not change). Its events are not always adjacent in
+	// parked order: workers of other partitions park at the same time.
+	type unitKey struct {
+		tx        int64
+		partition int
+	}
+	var (
+		order2 []unitKey
+		units  = map[unitKey][]offsets.Parked{}
+	)
+	for _, p := range parked {
+		k := unitKey{p.Event.TransactionID, p.Event.PartitionID}
+		if _, ok := units[k]; !ok {
+			order2 = append(order2, k)
 		}
-		unit := parked[i:j]
-		i = j
+		units[k] = append(units[k], p)
+	}
+	var release []Event
+	for _, k := range order2 {
+		unit := units[k]
+		sort.SliceStable(unit, func(i, j int) bool { return unit[i].Event.Offset < unit[j].Event.Offset })
 		var behind int64
 		for _, p := range unit {
 			if dl, ok := res.Hosts[p.Event.HostID]; ok {

@@ -107,3 +107,27 @@ func TestPlanRelease(t *testing.T) {
 		t.Fatalf("resolving the last dead letter released %s, left %v / %v", offs(rel), res.Hosts, res.Waiting)
 	}
 }
+
+// TestPlanReleaseKeepsUnitsWhole: the parked events of one unit are not
+// always adjacent (another partition's worker parked between them); the
+// unit is released or kept whole (found by TestFailureModel).
+func TestPlanReleaseKeepsUnitsWhole(t *testing.T) {
+	t.Parallel()
+	p := func(id, tx, off int64, partition int, host string) offsets.Parked {
+		return offsets.Parked{ID: id, DeadLetterID: 9, Event: Event{Offset: off, TransactionID: tx, PartitionID: partition, HostID: host}}
+	}
+	// Unit A (tx 1, partition 0) was parked as ids 1 and 3; unit B (tx 2,
+	// partition 1) as id 2, and B's host z is behind dead letter 8.
+	parked := []offsets.Parked{p(1, 1, 10, 0, "x"), p(2, 2, 5, 1, "z"), p(3, 1, 12, 0, "y"), p(4, 2, 6, 1, "y")}
+	rel, res := planRelease(9, map[int64][]string{8: {"z"}, 9: {"x"}}, []int64{8, 9}, parked)
+	var got []int64
+	for _, e := range rel {
+		got = append(got, e.Offset)
+	}
+	if fmt.Sprint(got) != "[10 12]" || fmt.Sprint(res.Released) != "[1 3]" {
+		t.Fatalf("released %v (ids %v), want unit A whole: [10 12] (ids [1 3])", got, res.Released)
+	}
+	if res.Waiting[2] != 8 || res.Waiting[4] != 8 || len(res.Waiting) != 2 {
+		t.Fatalf("waiting %v, want unit B whole behind 8", res.Waiting)
+	}
+}

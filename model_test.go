@@ -740,7 +740,12 @@ func (m *model) check() {
 	// One consumer transaction per producer transaction and partition.
 	if n := queryInt(t, m.pool, `SELECT count(*) FROM (SELECT 1 FROM handled GROUP BY group_id, transaction_id, partition_id
 		HAVING count(DISTINCT consumer_tx) > 1) s`); n != 0 {
-		fail("%d producer transactions split across consumer transactions", n)
+		var detail string
+		_ = m.pool.QueryRow(m.ctx, `SELECT string_agg(format('%s tx %s p%s: %s', h.group_id, h.transaction_id, h.partition_id, h.rows), '; ')
+			FROM (SELECT group_id, transaction_id, partition_id,
+			             string_agg(format('%s@%s(ctx %s seq %s)', k, c_offset, consumer_tx, seq), ' ' ORDER BY seq) AS rows
+			      FROM handled GROUP BY 1, 2, 3 HAVING count(DISTINCT consumer_tx) > 1) h`).Scan(&detail)
+		fail("%d producer transactions split across consumer transactions: %s", n, detail)
 	}
 	// No spin: no event's handler ran more than a bounded number of times.
 	worst, worstKey := 0, ""
