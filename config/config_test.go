@@ -76,6 +76,7 @@ maxRetention: 30d
 zeroSubscriptionRetention: 2d
 segmentSize: 50000
 offsetAllocation: sequence
+offsetScope: partition
 metricsAddr: 127.0.0.1:9464
 pprof: true
 handlers:
@@ -126,6 +127,7 @@ func TestParseFullFile(t *testing.T) {
 		ZeroSubscriptionRetention:  "2d",
 		SegmentSize:                50000,
 		OffsetAllocation:           "sequence",
+		OffsetScope:                "partition",
 		MetricsAddr:                "127.0.0.1:9464",
 		Pprof:                      true,
 		Handlers: []Handler{
@@ -291,6 +293,7 @@ func TestParseErrors(t *testing.T) {
 		{"startFrom offset 0", head + "startFrom: offset:0\n", "startFrom", 3, "at least 1"},
 		{"retention not a duration", head + "retention: forever\n", "retention", 3, "positive duration"},
 		{"offsetAllocation unknown", head + "offsetAllocation: uuid\n", "offsetAllocation", 3, "must be one of"},
+		{"offsetScope unknown", head + "offsetScope: host\n", "offsetScope", 3, "must be one of"},
 		{"segmentSize too small", head + "segmentSize: 10\n", "segmentSize", 3, "at least 1000"},
 		{"metricsAddr without port", head + "metricsAddr: localhost\n", "metricsAddr", 3, "host:port"},
 		{"pprof not a bool", head + "pprof: maybe\n", "pprof", 3, "true or false"},
