@@ -15,6 +15,7 @@ import (
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/schema"
 )
 
 const fxTable = `CREATE TABLE fx (group_id text NOT NULL, partition_id int NOT NULL, c_offset bigint NOT NULL)`
@@ -236,7 +237,12 @@ func TestRetentionWithDeadGroup(t *testing.T) {
 				return
 			}
 			appended.Add(20)
-			time.Sleep(2 * time.Millisecond) // a steady load, not a flood
+			// A steady load, not a flood: at most ~2,000 events/s, two
+			// segments per partition and second for maintenance to create
+			// and drop, which it does with room to spare even on a loaded
+			// CI machine under -race (at 2 ms it had to keep up with 10 per
+			// second, and sometimes fell behind there).
+			time.Sleep(10 * time.Millisecond)
 		}
 	}()
 	pgtest.WaitFor(t, 20*time.Second, "c handled 1500 events", func() bool {
@@ -257,12 +263,22 @@ func TestRetentionWithDeadGroup(t *testing.T) {
 	// Bounded: beyond what a and b have not handled yet (which they hold
 	// back, as they should), the log keeps no more than a few segments.
 	var rows, pending int64
-	pgtest.WaitFor(t, 20*time.Second, "the log bounded by the ACTIVE groups' lag plus a few segments", func() bool {
+	for deadline := time.Now().Add(45 * time.Second); ; {
 		rows = queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`)
 		pending = queryInt(t, pool, `SELECT count(*) FROM outbox_message_t m WHERE EXISTS (
 			SELECT 1 FROM consumer_offsets o WHERE o.group_id IN ('a', 'b') AND o.partition_id = m.partition_id AND m.c_offset >= o.next_offset)`)
-		return rows <= pending+4000
-	})
+		if rows <= pending+4000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			segs, err := schema.Segments(ctx, pool, 1)
+			t.Fatalf("the log is not bounded by the ACTIVE groups' lag plus a few segments: %d events, %d not yet handled by a or b, "+
+				"%d in the DEFAULT partitions, %d segments (err %v), %d appended",
+				rows, pending, queryInt(t, pool, `SELECT count(*) FROM outbox_message_t m
+					WHERE tableoid::regclass::text LIKE '%default'`), len(segs), err, appended.Load())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the database until a deadline
+	}
 	t.Logf("log: %d events, %d not yet handled by a or b, %d appended", rows, pending, appended.Load())
 	stop.Store(true)
 	wg.Wait()
