@@ -17,13 +17,13 @@ import (
 	"github.com/pgevents/pgevents/offsets"
 )
 
-const fxTable = `CREATE TABLE fx (group_id text NOT NULL, partition_id int NOT NULL, c_offset bigint NOT NULL)`
+const fxTable = `CREATE TABLE public.fx (group_id text NOT NULL, partition_id int NOT NULL, c_offset bigint NOT NULL)`
 
 // fxConfig is a consumer of group that records (group, offset) per event.
 func fxConfig(group string, partitions int) Config {
 	hs := &Handlers{}
 	hs.HandleAll(SQLHandler(group, `INSERT INTO fx VALUES (@group_id, @partition_id, @c_offset)`))
-	return Config{GroupID: group, TotalPartitions: partitions, Handlers: hs, WaitPeriod: 500 * time.Millisecond}
+	return Config{GroupID: group, TotalPartitions: partitions, Handlers: hs, WaitPeriod: 500 * time.Millisecond, Schema: pgtest.Schema()}
 }
 
 // handledBy returns how many events group handled, and how many of them

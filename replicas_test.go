@@ -219,7 +219,7 @@ func TestRepartitionWhileProducing(t *testing.T) {
 		t.Fatalf("group at layout %d, want 2", n)
 	}
 	// A consumer configured with the old count now refuses to start.
-	c, err := NewConsumer(pool, Config{GroupID: "g", TotalPartitions: 8, Handlers: recordingHandlers()})
+	c, err := NewConsumer(pool, Config{GroupID: "g", TotalPartitions: 8, Handlers: recordingHandlers(), Schema: pgtest.Schema()})
 	if err != nil {
 		t.Fatal(err)
 	}
