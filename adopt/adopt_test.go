@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/adopt"
@@ -183,8 +184,8 @@ const handledTable = `CREATE TABLE public.handled (
 )`
 
 // consume runs a pgevents consumer of group on the adopted topic until the
-// test ends.
-func (s *seed) consume(group string) *pgevents.Consumer {
+// test ends, logging to log when given.
+func (s *seed) consume(group string, log ...*zerolog.Logger) *pgevents.Consumer {
 	s.t.Helper()
 	pc, err := pgevents.ParsePoolConfig(s.url)
 	if err != nil {
@@ -198,8 +199,12 @@ func (s *seed) consume(group string) *pgevents.Consumer {
 	hs := &pgevents.Handlers{}
 	hs.HandleAll(pgevents.SQLHandler(group, `INSERT INTO handled (group_id, c_offset, partition_id, event_id, host_id)
 VALUES (@group_id, @c_offset, @partition_id, @event_id::uuid, @host_id)`))
-	c, err := pgevents.NewConsumer(pool, pgevents.Config{GroupID: group, TotalPartitions: partitions, BatchSize: 7,
-		Schema: pgSchema, Handlers: hs, WaitPeriod: time.Second})
+	cfg := pgevents.Config{GroupID: group, TotalPartitions: partitions, BatchSize: 7,
+		Schema: pgSchema, Handlers: hs, WaitPeriod: time.Second}
+	if len(log) > 0 {
+		cfg.Logger = log[0]
+	}
+	c, err := pgevents.NewConsumer(pool, cfg)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -521,5 +526,177 @@ SELECT gen_random_uuid(), $1::uuid, 'Produced', '{}', o FROM r`, s.hosts[rng.Int
 	if n := s.int(`SELECT count(*) FROM public.outbox_message_t o FULL JOIN pgevents.outbox_message_t m
 		ON m.topic_id = 1 AND m.c_offset = o.c_offset AND m.event_id = o.id WHERE o.id IS NULL OR m.event_id IS NULL`); n != 0 {
 		t.Fatalf("%d events of the old outbox and pgevents' log do not match one to one under the same offset", n)
+	}
+}
+
+// TestBridge runs old producers (seed-style inserts into the old outbox)
+// and new ones (pgevents.Append) side by side after adopt --bridge: every
+// old row reaches pgevents' log once, with its id, in the order of the old
+// offsets, one transaction id per old transaction; pgevents' consumer
+// handles everything once, in order, and the old trigger's 'new_event'
+// notifications wake it without a warning each. After Unbridge, new old
+// rows no longer reach pgevents.
+func TestBridge(t *testing.T) {
+	t.Parallel()
+	s := newSeed(t)
+	s.produce(25)
+	for p := range partitions {
+		s.exec(`INSERT INTO public.consumer_offsets VALUES ('g', 1, $1, 1)`, p)
+	}
+	if _, err := adopt.Adopt(s.ctx, s.app, adopt.Options{Bridge: true}); err != nil {
+		t.Fatal(err)
+	}
+	s.exec(handledTable)
+	var logs syncLog
+	log := zerolog.New(&logs).Level(zerolog.InfoLevel)
+	s.consume("g", &log)
+
+	const txs = 80
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 2))
+			for i := range txs {
+				n := 1 + rng.IntN(3)
+				hosts := make([]string, n)
+				for k := range hosts {
+					hosts[k] = s.hosts[rng.IntN(len(s.hosts))]
+				}
+				var err error
+				if w < 2 { // old producers
+					_, err = s.app.Exec(context.Background(), `WITH r AS (
+    UPDATE log_counter SET next_offset = next_offset + $1 WHERE id = 1 RETURNING next_offset - $1 AS first
+)
+INSERT INTO outbox_message_t (id, host_id, event_type, payload, transaction_id, c_offset)
+SELECT gen_random_uuid(), u.h, 'Old', jsonb_build_object('i', $3::int), $4::uuid, r.first + u.ord - 1
+FROM r, unnest($2::uuid[]) WITH ORDINALITY AS u(h, ord)`, n, hosts, i, fmt.Sprintf("00000000-0000-4000-8000-%012d", w*1000+i))
+				} else { // a producer that moved to pgevents
+					evs := make([]pgevents.Event, n)
+					for k := range evs {
+						evs[k] = pgevents.Event{HostID: hosts[k], EventType: "New"}
+					}
+					_, err = pgevents.Append(s.ctx, s.app, evs...)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	total := s.int(`SELECT count(*) FROM pgevents.outbox_message_t WHERE topic_id = 1`)
+	waitCount(t, s, total)
+
+	if n := s.int(`SELECT count(*) FROM public.outbox_message_t o FULL JOIN pgevents.outbox_message_t m
+		ON m.topic_id = 1 AND m.event_id = o.id WHERE (o.id IS NULL AND m.event_type <> 'New') OR m.event_id IS NULL`); n != 0 {
+		t.Fatalf("%d rows of the old outbox are not in pgevents' log exactly once", n)
+	}
+	if n := s.int(`SELECT count(*) FROM (
+		SELECT o.c_offset AS old, lag(o.c_offset) OVER (ORDER BY m.c_offset) AS prev
+		FROM pgevents.outbox_message_t m JOIN public.outbox_message_t o ON o.id = m.event_id) x
+		WHERE old < prev`); n != 0 {
+		t.Fatalf("%d bridged events out of the old offsets' order", n)
+	}
+	if n := s.int(`SELECT count(*) FROM (SELECT o.transaction_id FROM public.outbox_message_t o
+		JOIN pgevents.outbox_message_t m ON m.event_id = o.id GROUP BY 1 HAVING count(DISTINCT m.transaction_id) > 1) x`); n != 0 {
+		t.Fatalf("%d old transactions have several transaction ids in pgevents' log", n)
+	}
+	var log2 []oldEvent
+	rows, err := s.app.Query(context.Background(), `SELECT c_offset, partition_id, event_id::text, host_id FROM pgevents.outbox_message_t WHERE topic_id = 1 ORDER BY c_offset`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log2, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (oldEvent, error) {
+		var e oldEvent
+		return e, r.Scan(&e.offset, &e.partition, &e.id, &e.host)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	checkHandled(t, "g", s.handled("g"), log2)
+	out := logs.String()
+	if n := strings.Count(out, "undecodable"); n != 0 {
+		t.Fatalf("%d warnings for the old trigger's notifications:\n%s", n, out)
+	}
+
+	if err := adopt.Unbridge(s.ctx, s.app, adopt.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	s.produce(3)
+	if n := s.int(`SELECT count(*) FROM pgevents.outbox_message_t WHERE topic_id = 1`); n != total {
+		t.Fatalf("after unbridge, pgevents' log grew from %d to %d", total, n)
+	}
+	if err := adopt.Unbridge(s.ctx, s.app, adopt.Options{}); err == nil {
+		t.Fatal("a second unbridge succeeded")
+	}
+}
+
+// syncLog is a log destination safe for concurrent writes.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestAdoptScript runs the SQL of --print as a team's migration tool
+// would: it adopts like Adopt, refuses a second run, and refuses, under its
+// own locks, a problem that arose after it was generated.
+func TestAdoptScript(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newSeed(t)
+	s.produce(40)
+	s.consumePartWay([]string{"a", "b"})
+	plan, err := adopt.Inspect(s.ctx, s.app, adopt.Options{})
+	if err != nil || len(plan.Problems) > 0 {
+		t.Fatalf("inspect: %v %v", err, plan.Problems)
+	}
+	script := plan.Script()
+	if !strings.HasPrefix(strings.TrimSpace(script[strings.Index(script, "BEGIN;"):]), "BEGIN;") || !strings.HasSuffix(script, "COMMIT;\n") {
+		t.Fatalf("the script is not one transaction:\n%s", script)
+	}
+	s.produce(5) // the script reads the tables when it runs, not when it was printed
+	if _, err := s.app.Exec(ctx, script); err != nil {
+		t.Fatalf("running the script: %v", err)
+	}
+	checkCopy(t, s)
+	if n, want := s.int(`SELECT next_offset FROM pgevents.log_counter WHERE topic_id = 1`), s.int(`SELECT next_offset FROM public.log_counter`); n != want {
+		t.Fatalf("counter at %d, want %d", n, want)
+	}
+	if n := s.int(`SELECT count(*) FROM pgevents.consumer_offsets`); n != 2*partitions {
+		t.Fatalf("%d positions, want %d", n, 2*partitions)
+	}
+	if _, err := s.app.Exec(ctx, script); err == nil || !strings.Contains(err.Error(), "adopted already") {
+		t.Fatalf("running the script twice: %v, want a refusal", err)
+	}
+
+	s2 := newSeed(t)
+	s2.produce(40)
+	for p := range partitions { // nothing handled: any hole is one a group needs
+		s2.exec(`INSERT INTO public.consumer_offsets VALUES ('a', 1, $1, 1)`, p)
+	}
+	plan2, err := adopt.Inspect(s2.ctx, s2.app, adopt.Options{})
+	if err != nil || len(plan2.Problems) > 0 {
+		t.Fatalf("inspect: %v %v", err, plan2.Problems)
+	}
+	s2.exec(`DELETE FROM public.outbox_message_t WHERE c_offset = (SELECT max(c_offset) FROM public.outbox_message_t)`)
+	if _, err := s2.app.Exec(ctx, plan2.Script()); err == nil || !strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("the script after a hole appeared: %v, want a refusal naming it", err)
+	}
+	if n := s2.int(`SELECT count(*) FROM pgevents.outbox_message_t`); n != 0 {
+		t.Fatalf("a refused script copied %d events", n)
 	}
 }
