@@ -21,19 +21,19 @@ const (
 	// events from the log, in the transaction that moves the group's
 	// position past it: the unit is either still ahead or dead-lettered,
 	// never dropped.
-	writeDeadLetterSQL = `INSERT INTO /*schema*/dead_letter_queue
+	writeDeadLetterSQL = `INSERT INTO {schema}dead_letter_queue
     (group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
      event_ids, host_ids, events, error, attempts, first_failed_at, last_failed_at, parked_hosts)
 SELECT $1, $2, $3, $4, $5, $6,
        array_agg(m.event_id ORDER BY m.c_offset), array_agg(DISTINCT m.host_id),
        jsonb_agg(to_jsonb(m) ORDER BY m.c_offset), $7, $8, $9, $10, $11
-FROM /*schema*/%[1]s m
+FROM {schema}%[1]s m
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
 RETURNING id, host_ids`
 
 	// parkHostsSQL parks hosts behind dead letter $5. A host already parked
 	// stays behind its first dead letter.
-	parkHostsSQL = `INSERT INTO /*schema*/parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
+	parkHostsSQL = `INSERT INTO {schema}parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
 SELECT $1, $2, $3, h, $5 FROM unnest($4::text[]) AS h
 ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
 
@@ -41,91 +41,91 @@ ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
 	// with a copy of each, and parks every host of the unit (a unit is
 	// handled whole, so all its hosts now wait behind the same dead letter).
 	parkEventsSQL = `WITH ev AS (
-    INSERT INTO /*schema*/parked_events (group_id, topic_id, partition_id, c_offset, dead_letter_id, event)
+    INSERT INTO {schema}parked_events (group_id, topic_id, partition_id, c_offset, dead_letter_id, event)
     SELECT $1, $2, $3, m.c_offset, $6, to_jsonb(m)
-    FROM /*schema*/%[1]s m
+    FROM {schema}%[1]s m
     WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
     RETURNING (event->>'host_id') AS host_id
 )
-INSERT INTO /*schema*/parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
+INSERT INTO {schema}parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
 SELECT DISTINCT $1, $2, $3, host_id, $6::bigint FROM ev
 ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
 
 	// parkedSQL lists the partition's parked hosts. Queued right after the
 	// claim, it reads them under the partition's lock.
-	parkedSQL = `SELECT host_id, dead_letter_id FROM /*schema*/parked_hosts
+	parkedSQL = `SELECT host_id, dead_letter_id FROM {schema}parked_hosts
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 
-	haltSQL = `INSERT INTO /*schema*/partition_halts (group_id, topic_id, partition_id, c_offset, reason)
+	haltSQL = `INSERT INTO {schema}partition_halts (group_id, topic_id, partition_id, c_offset, reason)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (group_id, topic_id, partition_id)
 DO UPDATE SET c_offset = excluded.c_offset, reason = excluded.reason, halted_at = now()`
 
-	haltsSQL = `SELECT partition_id, c_offset, reason FROM /*schema*/partition_halts WHERE group_id = $1 AND topic_id = $2`
+	haltsSQL = `SELECT partition_id, c_offset, reason FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2`
 
-	unhaltSQL = `DELETE FROM /*schema*/partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
+	unhaltSQL = `DELETE FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 
 	// lockPositionSQL takes a partition's lock for the dead-letter admin.
-	lockPositionSQL = `SELECT next_offset FROM /*schema*/consumer_offsets
+	lockPositionSQL = `SELECT next_offset FROM {schema}consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 FOR UPDATE`
 
 	deadLetterColumns = `id, group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
        event_ids::text[], host_ids, error, attempts, first_failed_at, last_failed_at, parked_hosts, created_at,
-       (SELECT count(*) FROM /*schema*/parked_events p WHERE p.dead_letter_id = d.id)`
+       (SELECT count(*) FROM {schema}parked_events p WHERE p.dead_letter_id = d.id)`
 
 	listDeadLettersSQL = `SELECT ` + deadLetterColumns + `
-FROM /*schema*/dead_letter_queue d
+FROM {schema}dead_letter_queue d
 WHERE ($1 = '' OR group_id = $1)
 ORDER BY id`
 
 	getDeadLetterSQL = `SELECT ` + deadLetterColumns + `, events
-FROM /*schema*/dead_letter_queue d WHERE id = $1`
+FROM {schema}dead_letter_queue d WHERE id = $1`
 
-	parkedEventsSQL = `SELECT event FROM /*schema*/parked_events WHERE dead_letter_id = $1 ORDER BY id`
+	parkedEventsSQL = `SELECT event FROM {schema}parked_events WHERE dead_letter_id = $1 ORDER BY id`
 
 	// groupLayoutSharedSQL keeps the group's layout from changing
 	// (SwitchLayout and Place lock the row FOR UPDATE) until the
 	// transaction ends, and reads it. It is a statement of its own: locked
 	// in a join, a row updated meanwhile by a switch would be re-checked
 	// against the old layout's row, and nothing returned.
-	groupLayoutSharedSQL = `SELECT version FROM /*schema*/group_layouts WHERE group_id = $1 AND topic_id = $2 FOR SHARE`
+	groupLayoutSharedSQL = `SELECT version FROM {schema}group_layouts WHERE group_id = $1 AND topic_id = $2 FOR SHARE`
 
-	layoutPartitionsSQL = `SELECT total_partitions FROM /*schema*/topic_layouts WHERE topic_id = $1 AND version = $2`
+	layoutPartitionsSQL = `SELECT total_partitions FROM {schema}topic_layouts WHERE topic_id = $1 AND version = $2`
 
 	// lockGroupPositionsSQL takes every partition's lock of the group, in
 	// ascending order (a worker holds one at a time, so no deadlock).
-	lockGroupPositionsSQL = `SELECT partition_id FROM /*schema*/consumer_offsets
+	lockGroupPositionsSQL = `SELECT partition_id FROM {schema}consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
 
 	// groupParkedSQL lists the group's parked events in the order they were
 	// parked, which is each host's order.
-	groupParkedSQL = `SELECT id, dead_letter_id, event FROM /*schema*/parked_events
+	groupParkedSQL = `SELECT id, dead_letter_id, event FROM {schema}parked_events
 WHERE group_id = $1 AND topic_id = $2 ORDER BY id`
 
 	// parkingDeadLettersSQL lists the group's dead letters whose hosts
 	// are parked behind them, oldest first.
-	parkingDeadLettersSQL = `SELECT id, host_ids FROM /*schema*/dead_letter_queue
+	parkingDeadLettersSQL = `SELECT id, host_ids FROM {schema}dead_letter_queue
 WHERE group_id = $1 AND topic_id = $2 AND parked_hosts ORDER BY id`
 
 	// clearParkedHostsSQL and parkHostsAtSQL rewrite the group's parked
 	// hosts, each in its partition of the group's layout ($5 partitions).
-	clearParkedHostsSQL = `DELETE FROM /*schema*/parked_hosts WHERE group_id = $1 AND topic_id = $2`
+	clearParkedHostsSQL = `DELETE FROM {schema}parked_hosts WHERE group_id = $1 AND topic_id = $2`
 
-	parkHostsAtSQL = `INSERT INTO /*schema*/parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
-SELECT $1, $2, /*schema*/event_partition(u.h, $5), u.h, u.dl FROM unnest($3::text[], $4::bigint[]) AS u(h, dl)`
+	parkHostsAtSQL = `INSERT INTO {schema}parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
+SELECT $1, $2, {schema}event_partition(u.h, $5), u.h, u.dl FROM unnest($3::text[], $4::bigint[]) AS u(h, dl)`
 
 	// reparkEventsSQL points parked events at the dead letter they now wait
 	// behind.
-	reparkEventsSQL = `UPDATE /*schema*/parked_events p SET dead_letter_id = u.dl
+	reparkEventsSQL = `UPDATE {schema}parked_events p SET dead_letter_id = u.dl
 FROM unnest($3::bigint[], $4::bigint[]) AS u(id, dl)
 WHERE p.group_id = $1 AND p.topic_id = $2 AND p.id = u.id AND p.dead_letter_id <> u.dl`
 
 	// releaseParkedSQL removes the parked events that were handled.
-	releaseParkedSQL = `DELETE FROM /*schema*/parked_events WHERE group_id = $1 AND topic_id = $2 AND id = ANY($3::bigint[])`
+	releaseParkedSQL = `DELETE FROM {schema}parked_events WHERE group_id = $1 AND topic_id = $2 AND id = ANY($3::bigint[])`
 
-	deleteDeadLetterSQL = `DELETE FROM /*schema*/dead_letter_queue WHERE id = $1`
+	deleteDeadLetterSQL = `DELETE FROM {schema}dead_letter_queue WHERE id = $1`
 
-	failedReplaySQL = `UPDATE /*schema*/dead_letter_queue
+	failedReplaySQL = `UPDATE {schema}dead_letter_queue
 SET attempts = attempts + 1, last_failed_at = now(), error = $2 WHERE id = $1`
 )
 

@@ -28,38 +28,38 @@ const (
 	// initGroupLayoutSQL starts a new group in the layout of the first
 	// retained event, the one initSQL starts its positions at (or in the
 	// current layout when the topic is empty).
-	initGroupLayoutSQL = `INSERT INTO /*schema*/group_layouts (group_id, topic_id, version)
+	initGroupLayoutSQL = `INSERT INTO {schema}group_layouts (group_id, topic_id, version)
 SELECT $1, $2, coalesce(
-    (SELECT max(l.version) FROM /*schema*/topic_layouts l WHERE l.topic_id = $2
-       AND l.from_offset <= (SELECT min(m.c_offset) FROM /*schema*/outbox_message_t m WHERE m.topic_id = $2)),
-    (SELECT max(l.version) FROM /*schema*/topic_layouts l WHERE l.topic_id = $2))
+    (SELECT max(l.version) FROM {schema}topic_layouts l WHERE l.topic_id = $2
+       AND l.from_offset <= (SELECT min(m.c_offset) FROM {schema}outbox_message_t m WHERE m.topic_id = $2)),
+    (SELECT max(l.version) FROM {schema}topic_layouts l WHERE l.topic_id = $2))
 ON CONFLICT (group_id, topic_id) DO NOTHING`
 
 	// groupLayoutSQL reads the group's layout and where each of its
 	// partitions ends: its first offset in the next layout, or NoLimit.
 	groupLayoutSQL = `SELECT g.version, l.total_partitions, l.from_offset,
-       (SELECT array_agg(coalesce(/*schema*/layout_cut(g.topic_id, g.version, p), 9223372036854775807) ORDER BY p)
+       (SELECT array_agg(coalesce({schema}layout_cut(g.topic_id, g.version, p), 9223372036854775807) ORDER BY p)
           FROM generate_series(0, l.total_partitions - 1) AS p)
-FROM /*schema*/group_layouts g
-JOIN /*schema*/topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
+FROM {schema}group_layouts g
+JOIN {schema}topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
 WHERE g.group_id = $1 AND g.topic_id = $2`
 
 	// switchLockSQL serialises layout switches of one group.
-	switchLockSQL = `SELECT version FROM /*schema*/group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
+	switchLockSQL = `SELECT version FROM {schema}group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
 
 	// lockPositionsSQL waits for the group's batches in flight and keeps
 	// new ones out until the switch commits.
-	lockPositionsSQL = `SELECT partition_id FROM /*schema*/consumer_offsets WHERE group_id = $1 AND topic_id = $2
+	lockPositionsSQL = `SELECT partition_id FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2
 ORDER BY partition_id FOR UPDATE`
 
 	// layoutDoneSQL says whether every partition of the group has handled
 	// every event of layout $3, up to the partition's cut.
 	layoutDoneSQL = `SELECT NOT EXISTS (
-    SELECT 1 FROM /*schema*/consumer_offsets o
+    SELECT 1 FROM {schema}consumer_offsets o
     WHERE o.group_id = $1 AND o.topic_id = $2
-      AND EXISTS (SELECT 1 FROM /*schema*/outbox_message_t m
+      AND EXISTS (SELECT 1 FROM {schema}outbox_message_t m
                   WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
-                    AND m.c_offset >= o.next_offset AND m.c_offset < /*schema*/layout_cut($2, $3, o.partition_id)))`
+                    AND m.c_offset >= o.next_offset AND m.c_offset < {schema}layout_cut($2, $3, o.partition_id)))`
 
 	// switchSQL moves the group to the next layout $4 of $3 partitions:
 	// positions at each partition's first offset in it, leases freed with a higher epoch (epochs never
@@ -68,36 +68,36 @@ ORDER BY partition_id FOR UPDATE`
 	// partition (a dead letter's unit may now span partitions: resolving it
 	// locks every partition of the group), and the group's version bumped.
 	switchSQL = `WITH drop_pos AS (
-    DELETE FROM /*schema*/consumer_offsets WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
+    DELETE FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
 ), move_pos AS (
-    UPDATE /*schema*/consumer_offsets SET next_offset = /*schema*/layout_start($2, $4, partition_id), updated_at = now()
+    UPDATE {schema}consumer_offsets SET next_offset = {schema}layout_start($2, $4, partition_id), updated_at = now()
     WHERE group_id = $1 AND topic_id = $2 AND partition_id < $3
 ), add_pos AS (
-    INSERT INTO /*schema*/consumer_offsets (group_id, topic_id, partition_id, next_offset)
-    SELECT $1, $2, p, /*schema*/layout_start($2, $4, p) FROM generate_series(0, $3 - 1) AS p
+    INSERT INTO {schema}consumer_offsets (group_id, topic_id, partition_id, next_offset)
+    SELECT $1, $2, p, {schema}layout_start($2, $4, p) FROM generate_series(0, $3 - 1) AS p
     ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING
 ), top_epoch AS (
-    SELECT coalesce(max(epoch), 0) AS e FROM /*schema*/partition_leases WHERE group_id = $1 AND topic_id = $2
+    SELECT coalesce(max(epoch), 0) AS e FROM {schema}partition_leases WHERE group_id = $1 AND topic_id = $2
 ), drop_leases AS (
-    DELETE FROM /*schema*/partition_leases WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
+    DELETE FROM {schema}partition_leases WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
 ), free_leases AS (
-    UPDATE /*schema*/partition_leases SET owner = '', epoch = (SELECT e FROM top_epoch) + 1, expires_at = '-infinity'
+    UPDATE {schema}partition_leases SET owner = '', epoch = (SELECT e FROM top_epoch) + 1, expires_at = '-infinity'
     WHERE group_id = $1 AND topic_id = $2 AND partition_id < $3
 ), add_leases AS (
-    INSERT INTO /*schema*/partition_leases (group_id, topic_id, partition_id, epoch)
+    INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id, epoch)
     SELECT $1, $2, p, (SELECT e FROM top_epoch) + 1 FROM generate_series(0, $3 - 1) AS p
     ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING
 ), parked AS (
-    UPDATE /*schema*/parked_hosts SET partition_id = /*schema*/event_partition(host_id, $3)
+    UPDATE {schema}parked_hosts SET partition_id = {schema}event_partition(host_id, $3)
     WHERE group_id = $1 AND topic_id = $2
 ), parked_ev AS (
-    UPDATE /*schema*/parked_events SET partition_id = /*schema*/event_partition(event->>'host_id', $3)
+    UPDATE {schema}parked_events SET partition_id = {schema}event_partition(event->>'host_id', $3)
     WHERE group_id = $1 AND topic_id = $2
 ), dead AS (
-    UPDATE /*schema*/dead_letter_queue SET partition_id = /*schema*/event_partition(host_ids[1], $3)
+    UPDATE {schema}dead_letter_queue SET partition_id = {schema}event_partition(host_ids[1], $3)
     WHERE group_id = $1 AND topic_id = $2
 )
-UPDATE /*schema*/group_layouts SET version = version + 1, switched_at = now()
+UPDATE {schema}group_layouts SET version = version + 1, switched_at = now()
 WHERE group_id = $1 AND topic_id = $2`
 )
 
@@ -214,7 +214,7 @@ func SwitchLayout(ctx context.Context, db Beginner, group string, topic int, fro
 // is none.
 func NextLayout(ctx context.Context, q Querier, topic, version int) (Layout, bool, error) {
 	var l Layout
-	err := q.QueryRow(ctx, schema.SQL(ctx, `SELECT version, total_partitions, from_offset FROM /*schema*/topic_layouts
+	err := q.QueryRow(ctx, schema.SQL(ctx, `SELECT version, total_partitions, from_offset FROM {schema}topic_layouts
 WHERE topic_id = $1 AND version = $2`), topic, version+1).Scan(&l.Version, &l.Partitions, &l.From)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, false, nil

@@ -59,10 +59,10 @@ const (
 	// transaction; append_events reserves the offsets under the append
 	// lock (invariant 1) and returns them, here in one array, in the
 	// events' order.
-	appendSQL = `SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM /*schema*/append_events($1, $2) WITH ORDINALITY AS t(o, i)`
+	appendSQL = `SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM {schema}append_events($1, $2) WITH ORDINALITY AS t(o, i)`
 
 	// appendOneSQL appends one event (append_event), without the JSON array.
-	appendOneSQL = `SELECT /*schema*/append_event($1, $2, $3, $4, $5, $6)`
+	appendOneSQL = `SELECT {schema}append_event($1, $2, $3, $4, $5, $6)`
 
 	// nextOffsetsSQL reads the next offset of every partition the topic has
 	// had, element p+1 for partition p: the offset the next append to it
@@ -74,16 +74,16 @@ const (
 	// snapshot, taken before the next offset was read (and, for a sequence
 	// topic, before the append in flight it waited for committed), and that
 	// append's events would be skipped.
-	nextOffsetsSQL = `SELECT array_agg(/*schema*/partition_next_offset($1, pc.partition_id) ORDER BY pc.partition_id)
-FROM /*schema*/partition_counters pc WHERE pc.topic_id = $1`
+	nextOffsetsSQL = `SELECT array_agg({schema}partition_next_offset($1, pc.partition_id) ORDER BY pc.partition_id)
+FROM {schema}partition_counters pc WHERE pc.topic_id = $1`
 
 	// initSQL creates a group's positions for the partitions of its layout
 	// that have none (a group from before subscriptions): at the partition's
 	// first offset in the layout. An existing position is never moved.
-	initSQL = `INSERT INTO /*schema*/consumer_offsets (group_id, topic_id, partition_id, next_offset)
-SELECT $1, $2, p.partition_id, /*schema*/layout_start($2, g.version, p.partition_id)
+	initSQL = `INSERT INTO {schema}consumer_offsets (group_id, topic_id, partition_id, next_offset)
+SELECT $1, $2, p.partition_id, {schema}layout_start($2, g.version, p.partition_id)
 FROM unnest($3::integer[]) AS p(partition_id)
-JOIN /*schema*/group_layouts g ON g.group_id = $1 AND g.topic_id = $2
+JOIN {schema}group_layouts g ON g.group_id = $1 AND g.topic_id = $2
 ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 
 	// pendingSQL finds, without locking anything, the partitions among $3
@@ -91,12 +91,12 @@ ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 	// below the end of the partition in the group's layout $4), and the
 	// highest such offset: a cheap question asked before taking a lock.
 	pendingSQL = `SELECT o.partition_id, o.next_offset, h.max_offset, clock_timestamp()
-FROM /*schema*/consumer_offsets o
+FROM {schema}consumer_offsets o
 CROSS JOIN LATERAL (
     SELECT max(m.c_offset) AS max_offset
-    FROM /*schema*/outbox_message_t m
+    FROM {schema}outbox_message_t m
     WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
-      AND m.c_offset < coalesce(/*schema*/layout_cut($2, $4, o.partition_id), 9223372036854775807)
+      AND m.c_offset < coalesce({schema}layout_cut($2, $4, o.partition_id), 9223372036854775807)
 ) h
 WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = ANY($3::integer[])
   AND h.max_offset >= o.next_offset
@@ -122,14 +122,14 @@ SELECT -1, 0, 0, clock_timestamp()`
 	// locks nothing of other partitions (retention drops their segments
 	// meanwhile), and no routing through the log's partitions is paid.
 	claimSQL = `WITH o AS (
-    SELECT next_offset FROM /*schema*/consumer_offsets
+    SELECT next_offset FROM {schema}consumer_offsets
     WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
     FOR UPDATE
 )
 SELECT ` + eventColumns + `
-FROM /*schema*/%[1]s m
+FROM {schema}%[1]s m
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= (SELECT next_offset FROM o)
-  AND m.c_offset < coalesce(/*schema*/layout_cut($2, $5, $3), 9223372036854775807)
+  AND m.c_offset < coalesce({schema}layout_cut($2, $5, $3), 9223372036854775807)
 ORDER BY m.c_offset
 LIMIT $4`
 
@@ -137,7 +137,7 @@ LIMIT $4`
 	// continuation of a producer transaction larger than the batch, read in
 	// chunks under the claim's lock. %[1]s is the partition's table.
 	fetchSQL = `SELECT ` + eventColumns + `
-FROM /*schema*/%[1]s m
+FROM {schema}%[1]s m
 WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset > $3 AND m.c_offset < $5
 ORDER BY m.c_offset
 LIMIT $4`
@@ -150,9 +150,9 @@ LIMIT $4`
 	// after this check cannot have handled anything yet, since its claim
 	// waits for this transaction's lock on the offsets row. The update is
 	// HOT: no index covers next_offset or updated_at.
-	commitSQL = `UPDATE /*schema*/consumer_offsets SET next_offset = $4, updated_at = now()
+	commitSQL = `UPDATE {schema}consumer_offsets SET next_offset = $4, updated_at = now()
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
-  AND EXISTS (SELECT 1 FROM /*schema*/partition_leases l
+  AND EXISTS (SELECT 1 FROM {schema}partition_leases l
               WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = $3
                 AND l.owner = $5 AND l.epoch = $6)`
 
@@ -164,16 +164,16 @@ WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
 	// leaseHeldSQL says, in the claim's round trip, whether the replica
 	// still owns the lease, so that a replica that lost it stops before
 	// running handlers.
-	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM /*schema*/partition_leases
+	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM {schema}partition_leases
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5)`
 
 	// initLeasesSQL creates the free lease rows of the group's partitions.
-	initLeasesSQL = `INSERT INTO /*schema*/partition_leases (group_id, topic_id, partition_id)
+	initLeasesSQL = `INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id)
 SELECT $1, $2, p FROM unnest($3::integer[]) AS p
 ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 
 	// positionSQL reads a group's position in a partition.
-	positionSQL = `SELECT next_offset FROM /*schema*/consumer_offsets
+	positionSQL = `SELECT next_offset FROM {schema}consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 )
 

@@ -20,8 +20,8 @@ const (
        extract(epoch FROM r.max_retention)::float8,
        extract(epoch FROM r.zero_subscription_retention)::float8,
        clock_timestamp(),
-       (SELECT count(*) FROM /*schema*/subscriptions s WHERE s.topic_id = $1 AND s.state <> 'CANCELLED')
-FROM /*schema*/topic_retention r
+       (SELECT count(*) FROM {schema}subscriptions s WHERE s.topic_id = $1 AND s.state <> 'CANCELLED')
+FROM {schema}topic_retention r
 WHERE r.topic_id = $1`
 
 	// unhandledFromSQL is, for each group of the topic and partition $2,
@@ -33,12 +33,12 @@ WHERE r.topic_id = $1`
 	// belong to layouts the group has finished.
 	unhandledFromSQL = `SELECT gl.group_id, s.state,
        CASE WHEN $2 < l.total_partitions
-            THEN greatest(coalesce(o.next_offset, 0), /*schema*/layout_start($1, gl.version, $2))
-            ELSE /*schema*/layout_start($1, gl.version, $2) END AS from_offset
-FROM /*schema*/group_layouts gl
-JOIN /*schema*/topic_layouts l ON l.topic_id = gl.topic_id AND l.version = gl.version
-LEFT JOIN /*schema*/subscriptions s ON s.group_id = gl.group_id AND s.topic_id = gl.topic_id
-LEFT JOIN /*schema*/consumer_offsets o ON o.group_id = gl.group_id AND o.topic_id = gl.topic_id AND o.partition_id = $2
+            THEN greatest(coalesce(o.next_offset, 0), {schema}layout_start($1, gl.version, $2))
+            ELSE {schema}layout_start($1, gl.version, $2) END AS from_offset
+FROM {schema}group_layouts gl
+JOIN {schema}topic_layouts l ON l.topic_id = gl.topic_id AND l.version = gl.version
+LEFT JOIN {schema}subscriptions s ON s.group_id = gl.group_id AND s.topic_id = gl.topic_id
+LEFT JOIN {schema}consumer_offsets o ON o.group_id = gl.group_id AND o.topic_id = gl.topic_id AND o.partition_id = $2
 WHERE gl.topic_id = $1`
 
 	// watermarkSQL is the lowest offset of partition $2 an ACTIVE or PAUSED
@@ -49,7 +49,7 @@ WHERE gl.topic_id = $1`
 	watermarkSQL = `SELECT min(f.c_offset)
 FROM (` + unhandledFromSQL + `) g
 CROSS JOIN LATERAL (
-    SELECT m.c_offset FROM /*schema*/outbox_message_t m
+    SELECT m.c_offset FROM {schema}outbox_message_t m
     WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset >= g.from_offset
     ORDER BY m.c_offset LIMIT 1
 ) f
@@ -73,11 +73,11 @@ UNION ALL
 SELECT NULL, 0, NULL, NULL, (` + positionsPrintSQL + `)`
 
 	// recordSkipsSQL records what a group loses with the segment.
-	recordSkipsSQL = `INSERT INTO /*schema*/retention_skips (group_id, topic_id, partition_id, skipped, first_offset, last_offset, reason)
+	recordSkipsSQL = `INSERT INTO {schema}retention_skips (group_id, topic_id, partition_id, skipped, first_offset, last_offset, reason)
 SELECT u.g, $1, u.p, u.n, u.lo, u.hi, $2
 FROM unnest($3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::bigint[]) AS u(g, p, n, lo, hi)`
 
-	removedSQL = `UPDATE /*schema*/topic_retention SET removed_below = greatest(removed_below, $2), removed_at = now()
+	removedSQL = `UPDATE {schema}topic_retention SET removed_below = greatest(removed_below, $2), removed_at = now()
 WHERE topic_id = $1`
 )
 

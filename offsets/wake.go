@@ -30,28 +30,28 @@ import (
 const (
 	// markWaitingSQL sets the partition's waiting flag (autocommit: it
 	// must be visible before the wait).
-	markWaitingSQL = `UPDATE /*schema*/partition_counters SET waiting = true
+	markWaitingSQL = `UPDATE {schema}partition_counters SET waiting = true
 WHERE topic_id = $1 AND partition_id = $2 AND NOT waiting`
 
 	// waitAppendsCounterSQL waits for the appends holding the topic's
 	// counter row (scope 'topic', allocation 'counter').
-	waitAppendsCounterSQL = `SELECT 1 FROM /*schema*/log_counter WHERE topic_id = $1 FOR SHARE`
+	waitAppendsCounterSQL = `SELECT 1 FROM {schema}log_counter WHERE topic_id = $1 FOR SHARE`
 
 	// waitAppendsAdvisorySQL waits for the appends holding the topic's
 	// advisory append lock (allocation 'sequence').
-	waitAppendsAdvisorySQL = `SELECT pg_advisory_xact_lock_shared(/*schema*/append_lock_key($1))`
+	waitAppendsAdvisorySQL = `SELECT pg_advisory_xact_lock_shared({schema}append_lock_key($1))`
 
 	// waitAppendsPartitionSQL waits for the appends holding the partition's
 	// counter row (scope 'partition').
-	waitAppendsPartitionSQL = `SELECT 1 FROM /*schema*/partition_counters WHERE topic_id = $1 AND partition_id = $2 FOR SHARE`
+	waitAppendsPartitionSQL = `SELECT 1 FROM {schema}partition_counters WHERE topic_id = $1 AND partition_id = $2 FOR SHARE`
 
 	// idleCheckSQL returns the partition's highest offset beyond the
 	// group's position in its layout $4, or NULL. %[1]s is the partition's
 	// table.
-	idleCheckSQL = `SELECT max(m.c_offset) FROM /*schema*/%[1]s m
-JOIN /*schema*/consumer_offsets o ON o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3
+	idleCheckSQL = `SELECT max(m.c_offset) FROM {schema}%[1]s m
+JOIN {schema}consumer_offsets o ON o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= o.next_offset
-  AND m.c_offset < coalesce(/*schema*/layout_cut($2, $4, $3), 9223372036854775807)`
+  AND m.c_offset < coalesce({schema}layout_cut($2, $4, $3), 9223372036854775807)`
 )
 
 // Idle runs the wake-up protocol of a worker of group that found nothing

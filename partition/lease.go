@@ -23,7 +23,7 @@ import (
 // client: a replica frozen mid-heartbeat holds no lease row locked.
 const (
 	// registerSQL records the replica as live until now + lease.
-	registerSQL = `INSERT INTO /*schema*/consumer_replicas (group_id, topic_id, replica_id, mode, hostname, pid, expires_at)
+	registerSQL = `INSERT INTO {schema}consumer_replicas (group_id, topic_id, replica_id, mode, hostname, pid, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + $7::interval)
 ON CONFLICT (group_id, topic_id, replica_id)
 DO UPDATE SET heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at, mode = excluded.mode`
@@ -31,7 +31,7 @@ DO UPDATE SET heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at
 	// renewSQL extends every lease the replica owns, expired or not: a lease
 	// still owned was taken by nobody (taking it changes the owner), so it
 	// is safe to keep. It returns what the replica holds.
-	renewSQL = `UPDATE /*schema*/partition_leases
+	renewSQL = `UPDATE {schema}partition_leases
 SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + $4::interval
 WHERE group_id = $1 AND topic_id = $2 AND owner = $3
 RETURNING partition_id, epoch`
@@ -39,7 +39,7 @@ RETURNING partition_id, epoch`
 	// liveReplicasSQL lists the live auto-mode replicas, in id order: the
 	// order that decides who holds one partition more when they do not
 	// divide evenly.
-	liveReplicasSQL = `SELECT replica_id FROM /*schema*/consumer_replicas
+	liveReplicasSQL = `SELECT replica_id FROM {schema}consumer_replicas
 WHERE group_id = $1 AND topic_id = $2 AND mode = 'auto' AND expires_at > clock_timestamp()
 ORDER BY replica_id`
 
@@ -55,14 +55,14 @@ ORDER BY replica_id`
 	acquireSQL = `WITH sync AS (
     SELECT set_config('synchronous_commit', 'on', true)
 ), cand AS (
-    SELECT partition_id, owner AS prev_owner FROM /*schema*/partition_leases
+    SELECT partition_id, owner AS prev_owner FROM {schema}partition_leases
     WHERE group_id = $1 AND topic_id = $2 AND partition_id = ANY($4::integer[])
       AND (owner = '' OR expires_at <= clock_timestamp())
     ORDER BY partition_id
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
-UPDATE /*schema*/partition_leases l
+UPDATE {schema}partition_leases l
 SET owner = $3, epoch = l.epoch + 1, acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
     expires_at = clock_timestamp() + $6::interval
 FROM cand CROSS JOIN sync
@@ -70,16 +70,16 @@ WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = cand.partition_id
 RETURNING l.partition_id, l.epoch, cand.prev_owner`
 
 	// releaseSQL frees a lease the replica owns with that epoch.
-	releaseSQL = `UPDATE /*schema*/partition_leases SET owner = '', expires_at = clock_timestamp()
+	releaseSQL = `UPDATE {schema}partition_leases SET owner = '', expires_at = clock_timestamp()
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5`
 
 	// releaseAllSQL frees every lease of the replica and removes it from
 	// the live replicas, at shutdown: the others take over at once instead
 	// of after the lease expires.
 	releaseAllSQL = `WITH r AS (
-    DELETE FROM /*schema*/consumer_replicas WHERE group_id = $1 AND topic_id = $2 AND replica_id = $3
+    DELETE FROM {schema}consumer_replicas WHERE group_id = $1 AND topic_id = $2 AND replica_id = $3
 )
-UPDATE /*schema*/partition_leases SET owner = '', expires_at = clock_timestamp()
+UPDATE {schema}partition_leases SET owner = '', expires_at = clock_timestamp()
 WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 
 	// fenceSQL ends the previous owner's batch, frozen or cut off, if it
@@ -92,7 +92,7 @@ WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 	// is ended: the row may also be locked by a dead-letter replay, an
 	// offsets reset or a layout switch, which are not the stale owner's.
 	fenceSQL = `SELECT count(pg_terminate_backend(a.pid))
-FROM /*schema*/consumer_offsets o
+FROM {schema}consumer_offsets o
 JOIN pg_stat_activity a ON a.backend_xid = o.xmax
 WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3 AND a.pid <> pg_backend_pid()
   AND a.application_name = $4`

@@ -36,10 +36,13 @@ import (
 // Marker is written before the name of every pgevents object in the
 // statements of pgevents' packages, as in
 //
-//	SELECT next_offset FROM /*schema*/consumer_offsets WHERE ...
+//	SELECT next_offset FROM {schema}consumer_offsets WHERE ...
 //
-// SQL replaces it with the quoted schema and a dot, or with nothing.
-const Marker = "/*schema*/"
+// SQL replaces it with the quoted schema and a dot, or with nothing. It is
+// not valid SQL: a statement that reaches the server without going through
+// SQL fails at once, whatever the schema, instead of finding another table
+// of the same name.
+const Marker = "{schema}"
 
 type nameKey struct{}
 

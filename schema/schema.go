@@ -75,15 +75,15 @@ const (
 	// is released when the migrating transaction ends.
 	lockSQL = `SELECT pg_advisory_xact_lock(hashtext('pgevents.schema.migrate'))`
 
-	versionTableSQL = `CREATE TABLE IF NOT EXISTS /*schema*/pgevents_schema_migrations (
+	versionTableSQL = `CREATE TABLE IF NOT EXISTS {schema}pgevents_schema_migrations (
     version    integer     PRIMARY KEY,
     name       text        NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )`
 
-	currentVersionSQL = `SELECT coalesce(max(version), 0) FROM /*schema*/pgevents_schema_migrations`
+	currentVersionSQL = `SELECT coalesce(max(version), 0) FROM {schema}pgevents_schema_migrations`
 
-	recordVersionSQL = `INSERT INTO /*schema*/pgevents_schema_migrations (version, name) VALUES ($1, $2)`
+	recordVersionSQL = `INSERT INTO {schema}pgevents_schema_migrations (version, name) VALUES ($1, $2)`
 
 	// pinSQL pins the search_path of pgevents' PL/pgSQL functions to the
 	// schema they live in (current_schema(), where the migrations created
@@ -243,7 +243,7 @@ func ScriptIn(name string, from int) string {
 // pgevents was never migrated there.
 func Version(ctx context.Context, db DB) (int, error) {
 	var exists bool
-	if err := db.QueryRow(ctx, SQL(ctx, `SELECT to_regclass('/*schema*/pgevents_schema_migrations') IS NOT NULL`)).Scan(&exists); err != nil {
+	if err := db.QueryRow(ctx, SQL(ctx, `SELECT to_regclass('{schema}pgevents_schema_migrations') IS NOT NULL`)).Scan(&exists); err != nil {
 		return 0, fmt.Errorf("schema: version: %w", err)
 	}
 	if !exists {
