@@ -284,7 +284,9 @@ func TestSequenceTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	appendSome(60)
-	waitHandled(t, pool, committed.Load(), 20*time.Second)
+	// The new partitions' tables come with the next maintenance pass (every
+	// 10 s), and their workers' retries back off meanwhile.
+	waitHandled(t, pool, committed.Load(), 60*time.Second)
 	checkHandled(t, pool)
 	if gaps := queryInt(t, pool, `SELECT max(c_offset) - count(*) FROM outbox_message_t`); gaps == 0 {
 		t.Fatal("no gap in the offsets: the test did not exercise the sequence allocation")

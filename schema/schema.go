@@ -159,6 +159,12 @@ func Migrate(ctx context.Context, db DB) ([]int, error) {
 	if _, err := tx.Exec(ctx, lockSQL); err != nil {
 		return nil, fmt.Errorf("schema: lock: %w", err)
 	}
+	// The search_path the caller's transaction had, for after (Migrate may
+	// run in a savepoint of the caller's own transaction).
+	var path string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
 	for _, stmt := range enterSchema(Name(ctx)) {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return nil, fmt.Errorf("schema: schema %s: %w", Name(ctx), err)
@@ -188,6 +194,11 @@ func Migrate(ctx context.Context, db DB) ([]int, error) {
 	}
 	if _, err := tx.Exec(ctx, pinStatement()); err != nil {
 		return nil, fmt.Errorf("schema: pin the functions' search_path: %w", err)
+	}
+	if Name(ctx) != "" {
+		if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, path); err != nil {
+			return nil, fmt.Errorf("schema: %w", err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("schema: commit: %w", err)
