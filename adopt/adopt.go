@@ -444,10 +444,7 @@ WHERE c.oid = to_regclass($1)`, schema.SQL(ctx, schema.Marker+"pgevents_schema_m
 // readPartitions sets the partition count from the options or from the
 // old consumer_offsets.
 func (p *Plan) readPartitions(ctx context.Context, db DB, n names) error {
-	if p.Options.Partitions > 0 {
-		p.PartitionsFrom = "--partitions"
-		return nil
-	}
+	given := p.Options.Partitions
 	rows, err := db.Query(ctx, `SELECT group_id::text, array_agg(partition_id ORDER BY partition_id)
 FROM `+n.offsets+` WHERE topic_id = $1 GROUP BY 1 ORDER BY 1`, p.Options.OldTopic)
 	if err != nil {
@@ -466,23 +463,45 @@ FROM `+n.offsets+` WHERE topic_id = $1 GROUP BY 1 ORDER BY 1`, p.Options.OldTopi
 	}); err != nil {
 		return fmt.Errorf("adopt: partitions: %w", err)
 	}
-	if len(order) == 0 {
+	inferred, why := inferPartitions(order, seen)
+	switch {
+	case given > 0:
+		p.PartitionsFrom = "--partitions"
+		// Every group in exactly 0..k-1 says k: a count that differs would
+		// send hosts to other partitions than the positions are for.
+		if inferred > 0 && inferred != given {
+			p.Problems = append(p.Problems, fmt.Sprintf("every group has positions in %s in exactly partitions 0..%d: the old consumers ran with %d partitions, not --partitions %d",
+				n.offsets, inferred-1, inferred, given))
+		}
+		return nil
+	case inferred == 0 && len(order) == 0:
 		return &PartitionsUnknownError{Why: fmt.Sprintf("%s holds no position of topic_id %d", n.offsets, p.Options.OldTopic)}
+	case inferred == 0:
+		return &PartitionsUnknownError{Why: why}
+	}
+	p.Options.Partitions = inferred
+	p.PartitionsFrom = n.offsets
+	return nil
+}
+
+// inferPartitions returns N when every group has positions in exactly the
+// partitions 0..N-1, or 0 and why not.
+func inferPartitions(order []string, seen map[string][]int32) (int, string) {
+	if len(order) == 0 {
+		return 0, "no group has a position"
 	}
 	first := seen[order[0]]
 	for i, part := range first {
 		if int(part) != i {
-			return &PartitionsUnknownError{Why: fmt.Sprintf("group %q has positions in partitions %v, not 0..N-1", order[0], first)}
+			return 0, fmt.Sprintf("group %q has positions in partitions %v, not 0..N-1", order[0], first)
 		}
 	}
 	for _, g := range order[1:] {
 		if !slices.Equal(seen[g], first) {
-			return &PartitionsUnknownError{Why: fmt.Sprintf("group %q has positions in partitions %v and group %q in %v", order[0], first, g, seen[g])}
+			return 0, fmt.Sprintf("group %q has positions in partitions %v and group %q in %v", order[0], first, g, seen[g])
 		}
 	}
-	p.Options.Partitions = len(first)
-	p.PartitionsFrom = n.offsets
-	return nil
+	return len(first), ""
 }
 
 // check runs the checks (checkSQL) and reads the counts.
@@ -498,10 +517,12 @@ func (p *Plan) check(ctx context.Context, db DB, n names, adoptions bool) error 
 		}
 		adoptions = exists
 	}
-	err := db.QueryRow(ctx, p.checkSQL(n, adoptions)).Scan(&next, &p.Events, &p.Unoffset, &lo, &hi, &adopted, &p.Problems)
+	var problems []string
+	err := db.QueryRow(ctx, p.checkSQL(n, adoptions)).Scan(&next, &p.Events, &p.Unoffset, &lo, &hi, &adopted, &problems)
 	if err != nil {
 		return fmt.Errorf("adopt: check: %w", err)
 	}
+	p.Problems = append(p.Problems, problems...)
 	if next != nil {
 		p.NextOffset = *next
 	}

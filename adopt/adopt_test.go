@@ -425,6 +425,7 @@ func TestAdoptRefuses(t *testing.T) {
 			s.exec(`UPDATE public.consumer_offsets SET next_offset = 100000 WHERE group_id = 'g1' AND partition_id = 0`)
 		}, adopt.Options{}, "beyond the counter"},
 		{"a partition beyond the count", func(s *seed) {}, adopt.Options{Partitions: 2}, "outside 0..1"},
+		{"a count the positions contradict", func(s *seed) {}, adopt.Options{Partitions: 8}, "ran with 4 partitions, not --partitions 8"},
 		{"another topic in consumer_offsets", func(s *seed) {
 			s.exec(`INSERT INTO public.consumer_offsets VALUES ('g1', 2, 0, 1)`)
 		}, adopt.Options{Partitions: partitions}, "topic_id other than 1"},
