@@ -371,7 +371,7 @@ func (p *Plan) expr(col string) string {
 	panic("adopt: no mapping for " + col)
 }
 
-// Plan reads what an adoption would do, without locking or writing
+// Inspect reads what an adoption would do, without locking or writing
 // anything: the old tables' columns and where they go, the partition
 // count, the counts, the groups and their positions, and the problems that
 // would make it refuse. Counts may change before Adopt runs, which checks

@@ -43,10 +43,10 @@
 // table that appends every row inserted from then on, in the inserting
 // transaction, to pgevents' log (same event_id, offsets in the old order),
 // for producers that cannot move to append_event on the day: the old
-// consumers and pgevents' run side by side until the producers have moved
+// consumers and pgevents' consumers run side by side until the producers have moved
 // and Unbridge removes it. Every event is then written twice.
 //
-// Plan inspects the tables without locking or writing anything (a dry run);
+// Inspect reads the tables without locking or writing anything (a dry run);
 // Plan.Script returns the SQL of the adoption for a team's own migration
 // tool; Adopt runs it.
 package adopt
