@@ -144,6 +144,12 @@ type Config struct {
 	// topic) creates the log's next segments, marks dead subscriptions and
 	// applies retention; default 10 s.
 	MaintenanceInterval time.Duration
+	// Schema is the schema pgevents lives in (where `consumer migrate`
+	// with the same schema created it): every statement of the consumer
+	// names pgevents' objects in it, so that handlers, which run on the
+	// consumer's connections, still see the application's tables through
+	// the search_path. Default "": the first schema of the search_path.
+	Schema string
 }
 
 // ErrSubscriptionCancelled is returned by Run when the group's subscription
@@ -245,6 +251,11 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	}
 	if cfg.GroupID == "" {
 		return nil, errors.New("pgevents: GroupID is required")
+	}
+	if cfg.Schema != "" {
+		if err := schema.ValidName(cfg.Schema); err != nil {
+			return nil, fmt.Errorf("pgevents: Schema: %w", err)
+		}
 	}
 	if cfg.TopicID == 0 {
 		cfg.TopicID = DefaultTopic
@@ -408,6 +419,7 @@ func (c *Consumer) ReplicaID() string { return c.replicaID }
 // error when the consumer cannot start, or when the topic's partition count
 // differs from the configuration (*PartitionMismatchError).
 func (c *Consumer) Run(ctx context.Context) error {
+	ctx = schema.WithName(ctx, c.cfg.Schema)
 	topic, err := schema.LookupTopic(ctx, c.pool, c.cfg.TopicID)
 	if err != nil {
 		return fmt.Errorf("pgevents: %w", err)

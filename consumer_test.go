@@ -302,7 +302,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 func TestRunRefusesPartitionMismatch(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, 8)
-	c, err := NewConsumer(pool, Config{GroupID: "g", TotalPartitions: 6, Handlers: recordingHandlers()})
+	c, err := NewConsumer(pool, Config{GroupID: "g", TotalPartitions: 6, Handlers: recordingHandlers(), Schema: pgtest.Schema()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,10 +386,10 @@ func TestNoEmptyClaims(t *testing.T) {
 // in order, one consumer transaction per producer transaction.
 func TestTwoWorkersRaceForOneOffsetsRow(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
+	ctx := pgtest.Context(context.Background()) // the workers run outside Run, which names the schema
 	pool := newTopic(t, 1)
 	mustExec(t, pool, handledTable)
-	c, err := NewConsumer(consumerPool(t, pool, 2), Config{GroupID: "g", TotalPartitions: 1, BatchSize: 7, Handlers: recordingHandlers()})
+	c, err := NewConsumer(consumerPool(t, pool, 2), Config{GroupID: "g", TotalPartitions: 1, BatchSize: 7, Handlers: recordingHandlers(), Schema: pgtest.Schema()})
 	if err != nil {
 		t.Fatal(err)
 	}

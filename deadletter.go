@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // DeadLetter is a unit that failed permanently, as recorded in
@@ -54,6 +55,7 @@ func (c *Consumer) DiscardDeadLetter(ctx context.Context, id int64) (int, error)
 }
 
 func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool) (int, error) {
+	ctx = schema.WithName(ctx, c.cfg.Schema)
 	d, err := offsets.GetDeadLetter(ctx, c.pool, id)
 	if err != nil {
 		return 0, err

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Event is one event of the log. Append reads TopicID, HostID, UserID,
@@ -36,6 +37,16 @@ type appendItem struct {
 	Metadata  json.RawMessage `json:"metadata,omitempty"`
 }
 
+// WithSchema returns a context under which Append, AppendCommit and every
+// other function of pgevents name pgevents' objects in schema name, where
+// `consumer migrate` installed them with the configuration key schema:
+// producers whose search_path does not include that schema append with
+// it. "" (or a context without it) means the first schema of the
+// search_path. name must be a lowercase identifier (schema.ValidName).
+func WithSchema(ctx context.Context, name string) context.Context {
+	return schema.WithName(ctx, name)
+}
+
 // Append appends events in q's transaction and returns their offsets, in the
 // order given. Events of one topic take one round trip and receive
 // consecutive offsets (consecutive per partition under offset scope
@@ -57,7 +68,7 @@ func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 	}
 	out := make([]int64, len(events))
 	for i := range stmts {
-		if err := stmts[i].scan(q.QueryRow(ctx, stmts[i].sql, stmts[i].args...), out); err != nil {
+		if err := stmts[i].scan(q.QueryRow(ctx, schema.SQL(ctx, stmts[i].sql), stmts[i].args...), out); err != nil {
 			return nil, err
 		}
 	}
@@ -80,7 +91,7 @@ func AppendCommit(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, err
 	}
 	var b pgx.Batch
 	for i := range stmts {
-		b.Queue(stmts[i].sql, stmts[i].args...)
+		b.Queue(schema.SQL(ctx, stmts[i].sql), stmts[i].args...)
 	}
 	b.Queue("COMMIT")
 	br := tx.SendBatch(ctx, &b)

@@ -113,7 +113,7 @@ func TestIdleHandlersDoNotLivelock(t *testing.T) {
 	cp := consumerPool(t, pool, 1, func(pc *pgxpool.Config) {
 		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "1000"
 	})
-	c, err := NewConsumer(cp, Config{GroupID: "g", TotalPartitions: 1, BatchSize: 50, HandlerTimeout: 400 * time.Millisecond, Handlers: hs})
+	c, err := NewConsumer(cp, Config{GroupID: "g", TotalPartitions: 1, BatchSize: 50, HandlerTimeout: 400 * time.Millisecond, Handlers: hs, Schema: pgtest.Schema()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestRefusesHandlerTimeoutBeyondIdleTimeout(t *testing.T) {
 	cp := consumerPool(t, pool, 1, func(pc *pgxpool.Config) {
 		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "1000"
 	})
-	c, err := NewConsumer(cp, Config{GroupID: "g", TotalPartitions: 1, HandlerTimeout: 2 * time.Second, Handlers: recordingHandlers()})
+	c, err := NewConsumer(cp, Config{GroupID: "g", TotalPartitions: 1, HandlerTimeout: 2 * time.Second, Handlers: recordingHandlers(), Schema: pgtest.Schema()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestSwallowedSQLErrorBlamesItsUnit(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, 1)
 	mustExec(t, pool, handledTable)
-	mustExec(t, pool, `CREATE TABLE uniq (k text PRIMARY KEY)`)
+	mustExec(t, pool, `CREATE TABLE public.uniq (k text PRIMARY KEY)`)
 	mustExec(t, pool, `INSERT INTO uniq VALUES ('taken')`)
 	record := SQLHandler("g", recordSQL)
 	hs := &Handlers{}
@@ -438,7 +438,7 @@ func TestTopicChannel(t *testing.T) {
 	if err := schema.SetChannel(ctx, pool, 1, "portal_events"); err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewConsumer(consumerPool(t, pool, 1), Config{GroupID: "g", TotalPartitions: 1, Handlers: recordingHandlers()})
+	c, err := NewConsumer(consumerPool(t, pool, 1), Config{GroupID: "g", TotalPartitions: 1, Handlers: recordingHandlers(), Schema: pgtest.Schema()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -554,7 +554,7 @@ func TestAppendCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newTopic(t, 2)
-	mustExec(t, pool, `CREATE TABLE business (k text PRIMARY KEY)`)
+	mustExec(t, pool, `CREATE TABLE public.business (k text PRIMARY KEY)`)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

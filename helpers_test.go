@@ -41,6 +41,9 @@ func startStoppableConsumer(t *testing.T, pool *pgxpool.Pool, cfg Config) (*Cons
 	if cfg.TotalPartitions == 0 {
 		cfg.TotalPartitions = 4
 	}
+	if cfg.Schema == "" {
+		cfg.Schema = pgtest.Schema()
+	}
 	if cfg.Logger == nil {
 		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(zerolog.WarnLevel).
 			With().Timestamp().Str("test", t.Name()).Logger()

@@ -183,7 +183,7 @@ type modelConsumer struct {
 }
 
 const (
-	modelHandledTable = `CREATE TABLE handled (
+	modelHandledTable = `CREATE TABLE public.handled (
     seq            bigint GENERATED ALWAYS AS IDENTITY,
     group_id       text NOT NULL,
     c_offset       bigint NOT NULL,
@@ -287,7 +287,7 @@ func (m *model) start(group string) *modelConsumer {
 		OnPermanentFailure: m.mc.policy, MaxAttempts: m.mc.maxAttempts, MaxDeadLetters: m.mc.breaker,
 		HandlerTimeout: 150 * time.Millisecond, RetryInitial: 5 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 		WaitPeriod: 500 * time.Millisecond, LeaseDuration: 400 * time.Millisecond, ShutdownTimeout: 2 * time.Second,
-		MaintenanceInterval: 100 * time.Millisecond, DeadAfter: time.Minute,
+		MaintenanceInterval: 100 * time.Millisecond, DeadAfter: time.Minute, Schema: pgtest.Schema(),
 	}
 	if group == "ghost" {
 		// The ghost never fails: a budget that a loaded machine cannot

@@ -219,7 +219,7 @@ func TestRepartitionWhileProducing(t *testing.T) {
 		t.Fatalf("group at layout %d, want 2", n)
 	}
 	// A consumer configured with the old count now refuses to start.
-	c, err := NewConsumer(pool, Config{GroupID: "g", TotalPartitions: 8, Handlers: recordingHandlers()})
+	c, err := NewConsumer(pool, Config{GroupID: "g", TotalPartitions: 8, Handlers: recordingHandlers(), Schema: pgtest.Schema()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,9 @@ func TestSequenceTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	appendSome(60)
-	waitHandled(t, pool, committed.Load(), 20*time.Second)
+	// The new partitions' tables come with the next maintenance pass (every
+	// 10 s), and their workers' retries back off meanwhile.
+	waitHandled(t, pool, committed.Load(), 60*time.Second)
 	checkHandled(t, pool)
 	if gaps := queryInt(t, pool, `SELECT max(c_offset) - count(*) FROM outbox_message_t`); gaps == 0 {
 		t.Fatal("no gap in the offsets: the test did not exercise the sequence allocation")

@@ -44,6 +44,18 @@ type Config struct {
 	// other.
 	DatabaseURL string `yaml:"databaseUrl"`
 
+	// Schema is the PostgreSQL schema pgevents lives in: `consumer migrate`
+	// creates every pgevents object there (creating the schema when
+	// missing), and every statement of every command names pgevents'
+	// objects in it, qualified, so that pgevents installs beside tables of
+	// the same names (an application's own log_counter or
+	// dead_letter_queue, say) and handlers still see the application's
+	// tables through the search_path. Defaults to "", the first schema of
+	// the search_path; otherwise it must satisfy [IsValidIdentifier] and
+	// not start with pg_. Top level only: every group of a process shares
+	// it.
+	Schema string `yaml:"schema"`
+
 	// GroupID names the consumer group whose offsets this process reads
 	// and commits. It is required and at most 200 characters long.
 	GroupID string `yaml:"groupId"`
@@ -541,6 +553,7 @@ func stringField(get func(c *Config) *string) topField {
 // topFields maps every known top-level key except handlers to its decoder.
 var topFields = map[string]topField{
 	"databaseUrl":       stringField(func(c *Config) *string { return &c.DatabaseURL }),
+	"schema":            stringField(func(c *Config) *string { return &c.Schema }),
 	"groupId":           stringField(func(c *Config) *string { return &c.GroupID }),
 	"topicId":           intField(func(c *Config) *int { return &c.TopicID }),
 	"batchSize":         intField(func(c *Config) *int { return &c.BatchSize }),
@@ -840,6 +853,10 @@ func (c *Config) problems() []*Error {
 
 	if c.DatabaseURL == "" {
 		add("databaseUrl", "is required: set databaseUrl or the %s environment variable", envDatabaseURL)
+	}
+	if c.Schema != "" && (!IsValidIdentifier(c.Schema) || strings.HasPrefix(c.Schema, "pg_")) {
+		add("schema", "must be a lowercase PostgreSQL identifier ([a-z_][a-z0-9_]*, at most %d bytes, not a reserved word, not starting with pg_), got %q",
+			maxIdentifierLen, c.Schema)
 	}
 	switch {
 	case len(c.Groups) > 0 && c.GroupID != "":

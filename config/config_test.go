@@ -46,6 +46,7 @@ func parseErr(t *testing.T, src string) *Error {
 
 const fullFile = `# every key
 databaseUrl: postgres://u:p@db:5432/app
+schema: pgevents
 groupId: billing
 topicId: 3
 batchSize: 250
@@ -96,6 +97,7 @@ func TestParseFullFile(t *testing.T) {
 	got := mustParse(t, fullFile)
 	want := &Config{
 		DatabaseURL:       "postgres://u:p@db:5432/app",
+		Schema:            "pgevents",
 		GroupID:           "billing",
 		TopicID:           3,
 		BatchSize:         250,
@@ -294,6 +296,9 @@ func TestParseErrors(t *testing.T) {
 		{"retention not a duration", head + "retention: forever\n", "retention", 3, "positive duration"},
 		{"offsetAllocation unknown", head + "offsetAllocation: uuid\n", "offsetAllocation", 3, "must be one of"},
 		{"offsetScope unknown", head + "offsetScope: host\n", "offsetScope", 3, "must be one of"},
+		{"schema uppercase", head + "schema: PgEvents\n", "schema", 3, "identifier"},
+		{"schema quoted", head + "schema: 'pg\"events'\n", "schema", 3, "identifier"},
+		{"schema system", head + "schema: pg_events\n", "schema", 3, "pg_"},
 		{"segmentSize too small", head + "segmentSize: 10\n", "segmentSize", 3, "at least 1000"},
 		{"metricsAddr without port", head + "metricsAddr: localhost\n", "metricsAddr", 3, "host:port"},
 		{"pprof not a bool", head + "pprof: maybe\n", "pprof", 3, "true or false"},

@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -46,6 +47,7 @@ func TestDecode(t *testing.T) {
 		{name: "spaced topic", payload: " 3:0/1", want: everything, wantErr: true},
 		{name: "topic overflow", payload: "99999999999999999999:0/1", want: everything, wantErr: true},
 		{name: "garbage", payload: "hello, world", want: everything, wantErr: true},
+		{name: "the seed's notify_event", payload: "new_event", want: everything, wantErr: true},
 
 		// The topic is known but a partition item is not: wake every
 		// partition of that topic, after the items decoded before it.
@@ -65,6 +67,14 @@ func TestDecode(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := decodeAll(tt.payload)
+			// A payload without a topic number before a colon is not
+			// pgevents' own (a seed-style trigger's 'new_event', say): it is
+			// told apart, so that it is not logged as a warning each time.
+			ts, _, colon := strings.Cut(tt.payload, ":")
+			foreign := !colon || strings.Trim(ts, "0123456789") != "" || ts == ""
+			if tt.wantErr && errors.Is(err, ErrForeignPayload) != foreign {
+				t.Errorf("Decode(%q) error = %v: foreign %v, want %v", tt.payload, err, errors.Is(err, ErrForeignPayload), foreign)
+			}
 			if (err != nil) != tt.wantErr {
 				t.Errorf("Decode(%q) error = %v, want error: %v", tt.payload, err, tt.wantErr)
 			}

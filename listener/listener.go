@@ -67,6 +67,7 @@ type Listener struct {
 	lastRx  atomic.Int64
 	connect atomic.Int64 // successful connects, including the first
 	ready   atomic.Bool
+	foreign atomic.Int64 // notifications that were not pgevents' own
 
 	// Used by dial only, which pgxlisten calls from one goroutine.
 	lastConnect time.Time
@@ -195,14 +196,40 @@ func (l *Listener) HandleBacklog(ctx context.Context, channel string, conn *pgx.
 }
 
 // HandleNotification implements pgxlisten.Handler for the event channel. A
-// payload it cannot decode (anyone may NOTIFY the channel) is logged and
-// wakes every partition; it is not a connection error.
+// payload it cannot decode (anyone may NOTIFY the channel) wakes every
+// partition; it is not a connection error. One that is not pgevents' own
+// at all (ErrForeignPayload: the 'new_event' of a seed-style notify_event()
+// trigger on the same channel, say, as during a cutover with the adopt
+// bridge) is logged once, at info level, then at debug level only, since it
+// comes with every transaction of the other trigger's producers; a
+// malformed payload of pgevents' form is logged as a warning.
 func (l *Listener) HandleNotification(ctx context.Context, n *pgconn.Notification, conn *pgx.Conn) error {
 	l.lastRx.Store(time.Now().UnixNano())
-	if err := Decode(n.Payload, l.cfg.Sink.Notify); err != nil {
+	err := Decode(n.Payload, l.cfg.Sink.Notify)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrForeignPayload):
+		if l.foreign.Add(1) == 1 {
+			l.cfg.Logger.Info().Str("channel", n.Channel).Str("payload", shortPayload(n.Payload)).
+				Msg("listener: notifications that are not pgevents' own arrive on the channel (another trigger notifies it); each wakes every partition (logged once)")
+		} else {
+			l.cfg.Logger.Debug().Str("payload", shortPayload(n.Payload)).Msg("listener: foreign notification, waking every partition")
+		}
+	default:
 		l.cfg.Logger.Warn().Err(err).Msg("listener: undecodable notification, waking every partition")
 	}
 	return nil
+}
+
+// Foreign returns the number of notifications received that were not
+// pgevents' own (ErrForeignPayload).
+func (l *Listener) Foreign() int64 { return l.foreign.Load() }
+
+func shortPayload(p string) string {
+	if len(p) > 64 {
+		return p[:64] + "..."
+	}
+	return p
 }
 
 func (l *Listener) logError(ctx context.Context, err error) {
@@ -259,17 +286,25 @@ func (l *Listener) kill() {
 	l.ready.Store(false)
 }
 
+// ErrForeignPayload is wrapped by Decode's error for a payload that is not
+// pgevents' at all: it does not start with a topic number and a colon.
+var ErrForeignPayload = errors.New("not a notification of pgevents")
+
 // Decode parses a payload of the append trigger, "<topic>:<partition>/<max
 // offset>,..." or "<topic>:*", and calls fn for each partition it names (with
 // partition -1 for "*"). A payload it cannot parse wakes too much rather than
 // too little, since a lost wake-up costs a poll period: every partition of
 // the topic (partition -1) when the topic can be read, of every topic (topic
-// 0) otherwise; and it returns an error.
+// 0) otherwise; and it returns an error, which wraps ErrForeignPayload when
+// the payload is not of pgevents' form at all.
 func Decode(payload string, fn func(topic, partition int, maxOffset int64)) error {
 	ts, rest, ok := strings.Cut(payload, ":")
 	topic, err := strconv.Atoi(ts)
 	if !ok || err != nil {
 		fn(0, -1, 0)
+		if !ok || !digits(ts) {
+			return fmt.Errorf("listener: bad payload %q: %w", payload, ErrForeignPayload)
+		}
 		return fmt.Errorf("listener: bad payload %q", payload)
 	}
 	if rest == "*" {
@@ -293,4 +328,14 @@ func Decode(payload string, fn func(topic, partition int, maxOffset int64)) erro
 		fn(topic, p, off)
 	}
 	return nil
+}
+
+// digits reports whether s is a non-empty run of ASCII digits.
+func digits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }

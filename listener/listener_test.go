@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -522,4 +523,64 @@ func (p *proxy) Close() {
 	p.ln.Close()
 	p.CloseAll()
 	p.wg.Wait()
+}
+
+// TestForeignPayloadsWakeQuietly: a trigger of another design on the same
+// channel (a seed-style notify_event() sending 'new_event', as during a
+// cutover with the adopt bridge) notifies with every transaction of its
+// producers. Each such notification wakes every partition, and is logged
+// once, not once per transaction as a warning.
+func TestForeignPayloadsWakeQuietly(t *testing.T) {
+	t.Parallel()
+	var logs syncLog
+	e := startEnv(t, envOptions{tweak: func(c *Config) {
+		l := zerolog.New(&logs).Level(zerolog.InfoLevel)
+		c.Logger = &l
+	}})
+	const n = 40
+	for range n {
+		if _, err := e.pool.Exec(t.Context(), "SELECT pg_notify('event_channel', 'new_event')"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Notifications arrive in order: once the append's has, so have the
+	// foreign ones.
+	own := e.appendEvents(t, "after-foreign")
+	e.sink.await(t, 10*time.Second, "the foreign notifications and the append's", func(got []notifyCall, _ int) bool {
+		return len(got) >= n+len(own)
+	})
+	got, _ := e.sink.snapshot()
+	for i, c := range got[:n] {
+		if c != (notifyCall{0, -1, 0}) {
+			t.Fatalf("notification %d woke %v, want every partition of every topic", i, c)
+		}
+	}
+	if f := e.l.Foreign(); f != n {
+		t.Errorf("Foreign() = %d, want %d", f, n)
+	}
+	out := logs.String()
+	if w := strings.Count(out, `"level":"warn"`); w != 0 {
+		t.Errorf("%d warnings for foreign notifications, want none:\n%s", w, out)
+	}
+	if i := strings.Count(out, "not pgevents' own"); i != 1 {
+		t.Errorf("foreign notifications logged %d times at info level, want once:\n%s", i, out)
+	}
+}
+
+// syncLog is a log destination safe for concurrent writes.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncLog) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncLog) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // lagCollector reads the group's state from the database at scrape time
@@ -15,6 +17,7 @@ import (
 // so scrapes never multiply statements.
 type lagCollector struct {
 	db      Querier
+	schema  string
 	group   string
 	topic   int
 	lagCap  int64
@@ -44,6 +47,7 @@ type lagCollector struct {
 func newLagCollector(opts Options) *lagCollector {
 	c := &lagCollector{
 		db:      opts.DB,
+		schema:  opts.Schema,
 		group:   opts.Group,
 		topic:   opts.Topic,
 		lagCap:  opts.LagCap,
@@ -104,7 +108,7 @@ func (c *lagCollector) read() (State, time.Duration, error) {
 	if !c.at.IsZero() && time.Since(c.at) < c.ttl {
 		return c.st, c.took, c.err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	ctx, cancel := context.WithTimeout(schema.WithName(context.Background(), c.schema), c.timeout)
 	defer cancel()
 	start := time.Now()
 	c.st, c.err = ReadState(ctx, c.db, c.group, c.topic, c.lagCap)

@@ -54,6 +54,9 @@ type Options struct {
 	// DB, when set, is where the lag collector reads the group's state at
 	// scrape time (see ReadState); nil leaves the lag metrics out.
 	DB Querier
+	// Schema is the schema pgevents lives in (the consumer's
+	// Config.Schema); default: the first schema of the search_path.
+	Schema string
 	// LagCap caps the events counted per partition for
 	// pgevents_consumer_lag_events; default DefaultLagCap.
 	LagCap int64

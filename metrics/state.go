@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // DefaultLagCap is the default cap on the number of events counted per
@@ -51,12 +53,12 @@ type Querier interface {
 // So a scrape costs O(groups × partitions × (log segments + lag, capped at
 // $3)), and nothing when nobody lags.
 const stateSQL = `WITH topic AS (
-    SELECT c.topic_id, c.total_partitions FROM log_counter c WHERE c.topic_id = $2
+    SELECT c.topic_id, c.total_partitions FROM {schema}log_counter c WHERE c.topic_id = $2
 ),
 groups AS (
     SELECT $1::text AS group_id WHERE $1::text <> ''
     UNION
-    SELECT DISTINCT o.group_id FROM consumer_offsets o WHERE o.topic_id = $2 AND $1::text = ''
+    SELECT DISTINCT o.group_id FROM {schema}consumer_offsets o WHERE o.topic_id = $2 AND $1::text = ''
 ),
 glayout AS (
     -- Each group's partition count is its layout's (it may still be
@@ -66,15 +68,15 @@ glayout AS (
            coalesce(l.total_partitions, t.total_partitions) AS total_partitions, gl.version
     FROM topic t
     CROSS JOIN groups g
-    LEFT JOIN group_layouts gl ON gl.group_id = g.group_id AND gl.topic_id = t.topic_id
-    LEFT JOIN topic_layouts l ON l.topic_id = t.topic_id AND l.version = gl.version
+    LEFT JOIN {schema}group_layouts gl ON gl.group_id = g.group_id AND gl.topic_id = t.topic_id
+    LEFT JOIN {schema}topic_layouts l ON l.topic_id = t.topic_id AND l.version = gl.version
 ),
 parts AS (
     SELECT g.group_id, g.topic_id, p.partition_id, o.next_offset,
-           coalesce(layout_cut(g.topic_id, g.version, p.partition_id), 9223372036854775807) AS below
+           coalesce({schema}layout_cut(g.topic_id, g.version, p.partition_id), 9223372036854775807) AS below
     FROM glayout g
     CROSS JOIN generate_series(0, g.total_partitions - 1) AS p(partition_id)
-    LEFT JOIN consumer_offsets o
+    LEFT JOIN {schema}consumer_offsets o
            ON o.group_id = g.group_id AND o.topic_id = g.topic_id AND o.partition_id = p.partition_id
 ),
 state AS (
@@ -88,36 +90,36 @@ state AS (
            sub.state AS subscription, k.n AS skipped
     FROM parts s
     CROSS JOIN LATERAL (
-        SELECT max(m.c_offset) AS log_end FROM outbox_message_t m
+        SELECT max(m.c_offset) AS log_end FROM {schema}outbox_message_t m
         WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id
     ) e
     CROSS JOIN LATERAL (
         SELECT count(*) AS events FROM (
-            SELECT 1 FROM outbox_message_t m
+            SELECT 1 FROM {schema}outbox_message_t m
             WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
             ORDER BY m.c_offset
             LIMIT $3
         ) x
     ) l
     LEFT JOIN LATERAL (
-        SELECT m.created_at FROM outbox_message_t m
+        SELECT m.created_at FROM {schema}outbox_message_t m
         WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
           AND m.c_offset < s.below
         ORDER BY m.c_offset
         LIMIT 1
     ) f ON true
     CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM dead_letter_queue q
+        SELECT count(*) AS n FROM {schema}dead_letter_queue q
         WHERE q.group_id = s.group_id AND q.topic_id = s.topic_id AND q.partition_id = s.partition_id
     ) d
-    LEFT JOIN partition_halts h
+    LEFT JOIN {schema}partition_halts h
            ON h.group_id = s.group_id AND h.topic_id = s.topic_id AND h.partition_id = s.partition_id
-    LEFT JOIN partition_ownership w
+    LEFT JOIN {schema}partition_ownership w
            ON w.group_id = s.group_id AND w.topic_id = s.topic_id AND w.partition_id = s.partition_id
-    LEFT JOIN subscriptions sub
+    LEFT JOIN {schema}subscriptions sub
            ON sub.group_id = s.group_id AND sub.topic_id = s.topic_id
     CROSS JOIN LATERAL (
-        SELECT coalesce(sum(r.skipped), 0)::bigint AS n FROM retention_skips r
+        SELECT coalesce(sum(r.skipped), 0)::bigint AS n FROM {schema}retention_skips r
         WHERE r.group_id = s.group_id AND r.topic_id = s.topic_id AND r.partition_id = s.partition_id
     ) k
 )
@@ -220,7 +222,7 @@ func ReadState(ctx context.Context, q Querier, group string, topic int, lagCap i
 		lagCap = DefaultLagCap
 	}
 	st := State{Topic: topic, LagCap: lagCap}
-	rows, err := q.Query(ctx, stateSQL, group, topic, lagCap)
+	rows, err := q.Query(ctx, schema.SQL(ctx, stateSQL), group, topic, lagCap)
 	if err != nil {
 		return st, fmt.Errorf("metrics: read state: %w", err)
 	}

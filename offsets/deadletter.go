@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Dead letters, parked hosts and halts. Every statement that changes them
@@ -19,19 +21,19 @@ const (
 	// events from the log, in the transaction that moves the group's
 	// position past it: the unit is either still ahead or dead-lettered,
 	// never dropped.
-	writeDeadLetterSQL = `INSERT INTO dead_letter_queue
+	writeDeadLetterSQL = `INSERT INTO {schema}dead_letter_queue
     (group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
      event_ids, host_ids, events, error, attempts, first_failed_at, last_failed_at, parked_hosts)
 SELECT $1, $2, $3, $4, $5, $6,
        array_agg(m.event_id ORDER BY m.c_offset), array_agg(DISTINCT m.host_id),
        jsonb_agg(to_jsonb(m) ORDER BY m.c_offset), $7, $8, $9, $10, $11
-FROM %[1]s m
+FROM {schema}%[1]s m
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
 RETURNING id, host_ids`
 
 	// parkHostsSQL parks hosts behind dead letter $5. A host already parked
 	// stays behind its first dead letter.
-	parkHostsSQL = `INSERT INTO parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
+	parkHostsSQL = `INSERT INTO {schema}parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
 SELECT $1, $2, $3, h, $5 FROM unnest($4::text[]) AS h
 ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
 
@@ -39,91 +41,91 @@ ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
 	// with a copy of each, and parks every host of the unit (a unit is
 	// handled whole, so all its hosts now wait behind the same dead letter).
 	parkEventsSQL = `WITH ev AS (
-    INSERT INTO parked_events (group_id, topic_id, partition_id, c_offset, dead_letter_id, event)
+    INSERT INTO {schema}parked_events (group_id, topic_id, partition_id, c_offset, dead_letter_id, event)
     SELECT $1, $2, $3, m.c_offset, $6, to_jsonb(m)
-    FROM %[1]s m
+    FROM {schema}%[1]s m
     WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset BETWEEN $4 AND $5
     RETURNING (event->>'host_id') AS host_id
 )
-INSERT INTO parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
+INSERT INTO {schema}parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
 SELECT DISTINCT $1, $2, $3, host_id, $6::bigint FROM ev
 ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
 
 	// parkedSQL lists the partition's parked hosts. Queued right after the
 	// claim, it reads them under the partition's lock.
-	parkedSQL = `SELECT host_id, dead_letter_id FROM parked_hosts
+	parkedSQL = `SELECT host_id, dead_letter_id FROM {schema}parked_hosts
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 
-	haltSQL = `INSERT INTO partition_halts (group_id, topic_id, partition_id, c_offset, reason)
+	haltSQL = `INSERT INTO {schema}partition_halts (group_id, topic_id, partition_id, c_offset, reason)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (group_id, topic_id, partition_id)
 DO UPDATE SET c_offset = excluded.c_offset, reason = excluded.reason, halted_at = now()`
 
-	haltsSQL = `SELECT partition_id, c_offset, reason FROM partition_halts WHERE group_id = $1 AND topic_id = $2`
+	haltsSQL = `SELECT partition_id, c_offset, reason FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2`
 
-	unhaltSQL = `DELETE FROM partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
+	unhaltSQL = `DELETE FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 
 	// lockPositionSQL takes a partition's lock for the dead-letter admin.
-	lockPositionSQL = `SELECT next_offset FROM consumer_offsets
+	lockPositionSQL = `SELECT next_offset FROM {schema}consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 FOR UPDATE`
 
 	deadLetterColumns = `id, group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
        event_ids::text[], host_ids, error, attempts, first_failed_at, last_failed_at, parked_hosts, created_at,
-       (SELECT count(*) FROM parked_events p WHERE p.dead_letter_id = d.id)`
+       (SELECT count(*) FROM {schema}parked_events p WHERE p.dead_letter_id = d.id)`
 
 	listDeadLettersSQL = `SELECT ` + deadLetterColumns + `
-FROM dead_letter_queue d
+FROM {schema}dead_letter_queue d
 WHERE ($1 = '' OR group_id = $1)
 ORDER BY id`
 
 	getDeadLetterSQL = `SELECT ` + deadLetterColumns + `, events
-FROM dead_letter_queue d WHERE id = $1`
+FROM {schema}dead_letter_queue d WHERE id = $1`
 
-	parkedEventsSQL = `SELECT event FROM parked_events WHERE dead_letter_id = $1 ORDER BY id`
+	parkedEventsSQL = `SELECT event FROM {schema}parked_events WHERE dead_letter_id = $1 ORDER BY id`
 
 	// groupLayoutSharedSQL keeps the group's layout from changing
 	// (SwitchLayout and Place lock the row FOR UPDATE) until the
 	// transaction ends, and reads it. It is a statement of its own: locked
 	// in a join, a row updated meanwhile by a switch would be re-checked
 	// against the old layout's row, and nothing returned.
-	groupLayoutSharedSQL = `SELECT version FROM group_layouts WHERE group_id = $1 AND topic_id = $2 FOR SHARE`
+	groupLayoutSharedSQL = `SELECT version FROM {schema}group_layouts WHERE group_id = $1 AND topic_id = $2 FOR SHARE`
 
-	layoutPartitionsSQL = `SELECT total_partitions FROM topic_layouts WHERE topic_id = $1 AND version = $2`
+	layoutPartitionsSQL = `SELECT total_partitions FROM {schema}topic_layouts WHERE topic_id = $1 AND version = $2`
 
 	// lockGroupPositionsSQL takes every partition's lock of the group, in
 	// ascending order (a worker holds one at a time, so no deadlock).
-	lockGroupPositionsSQL = `SELECT partition_id FROM consumer_offsets
+	lockGroupPositionsSQL = `SELECT partition_id FROM {schema}consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
 
 	// groupParkedSQL lists the group's parked events in the order they were
 	// parked, which is each host's order.
-	groupParkedSQL = `SELECT id, dead_letter_id, event FROM parked_events
+	groupParkedSQL = `SELECT id, dead_letter_id, event FROM {schema}parked_events
 WHERE group_id = $1 AND topic_id = $2 ORDER BY id`
 
 	// parkingDeadLettersSQL lists the group's dead letters whose hosts
 	// are parked behind them, oldest first.
-	parkingDeadLettersSQL = `SELECT id, host_ids FROM dead_letter_queue
+	parkingDeadLettersSQL = `SELECT id, host_ids FROM {schema}dead_letter_queue
 WHERE group_id = $1 AND topic_id = $2 AND parked_hosts ORDER BY id`
 
 	// clearParkedHostsSQL and parkHostsAtSQL rewrite the group's parked
 	// hosts, each in its partition of the group's layout ($5 partitions).
-	clearParkedHostsSQL = `DELETE FROM parked_hosts WHERE group_id = $1 AND topic_id = $2`
+	clearParkedHostsSQL = `DELETE FROM {schema}parked_hosts WHERE group_id = $1 AND topic_id = $2`
 
-	parkHostsAtSQL = `INSERT INTO parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
-SELECT $1, $2, event_partition(u.h, $5), u.h, u.dl FROM unnest($3::text[], $4::bigint[]) AS u(h, dl)`
+	parkHostsAtSQL = `INSERT INTO {schema}parked_hosts (group_id, topic_id, partition_id, host_id, dead_letter_id)
+SELECT $1, $2, {schema}event_partition(u.h, $5), u.h, u.dl FROM unnest($3::text[], $4::bigint[]) AS u(h, dl)`
 
 	// reparkEventsSQL points parked events at the dead letter they now wait
 	// behind.
-	reparkEventsSQL = `UPDATE parked_events p SET dead_letter_id = u.dl
+	reparkEventsSQL = `UPDATE {schema}parked_events p SET dead_letter_id = u.dl
 FROM unnest($3::bigint[], $4::bigint[]) AS u(id, dl)
 WHERE p.group_id = $1 AND p.topic_id = $2 AND p.id = u.id AND p.dead_letter_id <> u.dl`
 
 	// releaseParkedSQL removes the parked events that were handled.
-	releaseParkedSQL = `DELETE FROM parked_events WHERE group_id = $1 AND topic_id = $2 AND id = ANY($3::bigint[])`
+	releaseParkedSQL = `DELETE FROM {schema}parked_events WHERE group_id = $1 AND topic_id = $2 AND id = ANY($3::bigint[])`
 
-	deleteDeadLetterSQL = `DELETE FROM dead_letter_queue WHERE id = $1`
+	deleteDeadLetterSQL = `DELETE FROM {schema}dead_letter_queue WHERE id = $1`
 
-	failedReplaySQL = `UPDATE dead_letter_queue
+	failedReplaySQL = `UPDATE {schema}dead_letter_queue
 SET attempts = attempts + 1, last_failed_at = now(), error = $2 WHERE id = $1`
 )
 
@@ -161,13 +163,13 @@ func WriteDeadLetter(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, d DeadLet
 		id    int64
 		hosts []string
 	)
-	err := tx.QueryRow(ctx, ps.deadLetter, d.Group, d.Topic, d.Partition, d.FirstOffset, d.LastOffset,
+	err := tx.QueryRow(ctx, schema.SQL(ctx, ps.deadLetter), d.Group, d.Topic, d.Partition, d.FirstOffset, d.LastOffset,
 		d.TransactionID, d.Error, d.Attempts, d.FirstFailedAt, d.LastFailedAt, d.ParkHosts).Scan(&id, &hosts)
 	if err != nil {
 		return 0, nil, fmt.Errorf("offsets: dead-letter offsets %d-%d: %w", d.FirstOffset, d.LastOffset, err)
 	}
 	if d.ParkHosts {
-		if _, err := tx.Exec(ctx, parkHostsSQL, d.Group, d.Topic, d.Partition, hosts, id); err != nil {
+		if _, err := tx.Exec(ctx, schema.SQL(ctx, parkHostsSQL), d.Group, d.Topic, d.Partition, hosts, id); err != nil {
 			return 0, nil, fmt.Errorf("offsets: park hosts: %w", err)
 		}
 	}
@@ -177,7 +179,7 @@ func WriteDeadLetter(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, d DeadLet
 // ParkEvents holds back the events first..last of a partition behind dead
 // letter deadLetterID, and parks their hosts, in tx.
 func ParkEvents(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, group string, topic, partition int, first, last, deadLetterID int64) error {
-	if _, err := tx.Exec(ctx, ps.park, group, topic, partition, first, last, deadLetterID); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, ps.park), group, topic, partition, first, last, deadLetterID); err != nil {
 		return fmt.Errorf("offsets: park offsets %d-%d: %w", first, last, err)
 	}
 	return nil
@@ -185,7 +187,7 @@ func ParkEvents(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, group string, 
 
 // Halt records that the group's partition stopped at offset, and why.
 func Halt(ctx context.Context, q Querier, group string, topic, partition int, offset int64, reason string) error {
-	if _, err := q.Exec(ctx, haltSQL, group, topic, partition, offset, reason); err != nil {
+	if _, err := q.Exec(ctx, schema.SQL(ctx, haltSQL), group, topic, partition, offset, reason); err != nil {
 		return fmt.Errorf("offsets: record halt: %w", err)
 	}
 	return nil
@@ -200,7 +202,7 @@ type HaltRecord struct {
 
 // Halts returns the group's halted partitions.
 func Halts(ctx context.Context, q Querier, group string, topic int) ([]HaltRecord, error) {
-	rows, err := q.Query(ctx, haltsSQL, group, topic)
+	rows, err := q.Query(ctx, schema.SQL(ctx, haltsSQL), group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: halts: %w", err)
 	}
@@ -213,7 +215,7 @@ func Halts(ctx context.Context, q Querier, group string, topic int) ([]HaltRecor
 
 // Unhalt removes the partition's halt record.
 func Unhalt(ctx context.Context, q Querier, group string, topic, partition int) error {
-	if _, err := q.Exec(ctx, unhaltSQL, group, topic, partition); err != nil {
+	if _, err := q.Exec(ctx, schema.SQL(ctx, unhaltSQL), group, topic, partition); err != nil {
 		return fmt.Errorf("offsets: remove halt: %w", err)
 	}
 	return nil
@@ -223,7 +225,7 @@ func Unhalt(ctx context.Context, q Querier, group string, topic, partition int) 
 // tx, as a worker's claim does, and returns it.
 func LockPosition(ctx context.Context, tx pgx.Tx, group string, topic, partition int) (int64, error) {
 	var next int64
-	err := tx.QueryRow(ctx, lockPositionSQL, group, topic, partition).Scan(&next)
+	err := tx.QueryRow(ctx, schema.SQL(ctx, lockPositionSQL), group, topic, partition).Scan(&next)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrNoPosition
 	}
@@ -256,7 +258,7 @@ func scanDeadLetter(row pgx.Row, withEvents bool) (DeadLetter, error) {
 // ListDeadLetters returns the dead letters of group (every group when
 // group is empty), oldest first.
 func ListDeadLetters(ctx context.Context, q Querier, group string) ([]DeadLetter, error) {
-	rows, err := q.Query(ctx, listDeadLettersSQL, group)
+	rows, err := q.Query(ctx, schema.SQL(ctx, listDeadLettersSQL), group)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: list dead letters: %w", err)
 	}
@@ -277,7 +279,7 @@ var ErrNoDeadLetter = errors.New("no such dead letter")
 
 // GetDeadLetter returns dead letter id with its events.
 func GetDeadLetter(ctx context.Context, q Querier, id int64) (DeadLetter, error) {
-	d, err := scanDeadLetter(q.QueryRow(ctx, getDeadLetterSQL, id), true)
+	d, err := scanDeadLetter(q.QueryRow(ctx, schema.SQL(ctx, getDeadLetterSQL), id), true)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return d, fmt.Errorf("offsets: dead letter %d: %w", id, ErrNoDeadLetter)
 	}
@@ -290,7 +292,7 @@ func GetDeadLetter(ctx context.Context, q Querier, id int64) (DeadLetter, error)
 // ParkedEvents returns the events parked behind dead letter id, in offset
 // order.
 func ParkedEvents(ctx context.Context, q Querier, id int64) ([]Event, error) {
-	rows, err := q.Query(ctx, parkedEventsSQL, id)
+	rows, err := q.Query(ctx, schema.SQL(ctx, parkedEventsSQL), id)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: parked events: %w", err)
 	}
@@ -315,17 +317,17 @@ func ParkedEvents(ctx context.Context, q Querier, id int64) ([]Event, error) {
 // worker would take it. It returns the layout's partition count.
 func LockGroup(ctx context.Context, tx pgx.Tx, group string, topic int) (int, error) {
 	var version, partitions int
-	err := tx.QueryRow(ctx, groupLayoutSharedSQL, group, topic).Scan(&version)
+	err := tx.QueryRow(ctx, schema.SQL(ctx, groupLayoutSharedSQL), group, topic).Scan(&version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrNoPosition
 	}
 	if err == nil {
-		err = tx.QueryRow(ctx, layoutPartitionsSQL, topic, version).Scan(&partitions)
+		err = tx.QueryRow(ctx, schema.SQL(ctx, layoutPartitionsSQL), topic, version).Scan(&partitions)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("offsets: lock the group's layout: %w", err)
 	}
-	if _, err := tx.Exec(ctx, lockGroupPositionsSQL, group, topic); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockGroupPositionsSQL), group, topic); err != nil {
 		return 0, fmt.Errorf("offsets: lock the group's positions: %w", err)
 	}
 	return partitions, nil
@@ -343,7 +345,7 @@ type Parked struct {
 
 // GroupParked returns the group's parked events in offset order.
 func GroupParked(ctx context.Context, q Querier, group string, topic int) ([]Parked, error) {
-	rows, err := q.Query(ctx, groupParkedSQL, group, topic)
+	rows, err := q.Query(ctx, schema.SQL(ctx, groupParkedSQL), group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: parked events: %w", err)
 	}
@@ -371,7 +373,7 @@ func GroupParked(ctx context.Context, q Querier, group string, topic int) ([]Par
 // ParkingDeadLetters returns the group's dead letters that park their
 // hosts, oldest first, by id, with their hosts.
 func ParkingDeadLetters(ctx context.Context, q Querier, group string, topic int) (map[int64][]string, []int64, error) {
-	rows, err := q.Query(ctx, parkingDeadLettersSQL, group, topic)
+	rows, err := q.Query(ctx, schema.SQL(ctx, parkingDeadLettersSQL), group, topic)
 	if err != nil {
 		return nil, nil, fmt.Errorf("offsets: parking dead letters: %w", err)
 	}
@@ -411,7 +413,7 @@ type Resolution struct {
 // go, the others and the parked hosts wait behind the dead letters r says,
 // and the dead letter is removed.
 func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resolution) error {
-	if _, err := tx.Exec(ctx, clearParkedHostsSQL, group, topic); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, clearParkedHostsSQL), group, topic); err != nil {
 		return fmt.Errorf("offsets: resolve dead letter %d: %w", r.DeadLetterID, err)
 	}
 	hosts := make([]string, 0, len(r.Hosts))
@@ -419,7 +421,7 @@ func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resoluti
 	for h, dl := range r.Hosts {
 		hosts, hostDLs = append(hosts, h), append(hostDLs, dl)
 	}
-	if _, err := tx.Exec(ctx, parkHostsAtSQL, group, topic, hosts, hostDLs, r.Partitions); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, parkHostsAtSQL), group, topic, hosts, hostDLs, r.Partitions); err != nil {
 		return fmt.Errorf("offsets: resolve dead letter %d: park hosts: %w", r.DeadLetterID, err)
 	}
 	offs := make([]int64, 0, len(r.Waiting))
@@ -427,13 +429,13 @@ func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resoluti
 	for o, dl := range r.Waiting {
 		offs, offDLs = append(offs, o), append(offDLs, dl)
 	}
-	if _, err := tx.Exec(ctx, reparkEventsSQL, group, topic, offs, offDLs); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, reparkEventsSQL), group, topic, offs, offDLs); err != nil {
 		return fmt.Errorf("offsets: resolve dead letter %d: park events: %w", r.DeadLetterID, err)
 	}
-	if _, err := tx.Exec(ctx, releaseParkedSQL, group, topic, r.Released); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, releaseParkedSQL), group, topic, r.Released); err != nil {
 		return fmt.Errorf("offsets: resolve dead letter %d: release events: %w", r.DeadLetterID, err)
 	}
-	tag, err := tx.Exec(ctx, deleteDeadLetterSQL, r.DeadLetterID)
+	tag, err := tx.Exec(ctx, schema.SQL(ctx, deleteDeadLetterSQL), r.DeadLetterID)
 	if err != nil {
 		return fmt.Errorf("offsets: resolve dead letter %d: %w", r.DeadLetterID, err)
 	}
@@ -445,7 +447,7 @@ func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resoluti
 
 // RecordFailedReplay counts a failed replay of dead letter id.
 func RecordFailedReplay(ctx context.Context, q Querier, id int64, reason string) error {
-	if _, err := q.Exec(ctx, failedReplaySQL, id, reason); err != nil {
+	if _, err := q.Exec(ctx, schema.SQL(ctx, failedReplaySQL), id, reason); err != nil {
 		return fmt.Errorf("offsets: record failed replay: %w", err)
 	}
 	return nil

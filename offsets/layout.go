@@ -7,6 +7,8 @@ import (
 	"math"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // SyncCommitSQL makes the transaction it runs in commit synchronously, on
@@ -26,38 +28,38 @@ const (
 	// initGroupLayoutSQL starts a new group in the layout of the first
 	// retained event, the one initSQL starts its positions at (or in the
 	// current layout when the topic is empty).
-	initGroupLayoutSQL = `INSERT INTO group_layouts (group_id, topic_id, version)
+	initGroupLayoutSQL = `INSERT INTO {schema}group_layouts (group_id, topic_id, version)
 SELECT $1, $2, coalesce(
-    (SELECT max(l.version) FROM topic_layouts l WHERE l.topic_id = $2
-       AND l.from_offset <= (SELECT min(m.c_offset) FROM outbox_message_t m WHERE m.topic_id = $2)),
-    (SELECT max(l.version) FROM topic_layouts l WHERE l.topic_id = $2))
+    (SELECT max(l.version) FROM {schema}topic_layouts l WHERE l.topic_id = $2
+       AND l.from_offset <= (SELECT min(m.c_offset) FROM {schema}outbox_message_t m WHERE m.topic_id = $2)),
+    (SELECT max(l.version) FROM {schema}topic_layouts l WHERE l.topic_id = $2))
 ON CONFLICT (group_id, topic_id) DO NOTHING`
 
 	// groupLayoutSQL reads the group's layout and where each of its
 	// partitions ends: its first offset in the next layout, or NoLimit.
 	groupLayoutSQL = `SELECT g.version, l.total_partitions, l.from_offset,
-       (SELECT array_agg(coalesce(layout_cut(g.topic_id, g.version, p), 9223372036854775807) ORDER BY p)
+       (SELECT array_agg(coalesce({schema}layout_cut(g.topic_id, g.version, p), 9223372036854775807) ORDER BY p)
           FROM generate_series(0, l.total_partitions - 1) AS p)
-FROM group_layouts g
-JOIN topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
+FROM {schema}group_layouts g
+JOIN {schema}topic_layouts l ON l.topic_id = g.topic_id AND l.version = g.version
 WHERE g.group_id = $1 AND g.topic_id = $2`
 
 	// switchLockSQL serialises layout switches of one group.
-	switchLockSQL = `SELECT version FROM group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
+	switchLockSQL = `SELECT version FROM {schema}group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
 
 	// lockPositionsSQL waits for the group's batches in flight and keeps
 	// new ones out until the switch commits.
-	lockPositionsSQL = `SELECT partition_id FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2
+	lockPositionsSQL = `SELECT partition_id FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2
 ORDER BY partition_id FOR UPDATE`
 
 	// layoutDoneSQL says whether every partition of the group has handled
 	// every event of layout $3, up to the partition's cut.
 	layoutDoneSQL = `SELECT NOT EXISTS (
-    SELECT 1 FROM consumer_offsets o
+    SELECT 1 FROM {schema}consumer_offsets o
     WHERE o.group_id = $1 AND o.topic_id = $2
-      AND EXISTS (SELECT 1 FROM outbox_message_t m
+      AND EXISTS (SELECT 1 FROM {schema}outbox_message_t m
                   WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
-                    AND m.c_offset >= o.next_offset AND m.c_offset < layout_cut($2, $3, o.partition_id)))`
+                    AND m.c_offset >= o.next_offset AND m.c_offset < {schema}layout_cut($2, $3, o.partition_id)))`
 
 	// switchSQL moves the group to the next layout $4 of $3 partitions:
 	// positions at each partition's first offset in it, leases freed with a higher epoch (epochs never
@@ -66,36 +68,36 @@ ORDER BY partition_id FOR UPDATE`
 	// partition (a dead letter's unit may now span partitions: resolving it
 	// locks every partition of the group), and the group's version bumped.
 	switchSQL = `WITH drop_pos AS (
-    DELETE FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
+    DELETE FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
 ), move_pos AS (
-    UPDATE consumer_offsets SET next_offset = layout_start($2, $4, partition_id), updated_at = now()
+    UPDATE {schema}consumer_offsets SET next_offset = {schema}layout_start($2, $4, partition_id), updated_at = now()
     WHERE group_id = $1 AND topic_id = $2 AND partition_id < $3
 ), add_pos AS (
-    INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
-    SELECT $1, $2, p, layout_start($2, $4, p) FROM generate_series(0, $3 - 1) AS p
+    INSERT INTO {schema}consumer_offsets (group_id, topic_id, partition_id, next_offset)
+    SELECT $1, $2, p, {schema}layout_start($2, $4, p) FROM generate_series(0, $3 - 1) AS p
     ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING
 ), top_epoch AS (
-    SELECT coalesce(max(epoch), 0) AS e FROM partition_leases WHERE group_id = $1 AND topic_id = $2
+    SELECT coalesce(max(epoch), 0) AS e FROM {schema}partition_leases WHERE group_id = $1 AND topic_id = $2
 ), drop_leases AS (
-    DELETE FROM partition_leases WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
+    DELETE FROM {schema}partition_leases WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
 ), free_leases AS (
-    UPDATE partition_leases SET owner = '', epoch = (SELECT e FROM top_epoch) + 1, expires_at = '-infinity'
+    UPDATE {schema}partition_leases SET owner = '', epoch = (SELECT e FROM top_epoch) + 1, expires_at = '-infinity'
     WHERE group_id = $1 AND topic_id = $2 AND partition_id < $3
 ), add_leases AS (
-    INSERT INTO partition_leases (group_id, topic_id, partition_id, epoch)
+    INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id, epoch)
     SELECT $1, $2, p, (SELECT e FROM top_epoch) + 1 FROM generate_series(0, $3 - 1) AS p
     ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING
 ), parked AS (
-    UPDATE parked_hosts SET partition_id = event_partition(host_id, $3)
+    UPDATE {schema}parked_hosts SET partition_id = {schema}event_partition(host_id, $3)
     WHERE group_id = $1 AND topic_id = $2
 ), parked_ev AS (
-    UPDATE parked_events SET partition_id = event_partition(event->>'host_id', $3)
+    UPDATE {schema}parked_events SET partition_id = {schema}event_partition(event->>'host_id', $3)
     WHERE group_id = $1 AND topic_id = $2
 ), dead AS (
-    UPDATE dead_letter_queue SET partition_id = event_partition(host_ids[1], $3)
+    UPDATE {schema}dead_letter_queue SET partition_id = {schema}event_partition(host_ids[1], $3)
     WHERE group_id = $1 AND topic_id = $2
 )
-UPDATE group_layouts SET version = version + 1, switched_at = now()
+UPDATE {schema}group_layouts SET version = version + 1, switched_at = now()
 WHERE group_id = $1 AND topic_id = $2`
 )
 
@@ -135,7 +137,7 @@ func (l Layout) Final() bool {
 // InitGroupLayout records the layout a new group starts in; an existing
 // group keeps its own.
 func InitGroupLayout(ctx context.Context, q Querier, group string, topic int) error {
-	if _, err := q.Exec(ctx, initGroupLayoutSQL, group, topic); err != nil {
+	if _, err := q.Exec(ctx, schema.SQL(ctx, initGroupLayoutSQL), group, topic); err != nil {
 		return fmt.Errorf("offsets: init layout of group %q: %w", group, err)
 	}
 	return nil
@@ -144,7 +146,7 @@ func InitGroupLayout(ctx context.Context, q Querier, group string, topic int) er
 // GroupLayout returns the layout the group consumes.
 func GroupLayout(ctx context.Context, q Querier, group string, topic int) (Layout, error) {
 	var l Layout
-	err := q.QueryRow(ctx, groupLayoutSQL, group, topic).Scan(&l.Version, &l.Partitions, &l.From, &l.Below)
+	err := q.QueryRow(ctx, schema.SQL(ctx, groupLayoutSQL), group, topic).Scan(&l.Version, &l.Partitions, &l.From, &l.Below)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, fmt.Errorf("offsets: group %q has no layout of topic %d (not initialised)", group, topic)
 	}
@@ -158,7 +160,7 @@ func GroupLayout(ctx context.Context, q Querier, group string, topic int) (Layou
 // the group has handled every event of layout version, up to its cut.
 func LayoutDone(ctx context.Context, q Querier, group string, topic, version int) (bool, error) {
 	var done bool
-	if err := q.QueryRow(ctx, layoutDoneSQL, group, topic, version).Scan(&done); err != nil {
+	if err := q.QueryRow(ctx, schema.SQL(ctx, layoutDoneSQL), group, topic, version).Scan(&done); err != nil {
 		return false, fmt.Errorf("offsets: layout done: %w", err)
 	}
 	return done, nil
@@ -180,7 +182,7 @@ func SwitchLayout(ctx context.Context, db Beginner, group string, topic int, fro
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var version int
-	if err := tx.QueryRow(ctx, switchLockSQL, group, topic).Scan(&version); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, switchLockSQL), group, topic).Scan(&version); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
 	if version != from.Version {
@@ -189,17 +191,17 @@ func SwitchLayout(ctx context.Context, db Beginner, group string, topic int, fro
 	if _, err := tx.Exec(ctx, SyncCommitSQL); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
-	if _, err := tx.Exec(ctx, lockPositionsSQL, group, topic); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
 	var done bool
-	if err := tx.QueryRow(ctx, layoutDoneSQL, group, topic, from.Version).Scan(&done); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, layoutDoneSQL), group, topic, from.Version).Scan(&done); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
 	if !done {
 		return false, nil
 	}
-	if _, err := tx.Exec(ctx, switchSQL, group, topic, next.Partitions, next.Version); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, switchSQL), group, topic, next.Partitions, next.Version); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -212,8 +214,8 @@ func SwitchLayout(ctx context.Context, db Beginner, group string, topic int, fro
 // is none.
 func NextLayout(ctx context.Context, q Querier, topic, version int) (Layout, bool, error) {
 	var l Layout
-	err := q.QueryRow(ctx, `SELECT version, total_partitions, from_offset FROM topic_layouts
-WHERE topic_id = $1 AND version = $2`, topic, version+1).Scan(&l.Version, &l.Partitions, &l.From)
+	err := q.QueryRow(ctx, schema.SQL(ctx, `SELECT version, total_partitions, from_offset FROM {schema}topic_layouts
+WHERE topic_id = $1 AND version = $2`), topic, version+1).Scan(&l.Version, &l.Partitions, &l.From)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, false, nil
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Querier is what the functions of this package run statements on:
@@ -57,10 +59,10 @@ const (
 	// transaction; append_events reserves the offsets under the append
 	// lock (invariant 1) and returns them, here in one array, in the
 	// events' order.
-	appendSQL = `SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM append_events($1, $2) WITH ORDINALITY AS t(o, i)`
+	appendSQL = `SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM {schema}append_events($1, $2) WITH ORDINALITY AS t(o, i)`
 
 	// appendOneSQL appends one event (append_event), without the JSON array.
-	appendOneSQL = `SELECT append_event($1, $2, $3, $4, $5, $6)`
+	appendOneSQL = `SELECT {schema}append_event($1, $2, $3, $4, $5, $6)`
 
 	// nextOffsetsSQL reads the next offset of every partition the topic has
 	// had, element p+1 for partition p: the offset the next append to it
@@ -72,16 +74,16 @@ const (
 	// snapshot, taken before the next offset was read (and, for a sequence
 	// topic, before the append in flight it waited for committed), and that
 	// append's events would be skipped.
-	nextOffsetsSQL = `SELECT array_agg(partition_next_offset($1, pc.partition_id) ORDER BY pc.partition_id)
-FROM partition_counters pc WHERE pc.topic_id = $1`
+	nextOffsetsSQL = `SELECT array_agg({schema}partition_next_offset($1, pc.partition_id) ORDER BY pc.partition_id)
+FROM {schema}partition_counters pc WHERE pc.topic_id = $1`
 
 	// initSQL creates a group's positions for the partitions of its layout
 	// that have none (a group from before subscriptions): at the partition's
 	// first offset in the layout. An existing position is never moved.
-	initSQL = `INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
-SELECT $1, $2, p.partition_id, layout_start($2, g.version, p.partition_id)
+	initSQL = `INSERT INTO {schema}consumer_offsets (group_id, topic_id, partition_id, next_offset)
+SELECT $1, $2, p.partition_id, {schema}layout_start($2, g.version, p.partition_id)
 FROM unnest($3::integer[]) AS p(partition_id)
-JOIN group_layouts g ON g.group_id = $1 AND g.topic_id = $2
+JOIN {schema}group_layouts g ON g.group_id = $1 AND g.topic_id = $2
 ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 
 	// pendingSQL finds, without locking anything, the partitions among $3
@@ -89,12 +91,12 @@ ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 	// below the end of the partition in the group's layout $4), and the
 	// highest such offset: a cheap question asked before taking a lock.
 	pendingSQL = `SELECT o.partition_id, o.next_offset, h.max_offset, clock_timestamp()
-FROM consumer_offsets o
+FROM {schema}consumer_offsets o
 CROSS JOIN LATERAL (
     SELECT max(m.c_offset) AS max_offset
-    FROM outbox_message_t m
+    FROM {schema}outbox_message_t m
     WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
-      AND m.c_offset < coalesce(layout_cut($2, $4, o.partition_id), 9223372036854775807)
+      AND m.c_offset < coalesce({schema}layout_cut($2, $4, o.partition_id), 9223372036854775807)
 ) h
 WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = ANY($3::integer[])
   AND h.max_offset >= o.next_offset
@@ -120,14 +122,14 @@ SELECT -1, 0, 0, clock_timestamp()`
 	// locks nothing of other partitions (retention drops their segments
 	// meanwhile), and no routing through the log's partitions is paid.
 	claimSQL = `WITH o AS (
-    SELECT next_offset FROM consumer_offsets
+    SELECT next_offset FROM {schema}consumer_offsets
     WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
     FOR UPDATE
 )
 SELECT ` + eventColumns + `
-FROM %[1]s m
+FROM {schema}%[1]s m
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= (SELECT next_offset FROM o)
-  AND m.c_offset < coalesce(layout_cut($2, $5, $3), 9223372036854775807)
+  AND m.c_offset < coalesce({schema}layout_cut($2, $5, $3), 9223372036854775807)
 ORDER BY m.c_offset
 LIMIT $4`
 
@@ -135,7 +137,7 @@ LIMIT $4`
 	// continuation of a producer transaction larger than the batch, read in
 	// chunks under the claim's lock. %[1]s is the partition's table.
 	fetchSQL = `SELECT ` + eventColumns + `
-FROM %[1]s m
+FROM {schema}%[1]s m
 WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset > $3 AND m.c_offset < $5
 ORDER BY m.c_offset
 LIMIT $4`
@@ -148,9 +150,9 @@ LIMIT $4`
 	// after this check cannot have handled anything yet, since its claim
 	// waits for this transaction's lock on the offsets row. The update is
 	// HOT: no index covers next_offset or updated_at.
-	commitSQL = `UPDATE consumer_offsets SET next_offset = $4, updated_at = now()
+	commitSQL = `UPDATE {schema}consumer_offsets SET next_offset = $4, updated_at = now()
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
-  AND EXISTS (SELECT 1 FROM partition_leases l
+  AND EXISTS (SELECT 1 FROM {schema}partition_leases l
               WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = $3
                 AND l.owner = $5 AND l.epoch = $6)`
 
@@ -162,30 +164,31 @@ WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
 	// leaseHeldSQL says, in the claim's round trip, whether the replica
 	// still owns the lease, so that a replica that lost it stops before
 	// running handlers.
-	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM partition_leases
+	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM {schema}partition_leases
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5)`
 
 	// initLeasesSQL creates the free lease rows of the group's partitions.
-	initLeasesSQL = `INSERT INTO partition_leases (group_id, topic_id, partition_id)
+	initLeasesSQL = `INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id)
 SELECT $1, $2, p FROM unnest($3::integer[]) AS p
 ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 
 	// positionSQL reads a group's position in a partition.
-	positionSQL = `SELECT next_offset FROM consumer_offsets
+	positionSQL = `SELECT next_offset FROM {schema}consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 )
 
 // AppendSQL returns the statement, and its arguments, that appends the
 // events in eventsJSON, a JSON array of objects with keys host_id, user_id,
 // event_type, payload and metadata, to topic in the caller's transaction. It
-// returns one row: the offsets, in array order (bigint[]).
+// returns one row: the offsets, in array order (bigint[]). The statement
+// names pgevents' functions after schema.Marker: run it through schema.SQL.
 func AppendSQL(topic int, eventsJSON []byte) (string, []any) {
 	return appendSQL, []any{topic, eventsJSON}
 }
 
 // AppendOneSQL returns the statement, and its arguments, that appends one
 // event with append_event. It returns one row: the offset. payload and
-// metadata are JSON or nil.
+// metadata are JSON or nil. Run the statement through schema.SQL.
 func AppendOneSQL(topic int, host, user, eventType string, payload, metadata []byte) (string, []any) {
 	return appendOneSQL, []any{topic, host, user, eventType, jsonArg(payload), jsonArg(metadata)}
 }
@@ -232,10 +235,10 @@ func Init(ctx context.Context, q Querier, group string, topic int, partitions []
 	if err := InitGroupLayout(ctx, q, group, topic); err != nil {
 		return err
 	}
-	if _, err := q.Exec(ctx, initSQL, group, topic, partitions); err != nil {
+	if _, err := q.Exec(ctx, schema.SQL(ctx, initSQL), group, topic, partitions); err != nil {
 		return fmt.Errorf("offsets: init group %q: %w", group, err)
 	}
-	if _, err := q.Exec(ctx, initLeasesSQL, group, topic, partitions); err != nil {
+	if _, err := q.Exec(ctx, schema.SQL(ctx, initLeasesSQL), group, topic, partitions); err != nil {
 		return fmt.Errorf("offsets: init leases of group %q: %w", group, err)
 	}
 	return nil
@@ -255,7 +258,7 @@ type Work struct {
 // of its layout (version layout) to handle, without taking any lock, and the
 // database clock when it answered.
 func Pending(ctx context.Context, q Querier, group string, topic int, partitions []int, layout int) ([]Work, time.Time, error) {
-	rows, err := q.Query(ctx, pendingSQL, group, topic, partitions, layout)
+	rows, err := q.Query(ctx, schema.SQL(ctx, pendingSQL), group, topic, partitions, layout)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("offsets: pending: %w", err)
 	}
@@ -283,7 +286,7 @@ func Pending(ctx context.Context, q Querier, group string, topic int, partitions
 // the group has no position there.
 func Position(ctx context.Context, q Querier, group string, topic, partition int) (int64, bool, error) {
 	var next int64
-	err := q.QueryRow(ctx, positionSQL, group, topic, partition).Scan(&next)
+	err := q.QueryRow(ctx, schema.SQL(ctx, positionSQL), group, topic, partition).Scan(&next)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
 	}
@@ -360,10 +363,10 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(batchNameSQL, BatchApplicationName(c.Owner))
-	b.Queue(leaseHeldSQL, c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
-	b.Queue(c.SQL.claim, c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
+	b.Queue(schema.SQL(ctx, leaseHeldSQL), c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
+	b.Queue(schema.SQL(ctx, c.SQL.claim), c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
 	if c.Parked {
-		b.Queue(parkedSQL, c.Group, c.Topic, c.Partition)
+		b.Queue(schema.SQL(ctx, parkedSQL), c.Group, c.Topic, c.Partition)
 	}
 	br := db.SendBatch(ctx, &b)
 	out := Claimed{Tx: br.Tx(), Events: buf}
@@ -422,7 +425,7 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 // after and below offset below, in offset order. It takes no lock: call it
 // in the transaction that claimed the partition.
 func Fetch(ctx context.Context, q Querier, ps *PartitionSQL, topic, partition int, after, below int64, limit int, buf []Event) ([]Event, error) {
-	rows, err := q.Query(ctx, ps.fetch, topic, partition, after, limit, below)
+	rows, err := q.Query(ctx, schema.SQL(ctx, ps.fetch), topic, partition, after, limit, below)
 	if err != nil {
 		return buf, fmt.Errorf("offsets: fetch: %w", err)
 	}
@@ -433,7 +436,7 @@ func Fetch(ctx context.Context, q Querier, ps *PartitionSQL, topic, partition in
 // owner still holds the partition's lease with epoch; otherwise it returns
 // ErrLeaseLost and the caller must roll back.
 func Commit(ctx context.Context, tx pgx.Tx, group string, topic, partition int, next int64, owner string, epoch int64) error {
-	tag, err := tx.Exec(ctx, commitSQL, group, topic, partition, next, owner, epoch)
+	tag, err := tx.Exec(ctx, schema.SQL(ctx, commitSQL), group, topic, partition, next, owner, epoch)
 	if err != nil {
 		return fmt.Errorf("offsets: commit: %w", err)
 	}

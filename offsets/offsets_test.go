@@ -65,7 +65,7 @@ func TestClaimPlanSurvivesGrowth(t *testing.T) {
 		t.Fatal(err)
 	}
 	ps := ForPartition(1, 0)
-	stmts := map[string]string{"claim_stmt": ps.claim, "fetch_stmt": ps.fetch}
+	stmts := map[string]string{"claim_stmt": schema.SQL(ctx, ps.claim), "fetch_stmt": schema.SQL(ctx, ps.fetch)}
 	args := map[string]string{"claim_stmt": `('g', 1, 0, 11, 1)`, "fetch_stmt": `(1, 0, 0, 11, 9223372036854775807)`}
 	for name, sql := range stmts {
 		if _, err := conn.Prepare(ctx, name, sql); err != nil {

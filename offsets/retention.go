@@ -20,8 +20,8 @@ const (
        extract(epoch FROM r.max_retention)::float8,
        extract(epoch FROM r.zero_subscription_retention)::float8,
        clock_timestamp(),
-       (SELECT count(*) FROM subscriptions s WHERE s.topic_id = $1 AND s.state <> 'CANCELLED')
-FROM topic_retention r
+       (SELECT count(*) FROM {schema}subscriptions s WHERE s.topic_id = $1 AND s.state <> 'CANCELLED')
+FROM {schema}topic_retention r
 WHERE r.topic_id = $1`
 
 	// unhandledFromSQL is, for each group of the topic and partition $2,
@@ -33,12 +33,12 @@ WHERE r.topic_id = $1`
 	// belong to layouts the group has finished.
 	unhandledFromSQL = `SELECT gl.group_id, s.state,
        CASE WHEN $2 < l.total_partitions
-            THEN greatest(coalesce(o.next_offset, 0), layout_start($1, gl.version, $2))
-            ELSE layout_start($1, gl.version, $2) END AS from_offset
-FROM group_layouts gl
-JOIN topic_layouts l ON l.topic_id = gl.topic_id AND l.version = gl.version
-LEFT JOIN subscriptions s ON s.group_id = gl.group_id AND s.topic_id = gl.topic_id
-LEFT JOIN consumer_offsets o ON o.group_id = gl.group_id AND o.topic_id = gl.topic_id AND o.partition_id = $2
+            THEN greatest(coalesce(o.next_offset, 0), {schema}layout_start($1, gl.version, $2))
+            ELSE {schema}layout_start($1, gl.version, $2) END AS from_offset
+FROM {schema}group_layouts gl
+JOIN {schema}topic_layouts l ON l.topic_id = gl.topic_id AND l.version = gl.version
+LEFT JOIN {schema}subscriptions s ON s.group_id = gl.group_id AND s.topic_id = gl.topic_id
+LEFT JOIN {schema}consumer_offsets o ON o.group_id = gl.group_id AND o.topic_id = gl.topic_id AND o.partition_id = $2
 WHERE gl.topic_id = $1`
 
 	// watermarkSQL is the lowest offset of partition $2 an ACTIVE or PAUSED
@@ -49,7 +49,7 @@ WHERE gl.topic_id = $1`
 	watermarkSQL = `SELECT min(f.c_offset)
 FROM (` + unhandledFromSQL + `) g
 CROSS JOIN LATERAL (
-    SELECT m.c_offset FROM outbox_message_t m
+    SELECT m.c_offset FROM {schema}outbox_message_t m
     WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset >= g.from_offset
     ORDER BY m.c_offset LIMIT 1
 ) f
@@ -73,11 +73,11 @@ UNION ALL
 SELECT NULL, 0, NULL, NULL, (` + positionsPrintSQL + `)`
 
 	// recordSkipsSQL records what a group loses with the segment.
-	recordSkipsSQL = `INSERT INTO retention_skips (group_id, topic_id, partition_id, skipped, first_offset, last_offset, reason)
+	recordSkipsSQL = `INSERT INTO {schema}retention_skips (group_id, topic_id, partition_id, skipped, first_offset, last_offset, reason)
 SELECT u.g, $1, u.p, u.n, u.lo, u.hi, $2
 FROM unnest($3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::bigint[]) AS u(g, p, n, lo, hi)`
 
-	removedSQL = `UPDATE topic_retention SET removed_below = greatest(removed_below, $2), removed_at = now()
+	removedSQL = `UPDATE {schema}topic_retention SET removed_below = greatest(removed_below, $2), removed_at = now()
 WHERE topic_id = $1`
 )
 
@@ -154,7 +154,7 @@ func ApplyRetention(ctx context.Context, db Pool, topic int) (Retention, error) 
 	// for as long as the transaction that read it lasts), they are safe to
 	// decide every segment with.
 	var nexts []int64
-	if err := db.QueryRow(ctx, nextOffsetsSQL, topic).Scan(&nexts); err != nil {
+	if err := db.QueryRow(ctx, schema.SQL(ctx, nextOffsetsSQL), topic).Scan(&nexts); err != nil {
 		return out, fmt.Errorf("offsets: next offsets of topic %d: %w", topic, err)
 	}
 	stays := map[int]bool{} // partitions whose oldest segment stays
@@ -222,7 +222,7 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 	if _, err := tx.Exec(ctx, retentionLockSQL, topic); err != nil {
 		return fail(err)
 	}
-	name := pgx.Identifier{seg.Name}.Sanitize()
+	name := schema.Ident(ctx, seg.Name)
 	if blocked, err := decideDrop(ctx, tx, topic, seg, name, watermark, &r); err != nil || blocked != "" {
 		return r, blocked, err
 	}
@@ -235,14 +235,14 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 	}
 	// No batch of the partition is in flight once this is held, and none
 	// starts.
-	if err := lockPartition(ctx, tx, pgx.Identifier{PartitionTable(topic, seg.Partition)}.Sanitize()); err != nil {
+	if err := lockPartition(ctx, tx, schema.Ident(ctx, PartitionTable(topic, seg.Partition))); err != nil {
 		return fail(err)
 	}
 	if blocked, err := decideDrop(ctx, tx, topic, seg, name, watermark, &r); err != nil || blocked != "" {
 		return r, blocked, err
 	}
 	var now string
-	if err := tx.QueryRow(ctx, positionsPrintSQL, topic, seg.Partition).Scan(&now); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, positionsPrintSQL), topic, seg.Partition).Scan(&now); err != nil {
 		return fail(err)
 	}
 	if now != print {
@@ -264,13 +264,13 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 		ns, los, highs = append(ns, c.n), append(los, c.lo), append(highs, c.hi)
 		r.Skipped[c.group] += c.n
 	}
-	if _, err := tx.Exec(ctx, recordSkipsSQL, topic, r.Reason, groups, parts, ns, los, highs); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, recordSkipsSQL), topic, r.Reason, groups, parts, ns, los, highs); err != nil {
 		return fail(err)
 	}
 	if _, err := tx.Exec(ctx, `DROP TABLE `+name); err != nil {
 		return fail(err)
 	}
-	if _, err := tx.Exec(ctx, removedSQL, topic, seg.Hi); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, removedSQL), topic, seg.Hi); err != nil {
 		return fail(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -326,10 +326,10 @@ func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, n
 		wm                  *int64
 		newest              *time.Time
 	)
-	if err := tx.QueryRow(ctx, retentionSettingsSQL, topic).Scan(&retention, &maxRetention, &zeroSubs, &now, &subs); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, retentionSettingsSQL), topic).Scan(&retention, &maxRetention, &zeroSubs, &now, &subs); err != nil {
 		return "", fmt.Errorf("offsets: retention settings of topic %d: %w", topic, err)
 	}
-	if err := tx.QueryRow(ctx, watermarkSQL, topic, seg.Partition).Scan(&wm); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, watermarkSQL), topic, seg.Partition).Scan(&wm); err != nil {
 		return "", fmt.Errorf("offsets: watermark of topic %d: %w", topic, err)
 	}
 	*watermark = NoLimit
@@ -363,7 +363,7 @@ func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, n
 // countSkips counts what each group loses with seg (see countSkipsSQL),
 // and returns the fingerprint of the positions and layouts it counted from.
 func countSkips(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, name string) ([]skipCount, string, error) {
-	rows, err := tx.Query(ctx, fmt.Sprintf(countSkipsSQL, name), topic, seg.Partition)
+	rows, err := tx.Query(ctx, fmt.Sprintf(schema.SQL(ctx, countSkipsSQL), name), topic, seg.Partition)
 	if err != nil {
 		return nil, "", fmt.Errorf("count skips: %w", err)
 	}

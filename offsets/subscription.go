@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgevents/pgevents/config"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Subscription states; see migration 0005 for the lifecycle.
@@ -25,7 +27,7 @@ const (
 	// replicas is live: a DEAD subscription comes back to ACTIVE. It
 	// returns the state and whether the subscription is new (the group's
 	// first start).
-	subscribeSQL = `INSERT INTO subscriptions (group_id, topic_id, start_from, dead_after)
+	subscribeSQL = `INSERT INTO {schema}subscriptions (group_id, topic_id, start_from, dead_after)
 VALUES ($1, $2, $3, $4::interval)
 ON CONFLICT (group_id, topic_id) DO UPDATE
 SET last_seen_at = clock_timestamp(),
@@ -35,7 +37,7 @@ SET last_seen_at = clock_timestamp(),
 RETURNING state, xmax = 0`
 
 	// heartbeatSQL is subscribeSQL for a group known to exist.
-	heartbeatSQL = `UPDATE subscriptions
+	heartbeatSQL = `UPDATE {schema}subscriptions
 SET last_seen_at = clock_timestamp(),
     state = CASE WHEN state = 'DEAD' THEN 'ACTIVE' ELSE state END,
     state_changed_at = CASE WHEN state = 'DEAD' THEN now() ELSE state_changed_at END
@@ -44,15 +46,15 @@ RETURNING state`
 
 	// setStateSQL applies an operator's transition if it is valid from the
 	// current state.
-	setStateSQL = `UPDATE subscriptions SET state = $3, state_changed_at = now()
+	setStateSQL = `UPDATE {schema}subscriptions SET state = $3, state_changed_at = now()
 WHERE group_id = $1 AND topic_id = $2 AND state = ANY($4::text[])
 RETURNING state`
 
-	stateSQL = `SELECT state FROM subscriptions WHERE group_id = $1 AND topic_id = $2`
+	stateSQL = `SELECT state FROM {schema}subscriptions WHERE group_id = $1 AND topic_id = $2`
 
 	// sweepDeadSQL marks ACTIVE groups without a heartbeat for their
 	// dead_after as DEAD.
-	sweepDeadSQL = `UPDATE subscriptions SET state = 'DEAD', state_changed_at = now()
+	sweepDeadSQL = `UPDATE {schema}subscriptions SET state = 'DEAD', state_changed_at = now()
 WHERE topic_id = $1 AND state = 'ACTIVE' AND last_seen_at < clock_timestamp() - dead_after
 RETURNING group_id`
 
@@ -64,12 +66,12 @@ RETURNING group_id`
 	// and partition count. An event of partition p with offset o belongs to
 	// the newest layout v with layout_start(t, v, p) <= o.
 	startLayoutSQL = `WITH cur AS (
-    SELECT max(version) AS v FROM topic_layouts WHERE topic_id = $1
+    SELECT max(version) AS v FROM {schema}topic_layouts WHERE topic_id = $1
 ), firsts AS (
     SELECT pc.partition_id, f.o
-    FROM partition_counters pc
+    FROM {schema}partition_counters pc
     CROSS JOIN LATERAL (
-        SELECT m.c_offset AS o FROM outbox_message_t m
+        SELECT m.c_offset AS o FROM {schema}outbox_message_t m
         WHERE m.topic_id = $1 AND m.partition_id = pc.partition_id
           AND ($2::text = 'earliest' OR m.created_at >= $4::timestamptz)
         ORDER BY m.c_offset LIMIT 1
@@ -79,16 +81,16 @@ RETURNING group_id`
     SELECT CASE
         WHEN $2::text IN ('earliest', 'time') THEN coalesce((
             SELECT min(lv.v) FROM firsts f
-            CROSS JOIN LATERAL (SELECT max(l.version) AS v FROM topic_layouts l
-                                WHERE l.topic_id = $1 AND layout_start($1, l.version, f.partition_id) <= f.o) lv),
+            CROSS JOIN LATERAL (SELECT max(l.version) AS v FROM {schema}topic_layouts l
+                                WHERE l.topic_id = $1 AND {schema}layout_start($1, l.version, f.partition_id) <= f.o) lv),
             (SELECT v FROM cur))
         WHEN $2::text = 'offset' AND c.offset_scope = 'topic' THEN coalesce(
-            (SELECT max(l.version) FROM topic_layouts l WHERE l.topic_id = $1 AND l.from_offset <= $3), 1)
+            (SELECT max(l.version) FROM {schema}topic_layouts l WHERE l.topic_id = $1 AND l.from_offset <= $3), 1)
         ELSE (SELECT v FROM cur)
     END AS v
-    FROM log_counter c WHERE c.topic_id = $1
+    FROM {schema}log_counter c WHERE c.topic_id = $1
 )
-SELECT l.version, l.total_partitions FROM v JOIN topic_layouts l ON l.topic_id = $1 AND l.version = v.v`
+SELECT l.version, l.total_partitions FROM v JOIN {schema}topic_layouts l ON l.topic_id = $1 AND l.version = v.v`
 
 	// startPositionsSQL computes the positions of a group placed in layout
 	// $5 of $6 partitions at a start position ($2 kind, $3 offset, $4 time):
@@ -99,25 +101,25 @@ SELECT l.version, l.total_partitions FROM v JOIN topic_layouts l ON l.topic_id =
 	// read before in a statement of its own (nextOffsetsSQL), so that an
 	// event below it that is committed is visible here.
 	startPositionsSQL = `SELECT array_agg(least(
-           coalesce(layout_cut($1, $5, p), 9223372036854775807),
-           greatest(layout_start($1, $5, p),
+           coalesce({schema}layout_cut($1, $5, p), 9223372036854775807),
+           greatest({schema}layout_start($1, $5, p),
                     CASE $2::text
                         WHEN 'offset' THEN $3::bigint
                         WHEN 'latest' THEN ($7::bigint[])[p + 1]
-                        ELSE coalesce((SELECT m.c_offset FROM outbox_message_t m
+                        ELSE coalesce((SELECT m.c_offset FROM {schema}outbox_message_t m
                                        WHERE m.topic_id = $1 AND m.partition_id = p
-                                         AND m.c_offset >= layout_start($1, $5, p)
+                                         AND m.c_offset >= {schema}layout_start($1, $5, p)
                                          AND ($2::text = 'earliest' OR m.created_at >= $4::timestamptz)
                                        ORDER BY m.c_offset LIMIT 1), ($7::bigint[])[p + 1])
                     END)) ORDER BY p)
 FROM generate_series(0, $6 - 1) AS p`
 
-	liveReplicasOfSQL = `SELECT count(*) FROM consumer_replicas
+	liveReplicasOfSQL = `SELECT count(*) FROM {schema}consumer_replicas
 WHERE group_id = $1 AND topic_id = $2 AND expires_at > clock_timestamp()`
 
-	lockSubscriptionSQL = `SELECT state FROM subscriptions WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
+	lockSubscriptionSQL = `SELECT state FROM {schema}subscriptions WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
 
-	oldPositionsSQL = `SELECT partition_id, next_offset FROM consumer_offsets
+	oldPositionsSQL = `SELECT partition_id, next_offset FROM {schema}consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
 
 	// placeSQL puts the group at positions $4 (element p+1 for partition p)
@@ -126,33 +128,33 @@ WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
 	// one, so fencing tokens never go back), parked hosts, parked events and
 	// dead letters in their host's partition of that layout.
 	placeSQL = `WITH add_pos AS (
-    INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset)
+    INSERT INTO {schema}consumer_offsets (group_id, topic_id, partition_id, next_offset)
     SELECT $1, $2, p, ($4::bigint[])[p + 1] FROM generate_series(0, $3 - 1) AS p
 ), add_leases AS (
-    INSERT INTO partition_leases (group_id, topic_id, partition_id, epoch)
+    INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id, epoch)
     SELECT $1, $2, p, $6 FROM generate_series(0, $3 - 1) AS p
 ), parked AS (
-    UPDATE parked_hosts SET partition_id = event_partition(host_id, $3) WHERE group_id = $1 AND topic_id = $2
+    UPDATE {schema}parked_hosts SET partition_id = {schema}event_partition(host_id, $3) WHERE group_id = $1 AND topic_id = $2
 ), parked_ev AS (
-    UPDATE parked_events SET partition_id = event_partition(event->>'host_id', $3) WHERE group_id = $1 AND topic_id = $2
+    UPDATE {schema}parked_events SET partition_id = {schema}event_partition(event->>'host_id', $3) WHERE group_id = $1 AND topic_id = $2
 ), dead AS (
-    UPDATE dead_letter_queue SET partition_id = event_partition(host_ids[1], $3) WHERE group_id = $1 AND topic_id = $2
+    UPDATE {schema}dead_letter_queue SET partition_id = {schema}event_partition(host_ids[1], $3) WHERE group_id = $1 AND topic_id = $2
 )
-INSERT INTO group_layouts (group_id, topic_id, version) VALUES ($1, $2, $5)
+INSERT INTO {schema}group_layouts (group_id, topic_id, version) VALUES ($1, $2, $5)
 ON CONFLICT (group_id, topic_id) DO UPDATE SET version = excluded.version, switched_at = now()`
 
 	// clearSQL removes a group's positions and leases before placeSQL and
 	// returns the highest lease epoch it had.
 	clearSQL = `WITH pos AS (
-    DELETE FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2
+    DELETE FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2
 ), l AS (
-    DELETE FROM partition_leases WHERE group_id = $1 AND topic_id = $2 RETURNING epoch
+    DELETE FROM {schema}partition_leases WHERE group_id = $1 AND topic_id = $2 RETURNING epoch
 )
 SELECT coalesce(max(epoch), 0) FROM l`
 
 	// unreportedSkipsSQL lists what retention removed before the group
 	// handled it and the group was not told yet.
-	unreportedSkipsSQL = `UPDATE retention_skips SET reported_at = now()
+	unreportedSkipsSQL = `UPDATE {schema}retention_skips SET reported_at = now()
 WHERE group_id = $1 AND topic_id = $2 AND reported_at IS NULL
 RETURNING partition_id, skipped, first_offset, last_offset, reason`
 )
@@ -182,12 +184,12 @@ func Subscribe(ctx context.Context, db Beginner, group string, topic int, start 
 		state string
 		isNew bool
 	)
-	if err := tx.QueryRow(ctx, subscribeSQL, group, topic, start.String(), deadAfter.String()).Scan(&state, &isNew); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, subscribeSQL), group, topic, start.String(), deadAfter.String()).Scan(&state, &isNew); err != nil {
 		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
 	}
 	if isNew {
 		var hasPositions bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM consumer_offsets WHERE group_id = $1 AND topic_id = $2)`,
+		if err := tx.QueryRow(ctx, schema.SQL(ctx, `SELECT EXISTS (SELECT 1 FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2)`),
 			group, topic).Scan(&hasPositions); err != nil {
 			return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
 		}
@@ -206,7 +208,7 @@ func Subscribe(ctx context.Context, db Beginner, group string, topic int, start 
 // Heartbeat marks the group live and returns its state.
 func Heartbeat(ctx context.Context, q Querier, group string, topic int) (string, error) {
 	var state string
-	if err := q.QueryRow(ctx, heartbeatSQL, group, topic).Scan(&state); err != nil {
+	if err := q.QueryRow(ctx, schema.SQL(ctx, heartbeatSQL), group, topic).Scan(&state); err != nil {
 		return "", fmt.Errorf("offsets: heartbeat of %q: %w", group, err)
 	}
 	return state, nil
@@ -233,13 +235,13 @@ func SetState(ctx context.Context, db Beginner, group string, topic int, to stri
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var prev string
-	if err := tx.QueryRow(ctx, lockSubscriptionSQL, group, topic).Scan(&prev); errors.Is(err, pgx.ErrNoRows) {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, lockSubscriptionSQL), group, topic).Scan(&prev); errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("offsets: group %q has no subscription on topic %d", group, topic)
 	} else if err != nil {
 		return "", fmt.Errorf("offsets: set state: %w", err)
 	}
 	var now string
-	if err := tx.QueryRow(ctx, setStateSQL, group, topic, to, from).Scan(&now); errors.Is(err, pgx.ErrNoRows) {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, setStateSQL), group, topic, to, from).Scan(&now); errors.Is(err, pgx.ErrNoRows) {
 		return prev, fmt.Errorf("offsets: %w: %s -> %s", ErrTransition, prev, to)
 	} else if err != nil {
 		return prev, fmt.Errorf("offsets: set state: %w", err)
@@ -251,7 +253,7 @@ func SetState(ctx context.Context, db Beginner, group string, topic int, to stri
 // has no subscription.
 func SubscriptionState(ctx context.Context, q Querier, group string, topic int) (string, error) {
 	var state string
-	err := q.QueryRow(ctx, stateSQL, group, topic).Scan(&state)
+	err := q.QueryRow(ctx, schema.SQL(ctx, stateSQL), group, topic).Scan(&state)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
@@ -264,7 +266,7 @@ func SubscriptionState(ctx context.Context, q Querier, group string, topic int) 
 // SweepDead marks the topic's ACTIVE groups that went without a heartbeat
 // for their dead_after as DEAD, and returns them.
 func SweepDead(ctx context.Context, q Querier, topic int) ([]string, error) {
-	rows, err := q.Query(ctx, sweepDeadSQL, topic)
+	rows, err := q.Query(ctx, schema.SQL(ctx, sweepDeadSQL), topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: sweep dead groups: %w", err)
 	}
@@ -297,23 +299,23 @@ func Place(ctx context.Context, tx pgx.Tx, group string, topic int, start config
 		return err
 	}
 	var nexts []int64
-	if err := tx.QueryRow(ctx, nextOffsetsSQL, topic).Scan(&nexts); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, nextOffsetsSQL), topic).Scan(&nexts); err != nil {
 		return fmt.Errorf("offsets: place group %q: next offsets: %w", group, err)
 	}
 	var version, partitions int
-	if err := tx.QueryRow(ctx, startLayoutSQL, topic, start.Kind, start.Offset, start.Time).Scan(&version, &partitions); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, startLayoutSQL), topic, start.Kind, start.Offset, start.Time).Scan(&version, &partitions); err != nil {
 		return fmt.Errorf("offsets: place group %q at %s: layout: %w", group, start, err)
 	}
 	var positions []int64
-	if err := tx.QueryRow(ctx, startPositionsSQL, topic, start.Kind, start.Offset, start.Time, version, partitions, nexts).
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, startPositionsSQL), topic, start.Kind, start.Offset, start.Time, version, partitions, nexts).
 		Scan(&positions); err != nil {
 		return fmt.Errorf("offsets: place group %q at %s: positions: %w", group, start, err)
 	}
 	var epoch int64
-	if err := tx.QueryRow(ctx, clearSQL, group, topic).Scan(&epoch); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, clearSQL), group, topic).Scan(&epoch); err != nil {
 		return fmt.Errorf("offsets: place group %q: %w", group, err)
 	}
-	if _, err := tx.Exec(ctx, placeSQL, group, topic, partitions, positions, version, epoch+1); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, placeSQL), group, topic, partitions, positions, version, epoch+1); err != nil {
 		return fmt.Errorf("offsets: place group %q at %s: %w", group, start, err)
 	}
 	return nil
@@ -338,7 +340,7 @@ func Reset(ctx context.Context, db Beginner, group string, topic int, start conf
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var state string
-	if err := tx.QueryRow(ctx, lockSubscriptionSQL, group, topic).Scan(&state); errors.Is(err, pgx.ErrNoRows) {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, lockSubscriptionSQL), group, topic).Scan(&state); errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("offsets: group %q has no subscription on topic %d", group, topic)
 	} else if err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
@@ -346,20 +348,20 @@ func Reset(ctx context.Context, db Beginner, group string, topic int, start conf
 	// The layout before the positions, as SwitchLayout and dead-letter
 	// resolution take them; and the new lease epochs must survive a crash
 	// (see SyncCommitSQL).
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`, group, topic); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, `SELECT 1 FROM {schema}group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`), group, topic); err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
 	}
 	if _, err := tx.Exec(ctx, SyncCommitSQL); err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
 	}
 	var live int
-	if err := tx.QueryRow(ctx, liveReplicasOfSQL, group, topic).Scan(&live); err != nil {
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, liveReplicasOfSQL), group, topic).Scan(&live); err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
 	}
 	if live > 0 && !force {
 		return nil, fmt.Errorf("offsets: %w (%d live): stop it first, or force", ErrGroupRunning, live)
 	}
-	rows, err := tx.Query(ctx, oldPositionsSQL, group, topic)
+	rows, err := tx.Query(ctx, schema.SQL(ctx, oldPositionsSQL), group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
 	}
@@ -374,8 +376,8 @@ func Reset(ctx context.Context, db Beginner, group string, topic int, start conf
 	if err := Place(ctx, tx, group, topic, start); err != nil {
 		return nil, err
 	}
-	rows, err = tx.Query(ctx, `SELECT partition_id, next_offset FROM consumer_offsets
-WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id`, group, topic)
+	rows, err = tx.Query(ctx, schema.SQL(ctx, `SELECT partition_id, next_offset FROM {schema}consumer_offsets
+WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id`), group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
 	}
@@ -405,7 +407,7 @@ type Skip struct {
 // TakeSkips returns the group's skips not reported yet, and marks them
 // reported.
 func TakeSkips(ctx context.Context, q Querier, group string, topic int) ([]Skip, error) {
-	rows, err := q.Query(ctx, unreportedSkipsSQL, group, topic)
+	rows, err := q.Query(ctx, schema.SQL(ctx, unreportedSkipsSQL), group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: skips: %w", err)
 	}

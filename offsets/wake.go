@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // The wake-up protocol of a worker that goes idle (see the pgevents
@@ -28,28 +30,28 @@ import (
 const (
 	// markWaitingSQL sets the partition's waiting flag (autocommit: it
 	// must be visible before the wait).
-	markWaitingSQL = `UPDATE partition_counters SET waiting = true
+	markWaitingSQL = `UPDATE {schema}partition_counters SET waiting = true
 WHERE topic_id = $1 AND partition_id = $2 AND NOT waiting`
 
 	// waitAppendsCounterSQL waits for the appends holding the topic's
 	// counter row (scope 'topic', allocation 'counter').
-	waitAppendsCounterSQL = `SELECT 1 FROM log_counter WHERE topic_id = $1 FOR SHARE`
+	waitAppendsCounterSQL = `SELECT 1 FROM {schema}log_counter WHERE topic_id = $1 FOR SHARE`
 
 	// waitAppendsAdvisorySQL waits for the appends holding the topic's
 	// advisory append lock (allocation 'sequence').
-	waitAppendsAdvisorySQL = `SELECT pg_advisory_xact_lock_shared(append_lock_key($1))`
+	waitAppendsAdvisorySQL = `SELECT pg_advisory_xact_lock_shared({schema}append_lock_key($1))`
 
 	// waitAppendsPartitionSQL waits for the appends holding the partition's
 	// counter row (scope 'partition').
-	waitAppendsPartitionSQL = `SELECT 1 FROM partition_counters WHERE topic_id = $1 AND partition_id = $2 FOR SHARE`
+	waitAppendsPartitionSQL = `SELECT 1 FROM {schema}partition_counters WHERE topic_id = $1 AND partition_id = $2 FOR SHARE`
 
 	// idleCheckSQL returns the partition's highest offset beyond the
 	// group's position in its layout $4, or NULL. %[1]s is the partition's
 	// table.
-	idleCheckSQL = `SELECT max(m.c_offset) FROM %[1]s m
-JOIN consumer_offsets o ON o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3
+	idleCheckSQL = `SELECT max(m.c_offset) FROM {schema}%[1]s m
+JOIN {schema}consumer_offsets o ON o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= o.next_offset
-  AND m.c_offset < coalesce(layout_cut($2, $4, $3), 9223372036854775807)`
+  AND m.c_offset < coalesce({schema}layout_cut($2, $4, $3), 9223372036854775807)`
 )
 
 // Idle runs the wake-up protocol of a worker of group that found nothing
@@ -59,16 +61,16 @@ WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= o.next_offset
 // and the worker may sleep until a notification.
 func Idle(ctx context.Context, db Batcher, ps *PartitionSQL, group string, topic, partition, layout int) (int64, error) {
 	var b pgx.Batch
-	b.Queue(markWaitingSQL, topic, partition)
+	b.Queue(schema.SQL(ctx, markWaitingSQL), topic, partition)
 	br := db.SendBatch(ctx, &b)
 	if err := br.Close(); err != nil {
 		return 0, fmt.Errorf("offsets: mark partition %d waiting: %w", partition, err)
 	}
 	b = pgx.Batch{}
-	b.Queue(waitAppendsCounterSQL, topic)
-	b.Queue(waitAppendsAdvisorySQL, topic)
-	b.Queue(waitAppendsPartitionSQL, topic, partition)
-	b.Queue(ps.idleCheck, group, topic, partition, layout)
+	b.Queue(schema.SQL(ctx, waitAppendsCounterSQL), topic)
+	b.Queue(schema.SQL(ctx, waitAppendsAdvisorySQL), topic)
+	b.Queue(schema.SQL(ctx, waitAppendsPartitionSQL), topic, partition)
+	b.Queue(schema.SQL(ctx, ps.idleCheck), group, topic, partition, layout)
 	br = db.SendBatch(ctx, &b)
 	defer br.Close()
 	for range 3 {

@@ -14,6 +14,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/offsets"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Lease statements. Each runs as one statement or one pipelined batch
@@ -21,7 +23,7 @@ import (
 // client: a replica frozen mid-heartbeat holds no lease row locked.
 const (
 	// registerSQL records the replica as live until now + lease.
-	registerSQL = `INSERT INTO consumer_replicas (group_id, topic_id, replica_id, mode, hostname, pid, expires_at)
+	registerSQL = `INSERT INTO {schema}consumer_replicas (group_id, topic_id, replica_id, mode, hostname, pid, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + $7::interval)
 ON CONFLICT (group_id, topic_id, replica_id)
 DO UPDATE SET heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at, mode = excluded.mode`
@@ -29,7 +31,7 @@ DO UPDATE SET heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at
 	// renewSQL extends every lease the replica owns, expired or not: a lease
 	// still owned was taken by nobody (taking it changes the owner), so it
 	// is safe to keep. It returns what the replica holds.
-	renewSQL = `UPDATE partition_leases
+	renewSQL = `UPDATE {schema}partition_leases
 SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + $4::interval
 WHERE group_id = $1 AND topic_id = $2 AND owner = $3
 RETURNING partition_id, epoch`
@@ -37,7 +39,7 @@ RETURNING partition_id, epoch`
 	// liveReplicasSQL lists the live auto-mode replicas, in id order: the
 	// order that decides who holds one partition more when they do not
 	// divide evenly.
-	liveReplicasSQL = `SELECT replica_id FROM consumer_replicas
+	liveReplicasSQL = `SELECT replica_id FROM {schema}consumer_replicas
 WHERE group_id = $1 AND topic_id = $2 AND mode = 'auto' AND expires_at > clock_timestamp()
 ORDER BY replica_id`
 
@@ -53,14 +55,14 @@ ORDER BY replica_id`
 	acquireSQL = `WITH sync AS (
     SELECT set_config('synchronous_commit', 'on', true)
 ), cand AS (
-    SELECT partition_id, owner AS prev_owner FROM partition_leases
+    SELECT partition_id, owner AS prev_owner FROM {schema}partition_leases
     WHERE group_id = $1 AND topic_id = $2 AND partition_id = ANY($4::integer[])
       AND (owner = '' OR expires_at <= clock_timestamp())
     ORDER BY partition_id
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
-UPDATE partition_leases l
+UPDATE {schema}partition_leases l
 SET owner = $3, epoch = l.epoch + 1, acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
     expires_at = clock_timestamp() + $6::interval
 FROM cand CROSS JOIN sync
@@ -68,16 +70,16 @@ WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = cand.partition_id
 RETURNING l.partition_id, l.epoch, cand.prev_owner`
 
 	// releaseSQL frees a lease the replica owns with that epoch.
-	releaseSQL = `UPDATE partition_leases SET owner = '', expires_at = clock_timestamp()
+	releaseSQL = `UPDATE {schema}partition_leases SET owner = '', expires_at = clock_timestamp()
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5`
 
 	// releaseAllSQL frees every lease of the replica and removes it from
 	// the live replicas, at shutdown: the others take over at once instead
 	// of after the lease expires.
 	releaseAllSQL = `WITH r AS (
-    DELETE FROM consumer_replicas WHERE group_id = $1 AND topic_id = $2 AND replica_id = $3
+    DELETE FROM {schema}consumer_replicas WHERE group_id = $1 AND topic_id = $2 AND replica_id = $3
 )
-UPDATE partition_leases SET owner = '', expires_at = clock_timestamp()
+UPDATE {schema}partition_leases SET owner = '', expires_at = clock_timestamp()
 WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 
 	// fenceSQL ends the previous owner's batch, frozen or cut off, if it
@@ -90,7 +92,7 @@ WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 	// is ended: the row may also be locked by a dead-letter replay, an
 	// offsets reset or a layout switch, which are not the stale owner's.
 	fenceSQL = `SELECT count(pg_terminate_backend(a.pid))
-FROM consumer_offsets o
+FROM {schema}consumer_offsets o
 JOIN pg_stat_activity a ON a.backend_xid = o.xmax
 WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3 AND a.pid <> pg_backend_pid()
   AND a.application_name = $4`
@@ -235,9 +237,9 @@ func (l *Leaser) beat(ctx context.Context) error {
 	}
 	lease := l.cfg.Lease.String()
 	var b pgx.Batch
-	b.Queue(registerSQL, l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, mode, l.hostname, os.Getpid(), lease)
-	b.Queue(renewSQL, l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, lease)
-	b.Queue(liveReplicasSQL, l.cfg.Group, l.cfg.Topic)
+	b.Queue(schema.SQL(ctx, registerSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, mode, l.hostname, os.Getpid(), lease)
+	b.Queue(schema.SQL(ctx, renewSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, lease)
+	b.Queue(schema.SQL(ctx, liveReplicasSQL), l.cfg.Group, l.cfg.Topic)
 	br := l.cfg.DB.SendBatch(ctx, &b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -296,7 +298,7 @@ func (l *Leaser) beat(ctx context.Context) error {
 
 // acquire takes up to n free or expired leases among want.
 func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
-	rows, err := l.cfg.DB.Query(ctx, acquireSQL, l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, want, n, l.cfg.Lease.String())
+	rows, err := l.cfg.DB.Query(ctx, schema.SQL(ctx, acquireSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, want, n, l.cfg.Lease.String())
 	if err != nil {
 		return fmt.Errorf("partition: acquire: %w", err)
 	}
@@ -318,7 +320,7 @@ func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
 			// Taken over from a replica whose lease expired: end its
 			// batch, if it still holds the partition's offsets row.
 			var n int
-			if err := l.cfg.DB.QueryRow(ctx, fenceSQL, l.cfg.Group, l.cfg.Topic, a.p, offsets.BatchApplicationName(a.prev)).Scan(&n); err != nil {
+			if err := l.cfg.DB.QueryRow(ctx, schema.SQL(ctx, fenceSQL), l.cfg.Group, l.cfg.Topic, a.p, offsets.BatchApplicationName(a.prev)).Scan(&n); err != nil {
 				l.log.Warn().Err(err).Int("partition", a.p).Msg("could not fence the previous owner")
 			} else if n > 0 {
 				l.log.Warn().Int("partition", a.p).Str("previous_owner", a.prev).Msg("ended the previous owner's batch")
@@ -365,7 +367,7 @@ func (l *Leaser) Released(ctx context.Context, p int, epoch int64) error {
 	delete(l.held, p)
 	delete(l.releasing, p)
 	l.mu.Unlock()
-	if _, err := l.cfg.DB.Exec(ctx, releaseSQL, l.cfg.Group, l.cfg.Topic, p, l.cfg.ReplicaID, epoch); err != nil {
+	if _, err := l.cfg.DB.Exec(ctx, schema.SQL(ctx, releaseSQL), l.cfg.Group, l.cfg.Topic, p, l.cfg.ReplicaID, epoch); err != nil {
 		return fmt.Errorf("partition: release %d: %w", p, err)
 	}
 	return nil
@@ -377,7 +379,7 @@ func (l *Leaser) ReleaseAll(ctx context.Context) error {
 	l.held = map[int]int64{}
 	l.releasing = map[int]bool{}
 	l.mu.Unlock()
-	if _, err := l.cfg.DB.Exec(ctx, releaseAllSQL, l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID); err != nil {
+	if _, err := l.cfg.DB.Exec(ctx, schema.SQL(ctx, releaseAllSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID); err != nil {
 		return fmt.Errorf("partition: release all: %w", err)
 	}
 	return nil

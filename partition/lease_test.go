@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/schema"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -53,7 +54,7 @@ func TestAcquireCommitsSynchronously(t *testing.T) {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, acquireSQL, "g", 1, "r1", []int{0, 1}, 2, "1s")
+		rows, err := tx.Query(ctx, schema.SQL(ctx, acquireSQL), "g", 1, "r1", []int{0, 1}, 2, "1s")
 		if err != nil {
 			return err
 		}

@@ -3,7 +3,8 @@
 //
 // # Objects
 //
-// The migrations create, in the first schema of the search_path:
+// The migrations create, in pgevents' schema (see WithName: a schema of its
+// own, or the first schema of the search_path):
 //
 //   - log_counter: one row per topic: its partition count, offset scope
 //     ('topic' or 'partition'), allocation, channel, wake-up mode and, under
@@ -36,6 +37,17 @@
 // in one transaction, after taking a transaction-scoped advisory lock: several
 // replicas starting at once apply them exactly once, and a failed migration
 // leaves nothing behind. Applied versions are recorded in
-// pgevents_schema_migrations. [Script] returns the same SQL for teams that run
-// their own migration tool.
+// pgevents_schema_migrations. [Script] and [ScriptIn] return the same SQL for
+// teams that run their own migration tool.
+//
+// # A schema of its own
+//
+// With a schema name on the context ([WithName]), Migrate creates the schema
+// and every object in it, and every statement of pgevents' packages names
+// its objects there, qualified ([Marker], [SQL]): pgevents installs beside
+// an application's tables of the same names, and handlers, which run the
+// application's SQL on pgevents' connections, keep the application's
+// search_path. The PL/pgSQL functions pin their search_path to the schema
+// they live in, so append_event called schema-qualified finds pgevents'
+// objects from any session.
 package schema

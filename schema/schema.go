@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -73,21 +75,80 @@ const (
 	// is released when the migrating transaction ends.
 	lockSQL = `SELECT pg_advisory_xact_lock(hashtext('pgevents.schema.migrate'))`
 
-	versionTableSQL = `CREATE TABLE IF NOT EXISTS pgevents_schema_migrations (
+	versionTableSQL = `CREATE TABLE IF NOT EXISTS {schema}pgevents_schema_migrations (
     version    integer     PRIMARY KEY,
     name       text        NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )`
 
-	currentVersionSQL = `SELECT coalesce(max(version), 0) FROM pgevents_schema_migrations`
+	currentVersionSQL = `SELECT coalesce(max(version), 0) FROM {schema}pgevents_schema_migrations`
 
-	recordVersionSQL = `INSERT INTO pgevents_schema_migrations (version, name) VALUES ($1, $2)`
+	recordVersionSQL = `INSERT INTO {schema}pgevents_schema_migrations (version, name) VALUES ($1, $2)`
+
+	// pinSQL pins the search_path of pgevents' PL/pgSQL functions to the
+	// schema they live in (current_schema(), where the migrations created
+	// them), so that they find pgevents' objects whatever the caller's
+	// search_path: append_event called schema-qualified from a session
+	// whose search_path holds an application's log_counter still reserves
+	// from pgevents'. pg_temp comes last, so that no temporary table can
+	// stand in for one of them. SQL-language functions need no pin: their
+	// bodies bind names when they are created. CREATE OR REPLACE FUNCTION
+	// drops the pin, so it runs after every migration; %s is the list of
+	// the functions' names.
+	pinSQL = `DO $pin$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN
+        SELECT n.nspname, p.proname, pg_get_function_identity_arguments(p.oid) AS args
+          FROM pg_proc p
+          JOIN pg_namespace n ON n.oid = p.pronamespace
+          JOIN pg_language l ON l.oid = p.prolang
+         WHERE n.nspname = current_schema() AND l.lanname = 'plpgsql'
+           AND p.proname = ANY ('%s'::text[])
+           AND NOT coalesce('search_path=' || quote_ident(n.nspname) || ', pg_temp' = ANY (p.proconfig), false)
+    LOOP
+        EXECUTE format('ALTER FUNCTION %%I.%%I(%%s) SET search_path = %%I, pg_temp', f.nspname, f.proname, f.args, f.nspname);
+    END LOOP;
+END
+$pin$`
 )
+
+// Functions returns the names of the SQL functions the migrations leave
+// behind (created and not dropped since), in the order they are created.
+func Functions() []string {
+	var names []string
+	for _, m := range Migrations() {
+		for _, sm := range functionDDL.FindAllStringSubmatch(m.SQL, -1) {
+			name := strings.ToLower(sm[2])
+			i := slices.Index(names, name)
+			switch {
+			case strings.EqualFold(sm[1], "DROP") && i >= 0:
+				names = slices.Delete(names, i, i+1)
+			case !strings.EqualFold(sm[1], "DROP") && i < 0:
+				names = append(names, name)
+			}
+		}
+	}
+	return names
+}
+
+var functionDDL = regexp.MustCompile(`(?im)^\s*(CREATE|CREATE OR REPLACE|DROP)\s+FUNCTION\s+(?:IF\s+EXISTS\s+)?(\w+)`)
+
+// pinStatement is pinSQL for the functions of the migrations.
+func pinStatement() string {
+	return fmt.Sprintf(pinSQL, "{"+strings.Join(Functions(), ",")+"}")
+}
 
 // Migrate applies the embedded migrations that db lacks and returns the
 // versions it applied. It is idempotent and safe to call from several
 // processes at once: the first caller applies, the others wait for its
 // transaction and find nothing to do.
+//
+// With a schema name on ctx (WithName), every object is created in that
+// schema, which is created first when missing; otherwise in the first
+// schema of the search_path. Either way the PL/pgSQL functions' search_path
+// is pinned to the schema they live in.
 func Migrate(ctx context.Context, db DB) ([]int, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -98,11 +159,22 @@ func Migrate(ctx context.Context, db DB) ([]int, error) {
 	if _, err := tx.Exec(ctx, lockSQL); err != nil {
 		return nil, fmt.Errorf("schema: lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, versionTableSQL); err != nil {
+	// The search_path the caller's transaction had, for after (Migrate may
+	// run in a savepoint of the caller's own transaction).
+	var path string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	for _, stmt := range enterSchema(Name(ctx)) {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return nil, fmt.Errorf("schema: schema %s: %w", Name(ctx), err)
+		}
+	}
+	if _, err := tx.Exec(ctx, SQL(ctx, versionTableSQL)); err != nil {
 		return nil, fmt.Errorf("schema: create version table: %w", err)
 	}
 	var current int
-	if err := tx.QueryRow(ctx, currentVersionSQL).Scan(&current); err != nil {
+	if err := tx.QueryRow(ctx, SQL(ctx, currentVersionSQL)).Scan(&current); err != nil {
 		return nil, fmt.Errorf("schema: read version: %w", err)
 	}
 	var applied []int
@@ -115,10 +187,18 @@ func Migrate(ctx context.Context, db DB) ([]int, error) {
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
 			return nil, fmt.Errorf("schema: migration %04d_%s: %w", m.Version, m.Name, err)
 		}
-		if _, err := tx.Exec(ctx, recordVersionSQL, m.Version, m.Name); err != nil {
+		if _, err := tx.Exec(ctx, SQL(ctx, recordVersionSQL), m.Version, m.Name); err != nil {
 			return nil, fmt.Errorf("schema: record migration %d: %w", m.Version, err)
 		}
 		applied = append(applied, m.Version)
+	}
+	if _, err := tx.Exec(ctx, pinStatement()); err != nil {
+		return nil, fmt.Errorf("schema: pin the functions' search_path: %w", err)
+	}
+	if Name(ctx) != "" {
+		if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, path); err != nil {
+			return nil, fmt.Errorf("schema: %w", err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("schema: commit: %w", err)
@@ -126,24 +206,46 @@ func Migrate(ctx context.Context, db DB) ([]int, error) {
 	return applied, nil
 }
 
+// enterSchema returns the statements that make the migrating transaction
+// create everything in schema name: the schema itself, and a search_path
+// of only that schema for the rest of the transaction. None for "".
+func enterSchema(name string) []string {
+	if name == "" {
+		return nil
+	}
+	id := pgx.Identifier{name}.Sanitize()
+	return []string{`CREATE SCHEMA IF NOT EXISTS ` + id, `SET LOCAL search_path TO ` + id}
+}
+
 // Script returns the SQL of every migration after version from, wrapped in
 // one transaction with the same advisory lock and version bookkeeping that
 // Migrate uses, for teams that apply migrations with their own tool. Version
-// checks are the tool's job: run the script once per version.
-func Script(from int) string {
+// checks are the tool's job: run the script once per version. The objects
+// go to the first schema of the search_path; see ScriptIn.
+func Script(from int) string { return ScriptIn("", from) }
+
+// ScriptIn is Script for pgevents in schema name ("": the first schema of
+// the search_path).
+func ScriptIn(name string, from int) string {
 	var b strings.Builder
 	b.WriteString("-- pgevents schema migrations, generated by `consumer migrate --print`.\n")
 	b.WriteString("BEGIN;\n")
 	b.WriteString(lockSQL + ";\n")
-	b.WriteString(versionTableSQL + ";\n\n")
+	for _, stmt := range enterSchema(name) {
+		b.WriteString(stmt + ";\n")
+	}
+	b.WriteString(Qualify(name, versionTableSQL) + ";\n\n")
 	for _, m := range Migrations() {
 		if m.Version <= from {
 			continue
 		}
 		fmt.Fprintf(&b, "-- migration %04d_%s\n", m.Version, m.Name)
 		b.WriteString(m.SQL)
-		fmt.Fprintf(&b, "\nINSERT INTO pgevents_schema_migrations (version, name) VALUES (%d, '%s');\n\n", m.Version, m.Name)
+		fmt.Fprintf(&b, "\nINSERT INTO %spgevents_schema_migrations (version, name) VALUES (%d, '%s');\n\n",
+			Qualify(name, Marker), m.Version, m.Name)
 	}
+	b.WriteString("-- the PL/pgSQL functions find pgevents' objects whatever the caller's search_path\n")
+	b.WriteString(pinStatement() + ";\n")
 	b.WriteString("COMMIT;\n")
 	return b.String()
 }
@@ -152,14 +254,14 @@ func Script(from int) string {
 // pgevents was never migrated there.
 func Version(ctx context.Context, db DB) (int, error) {
 	var exists bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass('pgevents_schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+	if err := db.QueryRow(ctx, SQL(ctx, `SELECT to_regclass('{schema}pgevents_schema_migrations') IS NOT NULL`)).Scan(&exists); err != nil {
 		return 0, fmt.Errorf("schema: version: %w", err)
 	}
 	if !exists {
 		return 0, nil
 	}
 	var v int
-	if err := db.QueryRow(ctx, currentVersionSQL).Scan(&v); err != nil {
+	if err := db.QueryRow(ctx, SQL(ctx, currentVersionSQL)).Scan(&v); err != nil {
 		return 0, fmt.Errorf("schema: version: %w", err)
 	}
 	return v, nil

@@ -726,3 +726,46 @@ func TestPlacingAGroupDoesNotDeadlockWithMaintenance(t *testing.T) {
 		t.Fatalf("maintenance: %v", err)
 	}
 }
+
+// TestScriptInSchemaBesideSeedTables applies the printed script of a schema
+// of its own (consumer migrate --print with schema set) to a database that
+// holds seed-style tables of the same names: everything lands in that
+// schema, public keeps only the seed's tables, and Migrate agrees that
+// nothing is left to do.
+func TestScriptInSchemaBesideSeedTables(t *testing.T) {
+	t.Parallel()
+	ctx := schema.WithName(context.Background(), "pgevents")
+	pool := pgtest.Pool(t, pgtest.NewDB(t))
+	if _, err := pool.Exec(ctx, pgtest.SeedTables); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, schema.ScriptIn("pgevents", 0)); err != nil {
+		t.Fatalf("running the printed script: %v", err)
+	}
+	if v, err := schema.Version(ctx, pool); err != nil || v != schema.Latest() {
+		t.Fatalf("Version in the schema = %d, %v; want %d", v, err, schema.Latest())
+	}
+	if v, err := schema.Version(context.Background(), pool); err != nil || v != 0 {
+		t.Fatalf("Version in public = %d, %v; want 0", v, err)
+	}
+	if applied, err := schema.Migrate(ctx, pool); err != nil || len(applied) != 0 {
+		t.Fatalf("Migrate after the script applied %v, err %v", applied, err)
+	}
+	var public int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'p', 'v', 'S')`).Scan(&public); err != nil || public != 4 {
+		t.Fatalf("public holds %d relations (%v), want the seed's 4", public, err)
+	}
+	// Migrate in a transaction of the caller's leaves its search_path alone.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := schema.Migrate(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	var path string
+	if err := tx.QueryRow(ctx, `SHOW search_path`).Scan(&path); err != nil || path != `"$user", public` {
+		t.Fatalf("search_path after Migrate in the caller's transaction: %q, %v", path, err)
+	}
+}

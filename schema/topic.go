@@ -70,7 +70,7 @@ type TopicSpec struct {
 
 // SetWake sets a topic's wake-up mode (WakeWaiting or WakeAlways).
 func SetWake(ctx context.Context, db DB, id int, wake string) error {
-	if _, err := db.Exec(ctx, `UPDATE log_counter SET wake = $2 WHERE topic_id = $1 AND wake <> $2`, id, wake); err != nil {
+	if _, err := db.Exec(ctx, SQL(ctx, `UPDATE {schema}log_counter SET wake = $2 WHERE topic_id = $1 AND wake <> $2`), id, wake); err != nil {
 		return fmt.Errorf("schema: set wake-up mode of topic %d: %w", id, err)
 	}
 	return nil
@@ -83,7 +83,7 @@ const DefaultChannel = "event_channel"
 // SetChannel sets the NOTIFY channel on which the topic's appends wake
 // consumers. Consumers configured with another channel refuse to start.
 func SetChannel(ctx context.Context, db DB, id int, channel string) error {
-	if _, err := db.Exec(ctx, `UPDATE log_counter SET channel = $2 WHERE topic_id = $1 AND channel <> $2`, id, channel); err != nil {
+	if _, err := db.Exec(ctx, SQL(ctx, `UPDATE {schema}log_counter SET channel = $2 WHERE topic_id = $1 AND channel <> $2`), id, channel); err != nil {
 		return fmt.Errorf("schema: set channel of topic %d: %w", id, err)
 	}
 	return nil
@@ -103,7 +103,7 @@ const (
 // SetAllocation switches topic id's offset allocation, continuing from its
 // next offset; it waits for the appends in flight.
 func SetAllocation(ctx context.Context, db DB, id int, allocation string) error {
-	if _, err := db.Exec(ctx, `SELECT set_offset_allocation($1, $2)`, id, allocation); err != nil {
+	if _, err := db.Exec(ctx, SQL(ctx, `SELECT {schema}set_offset_allocation($1, $2)`), id, allocation); err != nil {
 		return fmt.Errorf("schema: set offset allocation of topic %d: %w", id, err)
 	}
 	return nil
@@ -116,26 +116,26 @@ func SetAllocation(ctx context.Context, db DB, id int, allocation string) error 
 // count sends hosts to other partitions (invariant 5).
 const (
 	createTopicSQL = `WITH t AS (
-    INSERT INTO log_counter (topic_id, total_partitions, segment_size, offset_scope) VALUES ($1, $2, $3, $4)
+    INSERT INTO {schema}log_counter (topic_id, total_partitions, segment_size, offset_scope) VALUES ($1, $2, $3, $4)
     ON CONFLICT (topic_id) DO NOTHING
     RETURNING topic_id, total_partitions
 ), r AS (
-    INSERT INTO topic_retention (topic_id) SELECT topic_id FROM t
+    INSERT INTO {schema}topic_retention (topic_id) SELECT topic_id FROM t
 ), c AS (
-    INSERT INTO partition_counters (topic_id, partition_id)
+    INSERT INTO {schema}partition_counters (topic_id, partition_id)
     SELECT t.topic_id, p FROM t CROSS JOIN generate_series(0, t.total_partitions - 1) AS p
 )
-INSERT INTO topic_layouts (topic_id, version, total_partitions, from_offset)
+INSERT INTO {schema}topic_layouts (topic_id, version, total_partitions, from_offset)
 SELECT topic_id, 1, total_partitions, 1 FROM t`
 
-	lookupTopicSQL = `SELECT topic_id, total_partitions, coalesce(topic_next_offset(topic_id), 0), segment_size, allocation, channel,
+	lookupTopicSQL = `SELECT topic_id, total_partitions, coalesce({schema}topic_next_offset(topic_id), 0), segment_size, allocation, channel,
        offset_scope, wake
-FROM log_counter WHERE topic_id = $1`
+FROM {schema}log_counter WHERE topic_id = $1`
 
 	// ensureSegmentsSQL runs under a short lock_timeout so that DDL never
 	// queues behind a long transaction and, queued, blocks the appends that
 	// arrive after it.
-	ensureSegmentsSQL = `SELECT ensure_outbox_segments($1, $2)`
+	ensureSegmentsSQL = `SELECT {schema}ensure_outbox_segments($1, $2)`
 )
 
 // SegmentsAhead is how many segments of outbox_message_t are kept created
@@ -168,7 +168,7 @@ func EnsureTopicSpec(ctx context.Context, db DB, spec TopicSpec) (Topic, bool, e
 	if spec.Scope == "" {
 		spec.Scope = ScopeTopic
 	}
-	tag, err := db.Exec(ctx, createTopicSQL, spec.ID, spec.Partitions, spec.SegmentSize, spec.Scope)
+	tag, err := db.Exec(ctx, SQL(ctx, createTopicSQL), spec.ID, spec.Partitions, spec.SegmentSize, spec.Scope)
 	if err != nil {
 		return Topic{}, false, fmt.Errorf("schema: create topic %d: %w", spec.ID, err)
 	}
@@ -183,7 +183,7 @@ func EnsureTopicSpec(ctx context.Context, db DB, spec TopicSpec) (Topic, bool, e
 // LookupTopic returns topic id, or an error wrapping ErrTopicNotFound.
 func LookupTopic(ctx context.Context, db DB, id int) (Topic, error) {
 	var t Topic
-	err := db.QueryRow(ctx, lookupTopicSQL, id).Scan(&t.ID, &t.Partitions, &t.NextOffset, &t.SegmentSize, &t.Allocation, &t.Channel,
+	err := db.QueryRow(ctx, SQL(ctx, lookupTopicSQL), id).Scan(&t.ID, &t.Partitions, &t.NextOffset, &t.SegmentSize, &t.Allocation, &t.Channel,
 		&t.Scope, &t.Wake)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Topic{}, fmt.Errorf("schema: topic %d: %w", id, ErrTopicNotFound)
@@ -210,7 +210,7 @@ func EnsureSegments(ctx context.Context, db DB, topicID int) (int, error) {
 		return 0, fmt.Errorf("schema: ensure segments: %w", err)
 	}
 	var n int
-	if err := tx.QueryRow(ctx, ensureSegmentsSQL, topicID, SegmentsAhead).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, SQL(ctx, ensureSegmentsSQL), topicID, SegmentsAhead).Scan(&n); err != nil {
 		return 0, fmt.Errorf("schema: ensure segments of topic %d: %w", topicID, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -225,7 +225,7 @@ func EnsureSegments(ctx context.Context, db DB, topicID int) (int, error) {
 // handle the new one.
 func Repartition(ctx context.Context, db DB, id, partitions int) (int64, error) {
 	var cut int64
-	if err := db.QueryRow(ctx, `SELECT repartition_topic($1, $2)`, id, partitions).Scan(&cut); err != nil {
+	if err := db.QueryRow(ctx, SQL(ctx, `SELECT {schema}repartition_topic($1, $2)`), id, partitions).Scan(&cut); err != nil {
 		return 0, fmt.Errorf("schema: repartition topic %d: %w", id, err)
 	}
 	return cut, nil
@@ -239,22 +239,27 @@ type Segment struct {
 	Lo, Hi    int64
 }
 
-// segmentsSQL lists a topic's segments (ensure_outbox_segments names them
+// segmentsSQL lists a topic's segments: the partitions of the partitions
+// of pgevents' outbox_message_t (ensure_outbox_segments names them
 // outbox_message_t_<topic>_p<partition>_<k> and gives segment k the offsets
-// [k*size + 1, (k+1)*size + 1) of the partition).
+// [k*size + 1, (k+1)*size + 1) of the partition). Found through
+// pg_inherits from the log itself, so that tables of the same names in
+// other schemas are never taken for pgevents'.
 const segmentsSQL = `SELECT c.relname::text, substring(c.relname FROM '_p(\d+)_\d+$')::int,
        substring(c.relname FROM '_(\d+)$')::bigint, lc.segment_size
-FROM pg_inherits i
+FROM pg_inherits top
+JOIN pg_class parent ON parent.oid = top.inhrelid
+JOIN pg_inherits i ON i.inhparent = parent.oid
 JOIN pg_class c ON c.oid = i.inhrelid
-JOIN pg_class parent ON parent.oid = i.inhparent
-JOIN log_counter lc ON lc.topic_id = $1
-WHERE parent.relname ~ ('^outbox_message_t_' || $1 || '_p\d+$')
+JOIN {schema}log_counter lc ON lc.topic_id = $1
+WHERE top.inhparent = '{schema}outbox_message_t'::regclass
+  AND parent.relname ~ ('^outbox_message_t_' || $1 || '_p\d+$')
   AND c.relname ~ ('^outbox_message_t_' || $1 || '_p\d+_\d+$')
 ORDER BY 2, 3`
 
 // Segments returns the topic's segments, by partition and offset.
 func Segments(ctx context.Context, db DB, topicID int) ([]Segment, error) {
-	rows, err := db.Query(ctx, segmentsSQL, topicID)
+	rows, err := db.Query(ctx, SQL(ctx, segmentsSQL), topicID)
 	if err != nil {
 		return nil, fmt.Errorf("schema: segments of topic %d: %w", topicID, err)
 	}
@@ -289,7 +294,7 @@ func SetSegmentSize(ctx context.Context, db DB, topicID int, size int64, ahead i
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
 	var events bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_message_t WHERE topic_id = $1)`, topicID).Scan(&events); err != nil {
+	if err := tx.QueryRow(ctx, SQL(ctx, `SELECT EXISTS (SELECT 1 FROM {schema}outbox_message_t WHERE topic_id = $1)`), topicID).Scan(&events); err != nil {
 		return fmt.Errorf("schema: segment size of topic %d: %w", topicID, err)
 	}
 	if events {
@@ -300,14 +305,14 @@ func SetSegmentSize(ctx context.Context, db DB, topicID int, size int64, ahead i
 		return err
 	}
 	for _, s := range segs {
-		if _, err := tx.Exec(ctx, `DROP TABLE `+pgx.Identifier{s.Name}.Sanitize()); err != nil {
+		if _, err := tx.Exec(ctx, `DROP TABLE `+Ident(ctx, s.Name)); err != nil {
 			return fmt.Errorf("schema: segment size of topic %d: %w", topicID, err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `UPDATE log_counter SET segment_size = $2 WHERE topic_id = $1`, topicID, size); err != nil {
+	if _, err := tx.Exec(ctx, SQL(ctx, `UPDATE {schema}log_counter SET segment_size = $2 WHERE topic_id = $1`), topicID, size); err != nil {
 		return fmt.Errorf("schema: segment size of topic %d: %w", topicID, err)
 	}
-	if _, err := tx.Exec(ctx, ensureSegmentsSQL, topicID, ahead); err != nil {
+	if _, err := tx.Exec(ctx, SQL(ctx, ensureSegmentsSQL), topicID, ahead); err != nil {
 		return fmt.Errorf("schema: segment size of topic %d: %w", topicID, err)
 	}
 	return tx.Commit(ctx)
@@ -331,10 +336,10 @@ func SetRetention(ctx context.Context, db DB, topicID int, r Retention) error {
 		m := r.Max.String()
 		max = &m
 	}
-	_, err := db.Exec(ctx, `INSERT INTO topic_retention (topic_id, retention, max_retention, zero_subscription_retention)
+	_, err := db.Exec(ctx, SQL(ctx, `INSERT INTO {schema}topic_retention (topic_id, retention, max_retention, zero_subscription_retention)
 VALUES ($1, $2::interval, $3::interval, $4::interval)
 ON CONFLICT (topic_id) DO UPDATE SET retention = excluded.retention, max_retention = excluded.max_retention,
-    zero_subscription_retention = excluded.zero_subscription_retention`,
+    zero_subscription_retention = excluded.zero_subscription_retention`),
 		topicID, r.Retention.String(), max, r.ZeroSubscription.String())
 	if err != nil {
 		return fmt.Errorf("schema: set retention of topic %d: %w", topicID, err)

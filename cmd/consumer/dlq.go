@@ -40,7 +40,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args[1:]); err != nil {
 		return &usageError{err}
 	}
-	cfg, pool, err := connect(ctx, *path, nil)
+	ctx, cfg, pool, err := connect(ctx, *path, nil)
 	if err != nil {
 		return err
 	}

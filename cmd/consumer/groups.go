@@ -35,7 +35,7 @@ func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return usagef("offsets reset: --to %v", err)
 	}
-	_, pool, err := connect(ctx, *path, topic)
+	ctx, _, pool, err := connect(ctx, *path, topic)
 	if err != nil {
 		return err
 	}
@@ -76,7 +76,7 @@ func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := fs.Parse(args[2:]); err != nil {
 		return &usageError{err}
 	}
-	_, pool, err := connect(ctx, *path, topic)
+	ctx, _, pool, err := connect(ctx, *path, topic)
 	if err != nil {
 		return err
 	}

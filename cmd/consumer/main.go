@@ -11,6 +11,8 @@
 //	consumer status  [--config FILE] [--group G] [--json] [--watch [--interval D]]
 //	consumer repartition --partitions N [--topic T]  change the partition count online
 //	consumer maintain [--once]       segments, dead groups and retention without a consumer
+//	consumer adopt   [--partitions N] [--dry-run|--print] [--bridge] | --unbridge
+//	                                   move a seed-style deployment onto pgevents
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL
 //	consumer bench   [--quick] [--only CASES] [--json]  the benchmark table
 //	consumer version                   the module version and the commit built
@@ -65,6 +67,8 @@ commands:
            change a topic's partition count online
   maintain [--once]
            create segments, sweep dead groups, apply retention (where no consumer runs)
+  adopt    [--partitions N] [--dry-run | --print] [--bridge] | --unbridge
+           move a seed-style deployment (its log and every group's position) onto pgevents
   demo     run producers and a consumer group against a local PostgreSQL
   bench    [--quick] [--only CASES] [--json]  the benchmark table (BENCHMARKS.md)
   version  print the module version and the commit the binary was built from
@@ -103,6 +107,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = repartitionCmd(ctx, args[1:], stdout, stderr)
 	case "maintain":
 		err = maintainCmd(ctx, args[1:], stdout, stderr)
+	case "adopt":
+		err = adoptCmd(ctx, args[1:], stdout, stderr)
 	case "demo":
 		err = demoCmd(ctx, args[1:], stdout, stderr)
 	case "bench":

@@ -23,7 +23,7 @@ func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err}
 	}
-	cfg, pool, err := connect(ctx, *path, nil)
+	ctx, cfg, pool, err := connect(ctx, *path, nil)
 	if err != nil {
 		return err
 	}

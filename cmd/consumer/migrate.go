@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,19 +18,28 @@ import (
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, topicId and totalPartitions")
-	print := fs.Bool("print", false, "write the migration SQL to stdout instead of applying it")
+	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, schema, topicId and totalPartitions")
+	print := fs.Bool("print", false, "write the migration SQL to stdout instead of applying it (into the configured schema, when the file exists)")
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err}
 	}
 	if *print {
-		_, err := io.WriteString(stdout, schema.Script(0))
+		// The file is optional here: without it, the SQL creates pgevents
+		// in the first schema of the search_path.
+		name := ""
+		if cfg, err := config.Load(*path); err == nil {
+			name = cfg.Schema
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		_, err := io.WriteString(stdout, schema.ScriptIn(name, 0))
 		return err
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {
 		return err
 	}
+	ctx = schema.WithName(ctx, cfg.Schema)
 	pc, err := pgevents.ParsePoolConfig(cfg.DatabaseURL)
 	if err != nil {
 		return &config.Error{File: *path, Key: "databaseUrl", Msg: err.Error()}
@@ -42,7 +53,11 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "schema at version %d (applied: %v)\n", schema.Latest(), applied)
+	where := "the first schema of the search_path"
+	if cfg.Schema != "" {
+		where = "schema " + cfg.Schema
+	}
+	fmt.Fprintf(stdout, "pgevents in %s at version %d (applied: %v)\n", where, schema.Latest(), applied)
 	// Every topic the configured groups consume.
 	for _, g := range cfg.GroupConfigs() {
 		topic, created, err := schema.EnsureTopicSpec(ctx, conn, schema.TopicSpec{

@@ -53,7 +53,7 @@ func startObservability(ctx context.Context, g *errgroup.Group, cfg *config.Conf
 				parts = append(parts, p)
 			}
 		}
-		m, err := metrics.New(metrics.Options{Group: gc.GroupID, Topic: gc.TopicID, Partitions: parts, DB: pool,
+		m, err := metrics.New(metrics.Options{Group: gc.GroupID, Topic: gc.TopicID, Partitions: parts, DB: pool, Schema: cfg.Schema,
 			NoRuntimeMetrics: i > 0})
 		if err != nil {
 			return nil, err

@@ -22,7 +22,7 @@ func repartitionCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *partitions < 1 || *partitions > 1024 {
 		return usagef("repartition: --partitions must be between 1 and 1024, got %d", *partitions)
 	}
-	_, pool, err := connect(ctx, *path, topic)
+	ctx, _, pool, err := connect(ctx, *path, topic)
 	if err != nil {
 		return err
 	}

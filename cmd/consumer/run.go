@@ -26,7 +26,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err}
 	}
-	cfg, pool, err := connect(ctx, *path, nil)
+	ctx, cfg, pool, err := connect(ctx, *path, nil)
 	if err != nil {
 		return err
 	}
@@ -71,20 +71,21 @@ func groupError(err error, path string) error {
 
 // connect loads the configuration file at path and opens a pool on its
 // database; when topic points to 0, it is set to the configuration's
-// topicId.
-func connect(ctx context.Context, path string, topic *int) (*config.Config, *pgxpool.Pool, error) {
+// topicId. The context it returns names the configured schema (every
+// statement run with it finds pgevents there).
+func connect(ctx context.Context, path string, topic *int) (context.Context, *config.Config, *pgxpool.Pool, error) {
 	cfg, err := config.Load(path)
 	if err != nil {
-		return nil, nil, err
+		return ctx, nil, nil, err
 	}
 	if topic != nil && *topic == 0 {
 		*topic = cfg.TopicID
 	}
 	pool, err := openPool(ctx, cfg, path)
 	if err != nil {
-		return nil, nil, err
+		return ctx, nil, nil, err
 	}
-	return cfg, pool, nil
+	return schema.WithName(ctx, cfg.Schema), cfg, pool, nil
 }
 
 // consumerConfig translates the validated file configuration.
@@ -127,6 +128,7 @@ func consumerConfig(cfg *config.Config, handlers *pgevents.Handlers, log *zerolo
 		StartFrom:           cfg.StartFrom,
 		DeadAfter:           cfg.DeadAfter(),
 		MaintenanceInterval: cfg.MaintenanceInterval(),
+		Schema:              cfg.Schema,
 		Handlers:            handlers,
 		Logger:              log,
 	}

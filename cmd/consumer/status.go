@@ -293,7 +293,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *interval <= 0 {
 		return usagef("status: --interval must be positive, got %s", *interval)
 	}
-	cfg, pool, err := connect(ctx, *path, nil)
+	ctx, cfg, pool, err := connect(ctx, *path, nil)
 	if err != nil {
 		return err
 	}

@@ -18,8 +18,9 @@ import (
 
 // HandledTable creates the effects table of the recording SQL handler:
 // one row per handled event, numbered in the order handlers ran (seq), with
-// the consumer transaction that handled it.
-const HandledTable = `CREATE TABLE handled (
+// the consumer transaction that handled it. It is created in public, where
+// handlers find it whatever schema pgevents lives in (pgtest.EnvSchema).
+const HandledTable = `CREATE TABLE public.handled (
     seq            bigint GENERATED ALWAYS AS IDENTITY,
     c_offset       bigint NOT NULL,
     host_id        text NOT NULL,
