@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -50,6 +51,10 @@ func (c Class) String() string {
 type ClassifiedError struct {
 	Class Class
 	Err   error
+	// After, when positive, is the least time to wait before the batch is
+	// tried again (an HTTP Retry-After, say): the consumer waits for the
+	// longer of After, capped at Config.RetryMax, and its backoff.
+	After time.Duration
 }
 
 // Error returns the wrapped error's text.
@@ -64,6 +69,26 @@ func Permanent(err error) error { return &ClassifiedError{Class: ClassPermanent,
 
 // Retryable marks err as a transient failure: the batch is retried forever.
 func Retryable(err error) error { return &ClassifiedError{Class: ClassTransient, Err: err} }
+
+// RetryAfter marks err as a transient failure after which the batch is not
+// tried again for at least d (capped at Config.RetryMax).
+func RetryAfter(err error, d time.Duration) error {
+	return &ClassifiedError{Class: ClassTransient, Err: err, After: d}
+}
+
+// Deployment marks err as a failure of the deployment (a missing topic,
+// credentials refused): retried forever like a transient one, logged at
+// error level and counted apart, never dead-lettered.
+func Deployment(err error) error { return &ClassifiedError{Class: ClassDeployment, Err: err} }
+
+// retryAfter returns the least wait a ClassifiedError in err asks for.
+func retryAfter(err error) time.Duration {
+	var ce *ClassifiedError
+	if errors.As(err, &ce) {
+		return ce.After
+	}
+	return 0
+}
 
 // ErrUnknownEventType is the permanent failure of an event that has no
 // handler when the consumer's UnknownEventType policy is Fail.
@@ -82,7 +107,15 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 
 // Classify is the one place that decides how a failure is treated:
 //
-//   - a ClassifiedError (from Permanent or Retryable): its Class;
+//   - a ClassifiedError (from Permanent, Retryable, RetryAfter or
+//     Deployment): its Class. Handlers that talk to systems outside
+//     PostgreSQL classify those systems' errors this way: sink/kafka (see
+//     its Classify: broker unreachable, timeouts, not enough replicas,
+//     leader changes are transient; unknown topics and authorization
+//     failures are deployment; records too large or invalid are
+//     permanent) and sink/http (408, 429, 5xx and connection errors are
+//     transient; 401, 403, 407 and redirects are deployment; other 4xx
+//     are permanent);
 //   - a PanicError, ErrUnknownEventType or ErrAbortedTransaction:
 //     ClassPermanent;
 //   - SQLSTATE classes 08 (connection), 40 (serialization failure,
