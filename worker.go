@@ -579,7 +579,7 @@ type batchState struct {
 	w      *worker
 	ctx    context.Context // the batch's context; handlers get hctx
 	tx     handlerTx
-	batch  *Batch // the attempt as handlers see it (in hctx)
+	batch  *Batch           // the attempt as handlers see it (in hctx)
 	parked map[string]int64 // parked hosts of the partition (policy parkHost)
 	first  int64
 
