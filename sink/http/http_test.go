@@ -233,7 +233,9 @@ func Test400DeadLetters(t *testing.T) {
 		return 200, nil, ""
 	})
 	pool := pgtest.TopicPool(t, 1)
-	e := func(typ string) pgevents.Event { return pgevents.Event{HostID: "h", EventType: typ, Payload: []byte(`{}`)} }
+	e := func(typ string) pgevents.Event {
+		return pgevents.Event{HostID: "h", EventType: typ, Payload: []byte(`{}`)}
+	}
 	sinktest.AppendTx(t, pool, e("t"), e("t"))
 	sinktest.AppendTx(t, pool, e("t"), e("bad"), e("t"))
 	sinktest.AppendTx(t, pool, e("t"))
