@@ -718,7 +718,7 @@ handlers:
 func TestParseRelayErrors(t *testing.T) {
 	clearEnv(t)
 	const head = "databaseUrl: x\ngroupId: g\nhandlers:\n  - eventType: \"*\"\n" // lines 1-4
-	const kafka = head + "    type: kafka\n"                                        // line 5
+	const kafka = head + "    type: kafka\n"                                     // line 5
 	const http = head + "    type: http\n"
 	const brokers = "    brokers: [k:9092]\n"
 	for _, tt := range []struct{ name, src, key, msg string }{
