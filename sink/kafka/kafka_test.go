@@ -7,9 +7,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -388,4 +390,34 @@ func metric(t *testing.T, m *sink.Metrics, name, group, sinkName, class string) 
 	}
 	t.Fatalf("no %s{group=%q,sink=%q,class=%q}", name, group, sinkName, class)
 	return 0
+}
+
+// TestFailedAttemptSendsNothing: a batch whose attempt fails before its
+// flush (another handler failed) leaves records buffered and never sent;
+// the next attempt discards them, so Kafka gets each event once.
+func TestFailedAttemptSendsNothing(t *testing.T) {
+	t.Parallel()
+	c := cluster(t, 1, []string{"events"})
+	pool := pgtest.TopicPool(t, 1)
+	s := relay(t, c, kafka.Options{Topic: "events"})
+	var failed atomic.Bool
+	hs := &pgevents.Handlers{}
+	hs.HandleAll(s)
+	hs.HandleFunc("flaky", func(ctx context.Context, tx pgx.Tx, ev *pgevents.Event) error {
+		if failed.CompareAndSwap(false, true) {
+			return pgevents.Retryable(errors.New("flaky"))
+		}
+		return s.Handle(ctx, tx, ev)
+	})
+	e := func(typ string) pgevents.Event { return pgevents.Event{HostID: "h", EventType: typ, Payload: []byte(`{}`)} }
+	sinktest.AppendTx(t, pool, e("t"), e("t"), e("flaky"), e("t"))
+	cons := sinktest.StartConsumer(t, pool, fastRetry(1, hs))
+	sinktest.WaitCaughtUp(t, pool, "g", 30*time.Second)
+	if cons.Stats().Retries != 1 {
+		t.Fatalf("%d retries, want the one of the flaky handler", cons.Stats().Retries)
+	}
+	d := sinktest.CheckRecords(t, sinktest.ReadTopic(t, c.ListenAddrs(), "events", 1), sinktest.Log(t, pool), nil)
+	if d.Duplicates != 0 {
+		t.Fatalf("%d duplicates: the failed attempt's records were sent", d.Duplicates)
+	}
 }
