@@ -409,7 +409,9 @@ func TestFailedAttemptSendsNothing(t *testing.T) {
 		}
 		return s.Handle(ctx, tx, ev)
 	})
-	e := func(typ string) pgevents.Event { return pgevents.Event{HostID: "h", EventType: typ, Payload: []byte(`{}`)} }
+	e := func(typ string) pgevents.Event {
+		return pgevents.Event{HostID: "h", EventType: typ, Payload: []byte(`{}`)}
+	}
 	sinktest.AppendTx(t, pool, e("t"), e("t"), e("flaky"), e("t"))
 	cons := sinktest.StartConsumer(t, pool, fastRetry(1, hs))
 	sinktest.WaitCaughtUp(t, pool, "g", 30*time.Second)
