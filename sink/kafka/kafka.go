@@ -393,6 +393,11 @@ func (s *Sink) Close() {
 	}
 }
 
+// Record returns the record the relay produces for ev, or the permanent
+// failure that refuses it (a topic name the template renders that Kafka
+// does not accept, a record over MaxRecordBytes).
+func (s *Sink) Record(ev *pgevents.Event) (*kgo.Record, error) { return s.record(ev) }
+
 // record builds ev's record.
 func (s *Sink) record(ev *pgevents.Event) (*kgo.Record, error) {
 	get := func(field string) string { return fieldValue(ev, field) }
