@@ -215,3 +215,23 @@ func TestInvalidRelayConfigExitsTwo(t *testing.T) {
 		})
 	}
 }
+
+// TestDemoKafkaRuns runs `consumer demo --sink kafka`: every event
+// appended ends up in the in-process broker's topic.
+func TestDemoKafkaRuns(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDB(t)
+	code, out := runOnce(t, url, "demo", "--dir", t.TempDir(), "--duration", "2s", "--rate", "500", "--sink", "kafka")
+	var appended, records int
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "done: ") {
+			fmt.Sscanf(line, "done: %d events appended", &appended)
+		}
+		if strings.HasPrefix(line, "kafka: ") {
+			fmt.Sscanf(line, "kafka: %d records", &records)
+		}
+	}
+	if code != 0 || !strings.Contains(out, "relayed/s") || appended == 0 || records != appended {
+		t.Fatalf("demo --sink kafka: exit %d, %d events appended, %d records in Kafka\n%s", code, appended, records, tail(out, 2000))
+	}
+}
