@@ -40,6 +40,7 @@ type Batch struct {
 	group     string
 	topic     int
 	partition int
+	start     int64
 	flushers  []keyedFlusher
 	units     []unitSpan // the units handled so far, in offset order
 }
@@ -115,6 +116,11 @@ func (b *Batch) Topic() int { return b.topic }
 // partition's batches one after another, so a handler may keep state per
 // (Group, Topic, Partition) across attempts.
 func (b *Batch) Partition() int { return b.partition }
+
+// Start returns the offset the batch starts at, the group's position in
+// the partition: the same for every attempt at one batch, and past it once
+// the batch committed.
+func (b *Batch) Start() int64 { return b.start }
 
 // Flusher returns the Flusher registered under key in this attempt,
 // calling newFlusher to create and register it the first time. Handlers of

@@ -433,7 +433,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 
 	st := batchState{w: w, ctx: ctx, tx: handlerTx{Tx: tx, epoch: epoch}, parked: cl.Parked,
 		first: evs[0].Offset, e2e: w.e2e[:0], lastSQL: start,
-		batch: &Batch{group: cfg.GroupID, topic: cfg.TopicID, partition: w.partition}}
+		batch: &Batch{group: cfg.GroupID, topic: cfg.TopicID, partition: w.partition, start: evs[0].Offset}}
 	st.arm()
 	defer st.disarm()
 	committed := false

@@ -159,11 +159,25 @@ func (r *Recorder) Failed(class pgevents.Class) {
 // them, so that it delivers again only what was not acknowledged. This is
 // safe for order because a relay acknowledges a host's deliveries in
 // offset order: when an event was delivered, so was every earlier event of
-// its host in the batch (or that event's unit was dead-lettered). Clear it
-// when the batch commits. Its methods are safe for concurrent use.
+// its host in the batch (or that event's unit was dead-lettered). Call
+// Begin at the start of every attempt, Clear when the batch commits. Its
+// methods are safe for concurrent use.
 type Acked struct {
-	mu  sync.Mutex
-	ids map[string]struct{}
+	mu    sync.Mutex
+	ids   map[string]struct{}
+	start int64 // the batch the ids belong to (pgevents.Batch.Start)
+}
+
+// Begin starts an attempt at the batch that starts at offset start: the
+// events of another batch (one that this process never committed, its
+// partition taken over meanwhile) are forgotten.
+func (a *Acked) Begin(start int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if start != a.start {
+		clear(a.ids)
+		a.start = start
+	}
 }
 
 // Has reports whether the event id was delivered.

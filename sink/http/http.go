@@ -274,7 +274,11 @@ func (s *Sink) Handle(ctx context.Context, _ pgx.Tx, ev *pgevents.Event) error {
 		s.metrics.Delivered(time.Since(start))
 		return nil
 	}
-	f := b.Flusher(s, func() pgevents.Flusher { return s.newFlusher(s.part(b)) }).(*flusher)
+	f := b.Flusher(s, func() pgevents.Flusher {
+		p := s.part(b)
+		p.acked.Begin(b.Start())
+		return s.newFlusher(p)
+	}).(*flusher)
 	return f.add(ev)
 }
 

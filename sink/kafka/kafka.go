@@ -326,6 +326,9 @@ func (s *Sink) Handle(ctx context.Context, _ pgx.Tx, ev *pgevents.Event) error {
 	f := b.Flusher(s, func() pgevents.Flusher {
 		p, err := s.part(b)
 		perr = err
+		if p != nil {
+			p.acked.Begin(b.Start())
+		}
 		return &flusher{s: s, p: p}
 	}).(*flusher)
 	if perr != nil || f.p == nil {
