@@ -298,9 +298,10 @@ type Handler struct {
 	Key string `yaml:"key"`
 	// SASL authenticates to the brokers; absent: none.
 	SASL *SASL `yaml:"sasl"`
-	// DeliveryTimeoutMs bounds a record's delivery, retries included,
-	// before its batch fails (transient) and is tried again. Defaults to
-	// 20000; at least 1000 and less than handlerTimeoutMs.
+	// DeliveryTimeoutMs bounds how long a record may wait to be sent
+	// before its batch fails (transient) and is tried again; a batch's
+	// whole wait for its acknowledgements is bounded by handlerTimeoutMs.
+	// Defaults to 20000; at least 1000 and less than handlerTimeoutMs.
 	DeliveryTimeoutMs int `yaml:"deliveryTimeoutMs"`
 	// MaxRecordBytes is the largest record produced; a larger one is
 	// refused and its unit dead-lettered. Set it to the topics'

@@ -124,19 +124,20 @@ type DeadLetter struct {
 	LastOffset  int64
 	EventIDs    []string
 	Error       string
+	Attempts    int
 }
 
 // DeadLetters returns the dead letters of group, by id.
 func DeadLetters(t testing.TB, pool *pgxpool.Pool, group string) []DeadLetter {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT id, partition_id, first_offset, last_offset, event_ids::text[], error
+	rows, err := pool.Query(context.Background(), `SELECT id, partition_id, first_offset, last_offset, event_ids::text[], error, attempts
 		FROM dead_letter_queue WHERE group_id = $1 ORDER BY id`, group)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
-		err := r.Scan(&d.ID, &d.Partition, &d.FirstOffset, &d.LastOffset, &d.EventIDs, &d.Error)
+		err := r.Scan(&d.ID, &d.Partition, &d.FirstOffset, &d.LastOffset, &d.EventIDs, &d.Error, &d.Attempts)
 		return d, err
 	})
 	if err != nil {

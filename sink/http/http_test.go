@@ -242,7 +242,7 @@ func Test400DeadLetters(t *testing.T) {
 	consume(t, pool, 1, relay(t, sinkhttp.Options{URL: url}))
 	sinktest.WaitCaughtUp(t, pool, "g", 30*time.Second)
 	dls := sinktest.DeadLetters(t, pool, "g")
-	if len(dls) != 1 || dls[0].FirstOffset != 3 || dls[0].LastOffset != 5 ||
+	if len(dls) != 1 || dls[0].FirstOffset != 3 || dls[0].LastOffset != 5 || dls[0].Attempts != 1 ||
 		!strings.Contains(dls[0].Error, "400 Bad Request") || !strings.Contains(dls[0].Error, "field amount must be positive") {
 		t.Fatalf("dead letters %+v, want the unit at offsets 3-5 with the status and the body", dls)
 	}

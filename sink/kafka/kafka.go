@@ -45,9 +45,10 @@
 // are classified by [Classify]:
 //
 //   - broker unreachable, request timeouts, not enough replicas, leader
-//     changes, records that timed out (Options.DeliveryTimeout): transient.
-//     The partition waits with backoff and tries again, however long Kafka
-//     is down; nothing is dead-lettered;
+//     changes, records not sent within Options.DeliveryTimeout, a flush
+//     that ran out of the handler timeout: transient. The partition waits
+//     with backoff and tries again, however long Kafka is down; nothing is
+//     dead-lettered;
 //   - unknown topics and authorization or SASL failures: deployment,
 //     retried the same way, logged at error level and counted apart;
 //   - a record too large (over Options.MaxRecordBytes, or over the topic's
@@ -102,9 +103,9 @@ const (
 	DefaultKey = "host_id"
 	// DefaultSource is the CloudEvents source of FormatCloudEvents.
 	DefaultSource = "pgevents"
-	// DefaultDeliveryTimeout bounds a record's delivery, retries included;
-	// it is shorter than the consumer's default handler timeout (30 s),
-	// which bounds the whole flush.
+	// DefaultDeliveryTimeout bounds the wait for a record to be sent; it is
+	// shorter than the consumer's default handler timeout (30 s), which
+	// bounds the whole flush.
 	DefaultDeliveryTimeout = 20 * time.Second
 	// DefaultMaxRecordBytes is franz-go's default batch limit, under
 	// Kafka's default max.message.bytes (1048588).
@@ -136,10 +137,14 @@ type Options struct {
 	TLS *tls.Config
 	// SASL, when set, authenticates to the brokers.
 	SASL *SASL
-	// DeliveryTimeout bounds how long a record may take to be acknowledged,
-	// retries included, before its batch fails (transient) and is tried
-	// again; default 20 s, at least 1 s. Keep it shorter than the
-	// consumer's HandlerTimeout, which bounds the whole flush.
+	// DeliveryTimeout bounds how long a record may wait to be sent (no
+	// broker reachable, a partition without a leader) before its batch
+	// fails, transient, and is tried again; and how long a new attempt
+	// waits for records an earlier attempt still has in flight. A record
+	// already sent is retried by the idempotent producer until Kafka
+	// answers (failing it could break the order), so a flush can also run
+	// out of the consumer's HandlerTimeout, another transient failure.
+	// Default 20 s, at least 1 s; keep it below HandlerTimeout.
 	DeliveryTimeout time.Duration
 	// MaxRecordBytes is the largest record accepted (the franz-go
 	// producer's batch limit); a larger record is refused before it is sent

@@ -131,7 +131,10 @@ func TestKafkaDownIsTransient(t *testing.T) {
 	// A request cut mid-flight may or may not have been written: the
 	// producer retries it until it knows, so the flush runs out of its
 	// budget instead of failing after the delivery timeout.
-	cfg.HandlerTimeout = 3 * time.Second
+	cfg.HandlerTimeout = 2 * time.Second
+	// A failure of unknown class would be dead-lettered after two tries:
+	// the outage's failures must be transient.
+	cfg.MaxAttempts = 2
 	cons := sinktest.StartConsumer(t, pool, cfg)
 	appendRandom(t, 2, pool, 200, 20)
 	sinktest.WaitCaughtUp(t, pool, "g", 30*time.Second)
@@ -158,7 +161,8 @@ func TestKafkaDownIsTransient(t *testing.T) {
 		}
 		retries := cons.Stats().Retries
 		appendRandom(t, 3, pool, 300, 20)
-		pgtest.WaitFor(t, 20*time.Second, outage+": batches failing", func() bool { return cons.Stats().Retries >= retries+4 })
+		// Long enough for a failure of unknown class to be dead-lettered.
+		pgtest.WaitFor(t, 30*time.Second, outage+": batches failing", func() bool { return cons.Stats().Retries >= retries+6 })
 		if lag := sinktest.Lag(t, pool, "g"); lag == 0 {
 			t.Fatalf("%s: nothing waits while Kafka is down", outage)
 		}
@@ -215,9 +219,9 @@ func TestRecordTooLarge(t *testing.T) {
 			sinktest.StartConsumer(t, pool, cfg)
 			sinktest.WaitCaughtUp(t, pool, "g", 30*time.Second)
 			dls := sinktest.DeadLetters(t, pool, "g")
-			if len(dls) != 1 || dls[0].FirstOffset != 3 || dls[0].LastOffset != 5 ||
+			if len(dls) != 1 || dls[0].FirstOffset != 3 || dls[0].LastOffset != 5 || dls[0].Attempts != 1 ||
 				!strings.Contains(dls[0].Error, "MESSAGE_TOO_LARGE") || !strings.Contains(dls[0].Error, "offset 4") {
-				t.Fatalf("dead letters %+v, want the unit at offsets 3-5 with MESSAGE_TOO_LARGE at offset 4", dls)
+				t.Fatalf("dead letters %+v, want the unit at offsets 3-5 with MESSAGE_TOO_LARGE at offset 4, at its first failure", dls)
 			}
 			log := sinktest.Log(t, pool)
 			skip := map[string]bool{}
