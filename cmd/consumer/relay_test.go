@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -12,11 +13,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/eventtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/internal/sinktest"
@@ -233,5 +236,62 @@ func TestDemoKafkaRuns(t *testing.T) {
 	}
 	if code != 0 || !strings.Contains(out, "relayed/s") || appended == 0 || records != appended {
 		t.Fatalf("demo --sink kafka: exit %d, %d events appended, %d records in Kafka\n%s", code, appended, records, tail(out, 2000))
+	}
+}
+
+// TestRelayMetricsServed: a kafka handler's metrics are served on the run
+// command's /metrics, labelled by group and relay name.
+func TestRelayMetricsServed(t *testing.T) {
+	t.Parallel()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	url, pool := observedDB(t)
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`databaseUrl: %q
+groupId: g
+totalPartitions: 4
+metricsAddr: "127.0.0.1:0"
+handlers:
+  - eventType: "*"
+    type: kafka
+    name: portal
+    brokers: [%q]
+    topic: events
+`, url, kc.ListenAddrs()[0])))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	log := zerolog.New(logs).Level(zerolog.InfoLevel)
+	handlers, closeHandlers, err := buildHandlers(cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeHandlers()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- runConsumers(ctx, cfg, pool, []pgevents.Config{consumerConfig(cfg, handlers, &log)}) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("runConsumers: %v", err)
+		}
+	}()
+	base := "http://" + listenAddr(t, logs)
+	appendEvents(t, pool, 40)
+	labels := []string{`group="g"`, `sink="portal"`, `type="kafka"`}
+	pgtest.WaitFor(t, 30*time.Second, "pgevents_sink_records_total = 40", func() bool {
+		_, body := httpGet(t, base+"/metrics")
+		n, _ := metricSum(body, "pgevents_sink_records_total", labels...)
+		return n == 40
+	})
+	_, body := httpGet(t, base+"/metrics")
+	if n, _ := metricSum(body, "pgevents_sink_latency_seconds_count", labels...); n != 40 {
+		t.Errorf("pgevents_sink_latency_seconds_count = %v, want 40", n)
+	}
+	if _, ok := metricSum(body, "pgevents_sink_failures_total", append(labels, `class="permanent"`)...); !ok {
+		t.Error("pgevents_sink_failures_total{class=permanent} not exposed")
 	}
 }
