@@ -26,8 +26,7 @@ import (
 //     [Classify]): the batch rolls back and is retried, or the unit is
 //     dead-lettered and the batch runs again without it;
 //  4. when the attempt ends, committed or not, the consumer calls End on
-//     every Flusher, which stops what is still running, so that the next
-//     attempt never races the last one.
+//     every Flusher, so that the next attempt never races the last one.
 //
 // A Flusher keeps per-host order by the way it completes effects: a
 // Flusher must never let an effect of a host happen after a later effect
@@ -72,8 +71,9 @@ type Flusher interface {
 	// transient failure.
 	Flush(ctx context.Context) error
 	// End is called once the attempt is over: committed says whether the
-	// batch's transaction committed. End stops what is still running and
-	// returns when none of it can still happen.
+	// batch's transaction committed. End stops what is still running, or
+	// makes sure that the next attempt waits for it, so that two attempts'
+	// effects never overlap.
 	End(committed bool)
 }
 

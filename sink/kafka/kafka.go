@@ -154,7 +154,9 @@ type Options struct {
 	// Metrics, when set, records the relay's deliveries.
 	Metrics *sink.Metrics
 	// ClientOptions are added to the franz-go clients' options, after the
-	// relay's own.
+	// relay's own (client id, timeouts, compression, logging). They must
+	// not disable idempotent writes, lower the acks, or change the
+	// partitioner: the guarantees rest on them.
 	ClientOptions []kgo.Opt
 }
 
