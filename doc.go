@@ -88,4 +88,16 @@
 //
 // Notifications are hints and may be lost; polling is the truth. See the
 // listener package for how the listening connection is kept healthy.
+//
+// # Effects outside PostgreSQL
+//
+// A handler whose effect happens elsewhere (a Kafka record, an HTTP
+// request) cannot commit it with the offset. It may still run its effects
+// concurrently across the batch instead of one round trip per event: with
+// [BatchFromContext] it registers a [Flusher] on the batch, starts the
+// effect and returns; before the offset commits, the consumer flushes
+// every Flusher and commits only if every effect succeeded, and a failed
+// effect is blamed on its event's unit ([EventError]), retried or
+// dead-lettered as if its handler had failed. The relays in sink/kafka and
+// sink/http are built this way: at least once, in order per host.
 package pgevents

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // Class says what the consumer does with a failed batch.
@@ -50,6 +52,10 @@ func (c Class) String() string {
 type ClassifiedError struct {
 	Class Class
 	Err   error
+	// After, when positive, is the least time to wait before the batch is
+	// tried again (an HTTP Retry-After, say): the consumer waits for the
+	// longer of After, capped at Config.RetryMax, and its backoff.
+	After time.Duration
 }
 
 // Error returns the wrapped error's text.
@@ -64,6 +70,26 @@ func Permanent(err error) error { return &ClassifiedError{Class: ClassPermanent,
 
 // Retryable marks err as a transient failure: the batch is retried forever.
 func Retryable(err error) error { return &ClassifiedError{Class: ClassTransient, Err: err} }
+
+// RetryAfter marks err as a transient failure after which the batch is not
+// tried again for at least d (capped at Config.RetryMax).
+func RetryAfter(err error, d time.Duration) error {
+	return &ClassifiedError{Class: ClassTransient, Err: err, After: d}
+}
+
+// Deployment marks err as a failure of the deployment (a missing topic,
+// credentials refused): retried forever like a transient one, logged at
+// error level and counted apart, never dead-lettered.
+func Deployment(err error) error { return &ClassifiedError{Class: ClassDeployment, Err: err} }
+
+// retryAfter returns the least wait a ClassifiedError in err asks for.
+func retryAfter(err error) time.Duration {
+	var ce *ClassifiedError
+	if errors.As(err, &ce) {
+		return ce.After
+	}
+	return 0
+}
 
 // ErrUnknownEventType is the permanent failure of an event that has no
 // handler when the consumer's UnknownEventType policy is Fail.
@@ -82,7 +108,15 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 
 // Classify is the one place that decides how a failure is treated:
 //
-//   - a ClassifiedError (from Permanent or Retryable): its Class;
+//   - a ClassifiedError (from Permanent, Retryable, RetryAfter or
+//     Deployment): its Class. Handlers that talk to systems outside
+//     PostgreSQL classify those systems' errors this way: sink/kafka (see
+//     its Classify: broker unreachable, timeouts, not enough replicas,
+//     leader changes are transient; unknown topics and authorization
+//     failures are deployment; records too large or invalid are
+//     permanent) and sink/http (408, 429, 5xx and connection errors are
+//     transient; 401, 403, 407 and redirects are deployment; other 4xx
+//     are permanent);
 //   - a PanicError, ErrUnknownEventType or ErrAbortedTransaction:
 //     ClassPermanent;
 //   - SQLSTATE classes 08 (connection), 40 (serialization failure,
@@ -94,6 +128,14 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 //     name): ClassDeployment;
 //   - SQLSTATE classes 22 (data exception) and 23 (integrity constraint
 //     violation): ClassPermanent;
+//   - a Kafka error code (franz-go's kerr.Error, also when wrapped, as in a
+//     record that timed out after it): a record too large or invalid
+//     (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE, INVALID_RECORD,
+//     INVALID_TIMESTAMP) is ClassPermanent; an unknown or invalid topic,
+//     authorization and SASL failures, an unsupported version are
+//     ClassDeployment; the codes Kafka calls retriable (NOT_ENOUGH_REPLICAS,
+//     NOT_LEADER_FOR_PARTITION, REQUEST_TIMED_OUT, NETWORK_EXCEPTION, ...)
+//     are ClassTransient; other codes are ClassUnknown;
 //   - a context deadline, a network error, a connection closed or refused:
 //     ClassTransient;
 //   - anything else: ClassUnknown.
@@ -124,6 +166,10 @@ func Classify(err error) Class {
 		}
 		return ClassUnknown
 	}
+	var ke *kerr.Error
+	if errors.As(err, &ke) {
+		return kafkaClass(ke)
+	}
 	var netErr net.Error
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) ||
 		pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
@@ -131,6 +177,36 @@ func Classify(err error) Class {
 	}
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
+		return ClassTransient
+	}
+	return ClassUnknown
+}
+
+// Kafka error codes by class, beyond their retriable flag.
+var (
+	// kafkaPermanent refuse the record itself: retrying cannot succeed.
+	kafkaPermanent = []*kerr.Error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord, kerr.InvalidTimestamp}
+	// kafkaDeployment say that the deployment is wrong: a topic that does
+	// not exist (yet), credentials or ACLs, a broker too old.
+	kafkaDeployment = []*kerr.Error{kerr.UnknownTopicOrPartition, kerr.UnknownTopicID, kerr.InvalidTopicException,
+		kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed, kerr.TransactionalIDAuthorizationFailed,
+		kerr.SaslAuthenticationFailed, kerr.UnsupportedSaslMechanism, kerr.IllegalSaslState,
+		kerr.UnsupportedVersion, kerr.InvalidRequiredAcks, kerr.UnsupportedForMessageFormat, kerr.PolicyViolation}
+)
+
+// kafkaClass is the class of a Kafka error code.
+func kafkaClass(ke *kerr.Error) Class {
+	for _, e := range kafkaDeployment {
+		if ke == e {
+			return ClassDeployment
+		}
+	}
+	for _, e := range kafkaPermanent {
+		if ke == e {
+			return ClassPermanent
+		}
+	}
+	if ke.Retriable || ke == kerr.CorruptMessage {
 		return ClassTransient
 	}
 	return ClassUnknown

@@ -15,7 +15,9 @@ import (
 // tx commits together with the group's offset, exactly once, or not at all.
 // It must not commit or roll back tx (both return ErrTxManaged); tx.Begin
 // opens a savepoint. An error rolls the whole batch back; how it is retried
-// or dead-lettered is decided by [Classify].
+// or dead-lettered is decided by [Classify]. A handler whose effect
+// completes outside the transaction after it returns uses the batch hook
+// (see [Batch]).
 type Handler interface {
 	Handle(ctx context.Context, tx pgx.Tx, ev *Event) error
 }

@@ -310,6 +310,9 @@ func (w *worker) retry(ctx context.Context, err error) {
 	}
 	w.failures++
 	d := backoff(w.c.cfg.RetryInitial, w.c.cfg.RetryMax, w.failures)
+	if after := min(retryAfter(err), w.c.cfg.RetryMax); after > d {
+		d = after // the failure asked for a longer wait (Retry-After)
+	}
 	ev := w.log.Warn()
 	if class == ClassDeployment {
 		ev = w.log.Error()
@@ -429,9 +432,12 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	}
 
 	st := batchState{w: w, ctx: ctx, tx: handlerTx{Tx: tx, epoch: epoch}, parked: cl.Parked,
-		first: evs[0].Offset, e2e: w.e2e[:0], lastSQL: start}
+		first: evs[0].Offset, e2e: w.e2e[:0], lastSQL: start,
+		batch: &Batch{group: cfg.GroupID, topic: cfg.TopicID, partition: w.partition, start: evs[0].Offset}}
 	st.arm()
 	defer st.disarm()
+	committed := false
+	defer func() { st.batch.end(committed) }()
 
 	n, extend, more := batching.Cut(keys, evs, w.limit)
 	err = st.handle(evs[:n])
@@ -464,6 +470,12 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	if !st.started {
 		return more, nil // cut before the first unit: nothing to commit
 	}
+	// Effects that handlers started and that complete outside the
+	// transaction (see Batch) must all have happened before the offset
+	// moves past their events.
+	if err := st.flush(); err != nil {
+		return false, err
+	}
 	if err := offsets.Commit(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.c.replicaID, epoch); err != nil {
 		return false, err
 	}
@@ -477,6 +489,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		w.last.lost = sessionEnded(err)
 		return false, fmt.Errorf("commit: %w", err)
 	}
+	committed = true
 	w.committed(&st, start)
 	if !more && !w.lr.final() {
 		w.c.pollNow(WakePoll) // finished below the cut? the group may move on
@@ -566,6 +579,7 @@ type batchState struct {
 	w      *worker
 	ctx    context.Context // the batch's context; handlers get hctx
 	tx     handlerTx
+	batch  *Batch           // the attempt as handlers see it (in hctx)
 	parked map[string]int64 // parked hosts of the partition (policy parkHost)
 	first  int64
 
@@ -597,7 +611,7 @@ type batchState struct {
 // arm gives the handlers a new context, with a stopped timer that cancels
 // it; Lost cancels it too.
 func (st *batchState) arm() {
-	st.hctx, st.cancel = context.WithCancelCause(st.ctx)
+	st.hctx, st.cancel = context.WithCancelCause(context.WithValue(st.ctx, batchKey{}, st.batch))
 	cancel := st.cancel
 	st.timer = time.AfterFunc(time.Hour, func() { cancel(errHandlerTimeout) })
 	st.timer.Stop()
@@ -678,6 +692,9 @@ func (st *batchState) openUnit(unit []Event) error {
 		st.action, st.parkFor = actPark, dl
 	} else if dl, _, ok := st.parkedHost(unit); ok {
 		st.action, st.parkFor = actPark, dl
+	}
+	if st.action == actHandle {
+		st.batch.addUnit(head.Offset, tx)
 	}
 	return nil
 }
@@ -781,8 +798,11 @@ func (st *batchState) run(unit []Event) error {
 		if errors.Is(context.Cause(st.hctx), offsets.ErrLeaseLost) {
 			return offsets.ErrLeaseLost
 		}
-		return &unitError{txID: ev.TransactionID, unitFirst: st.unitFirst, offset: ev.Offset, err: err,
-			timeout: errors.Is(context.Cause(st.hctx), errHandlerTimeout)}
+		timeout := errors.Is(context.Cause(st.hctx), errHandlerTimeout)
+		if ue := st.blame(err, timeout); ue != nil {
+			return ue // the effect of an earlier event failed
+		}
+		return &unitError{txID: ev.TransactionID, unitFirst: st.unitFirst, offset: ev.Offset, err: err, timeout: timeout}
 	}
 	if fired {
 		// The budget ran out just as the unit finished in time: the next
@@ -798,6 +818,49 @@ func (st *batchState) run(unit []Event) error {
 		st.e2e = append(st.e2e, now.Sub(unit[i].CreatedAt))
 	}
 	return nil
+}
+
+// flush waits, under a handler time budget for the events handled, for
+// the effects that handlers started and that complete outside the
+// transaction (see Batch), and returns the failure of the earliest event
+// whose effect did not complete, blamed on its unit.
+func (st *batchState) flush() error {
+	if len(st.batch.flushers) == 0 {
+		return nil
+	}
+	cfg := &st.w.c.cfg
+	st.timer.Reset(cfg.HandlerTimeout * time.Duration(max(1, st.handled/cfg.BatchSize)))
+	err := st.batch.flush(st.hctx)
+	st.timer.Stop()
+	st.lastSQL = time.Now()
+	if err == nil {
+		return nil
+	}
+	cause := context.Cause(st.hctx)
+	if errors.Is(cause, offsets.ErrLeaseLost) {
+		return offsets.ErrLeaseLost
+	}
+	if ue := st.blame(err, false); ue != nil {
+		return ue
+	}
+	if cause != nil && !errors.Is(err, cause) {
+		err = fmt.Errorf("%w (%w)", err, cause)
+	}
+	return fmt.Errorf("flush: %w", err)
+}
+
+// blame returns the failure of the unit of the event an *EventError in
+// err names, or nil when err names no event handled in this batch.
+func (st *batchState) blame(err error, timeout bool) *unitError {
+	var ee *EventError
+	if !errors.As(err, &ee) {
+		return nil
+	}
+	u, ok := st.batch.unitOf(ee.Offset)
+	if !ok || ee.Offset > st.last && u.txID != st.lastTx {
+		return nil
+	}
+	return &unitError{txID: u.txID, unitFirst: u.first, offset: ee.Offset, err: ee.Err, timeout: timeout}
 }
 
 // dispatch runs the handlers of evs, a unit or the part of one in a chunk,

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math"
 	"net"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -17,6 +19,8 @@ import (
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/pgevents/pgevents/internal/tmpl"
 )
 
 // Limits enforced by validation.
@@ -279,6 +283,78 @@ type Handler struct {
 	// [Config.Validate] treats empty as "stdout". It must be empty when
 	// Type is "sql".
 	Output string `yaml:"output"`
+
+	// The keys below belong to the relays, types "kafka" and "http"
+	// (see the packages sink/kafka and sink/http); they must be empty for
+	// the other types.
+
+	// Name tells a relay's metrics apart (label sink); default the type.
+	Name string `yaml:"name"`
+	// Format is the shape of what a relay sends: "raw" (default) or
+	// "cloudevents" for kafka; "json" (default) or "cloudevents" for http.
+	Format string `yaml:"format"`
+	// Source is the CloudEvents source attribute of format cloudevents;
+	// default "pgevents".
+	Source string `yaml:"source"`
+	// TLS configures TLS to the brokers (kafka) or to an https endpoint
+	// (http). Absent: plaintext (kafka) or the system's roots (http).
+	TLS *TLS `yaml:"tls"`
+
+	// Brokers are a kafka relay's seed brokers, "host:port"; required.
+	Brokers []string `yaml:"brokers"`
+	// Topic is the Kafka topic, a template over the event's fields such
+	// as "portal.{event_type}"; required.
+	Topic string `yaml:"topic"`
+	// Key is the record key: an event field ("host_id", the default, keeps
+	// a host's records in one Kafka partition, in order) or a template.
+	Key string `yaml:"key"`
+	// SASL authenticates to the brokers; absent: none.
+	SASL *SASL `yaml:"sasl"`
+	// DeliveryTimeoutMs bounds how long a record may wait to be sent
+	// before its batch fails (transient) and is tried again; a batch's
+	// whole wait for its acknowledgements is bounded by handlerTimeoutMs.
+	// Defaults to 20000; at least 1000 and less than handlerTimeoutMs.
+	DeliveryTimeoutMs int `yaml:"deliveryTimeoutMs"`
+	// MaxRecordBytes is the largest record produced; a larger one is
+	// refused and its unit dead-lettered. Set it to the topics'
+	// max.message.bytes. Defaults to 1000012; between 512 and 2^30.
+	MaxRecordBytes int `yaml:"maxRecordBytes"`
+
+	// URL is an http relay's endpoint, http:// or https://; required.
+	URL string `yaml:"url"`
+	// Method is the requests' method. Defaults to "POST".
+	Method string `yaml:"method"`
+	// Headers are added to every request. A value may name environment
+	// variables as ${NAME}, replaced when the file is loaded.
+	Headers map[string]string `yaml:"headers"`
+	// TimeoutMs bounds one request. Defaults to 10000.
+	TimeoutMs int `yaml:"timeoutMs"`
+	// Concurrency bounds the requests in flight per batch, across hosts
+	// (a host's requests are never concurrent). Defaults to 8.
+	Concurrency int `yaml:"concurrency"`
+}
+
+// TLS names the PEM files of a relay's TLS client configuration.
+type TLS struct {
+	// CAFile holds the certificates that verify the server; empty: the
+	// system's roots.
+	CAFile string `yaml:"caFile"`
+	// CertFile and KeyFile hold the client's certificate and key; both or
+	// neither.
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
+}
+
+// SASL configures a kafka relay's SASL authentication.
+type SASL struct {
+	// Mechanism is "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512".
+	Mechanism string `yaml:"mechanism"`
+	// User is the user name; required.
+	User string `yaml:"user"`
+	// Password is the password; required. It may name environment
+	// variables as ${NAME} (password: ${KAFKA_PASSWORD}), replaced when
+	// the file is loaded, so that the secret stays out of the file.
+	Password string `yaml:"password"`
 }
 
 // Default returns a Config holding every default. DatabaseURL and GroupID,
@@ -594,12 +670,199 @@ var topFields = map[string]topField{
 
 const keyHandlers = "handlers"
 
-// handlerFields maps every known handler key to its field.
+// handlerFields maps every known string handler key to its field.
 var handlerFields = map[string]func(h *Handler) *string{
 	"eventType": func(h *Handler) *string { return &h.EventType },
 	"type":      func(h *Handler) *string { return &h.Type },
 	"statement": func(h *Handler) *string { return &h.Statement },
 	"output":    func(h *Handler) *string { return &h.Output },
+	"name":      func(h *Handler) *string { return &h.Name },
+	"format":    func(h *Handler) *string { return &h.Format },
+	"source":    func(h *Handler) *string { return &h.Source },
+	"topic":     func(h *Handler) *string { return &h.Topic },
+	"key":       func(h *Handler) *string { return &h.Key },
+	"url":       func(h *Handler) *string { return &h.URL },
+	"method":    func(h *Handler) *string { return &h.Method },
+}
+
+// handlerInts maps every integer handler key to its field.
+var handlerInts = map[string]func(h *Handler) *int{
+	"deliveryTimeoutMs": func(h *Handler) *int { return &h.DeliveryTimeoutMs },
+	"maxRecordBytes":    func(h *Handler) *int { return &h.MaxRecordBytes },
+	"timeoutMs":         func(h *Handler) *int { return &h.TimeoutMs },
+	"concurrency":       func(h *Handler) *int { return &h.Concurrency },
+}
+
+// handlerKeyTypes lists, for each handler key but eventType and type, the
+// handler types that take it.
+var handlerKeyTypes = map[string][]string{
+	"statement": {handlerSQL}, "output": {handlerLog},
+	"name": {handlerKafka, handlerHTTP}, "format": {handlerKafka, handlerHTTP}, "source": {handlerKafka, handlerHTTP},
+	"tls": {handlerKafka, handlerHTTP}, "brokers": {handlerKafka}, "topic": {handlerKafka}, "key": {handlerKafka},
+	"sasl": {handlerKafka}, "deliveryTimeoutMs": {handlerKafka}, "maxRecordBytes": {handlerKafka},
+	"url": {handlerHTTP}, "method": {handlerHTTP}, "headers": {handlerHTTP}, "timeoutMs": {handlerHTTP},
+	"concurrency": {handlerHTTP},
+}
+
+// setKeys returns the handler keys h sets, besides eventType and type.
+func (h *Handler) setKeys() []string {
+	var keys []string
+	for k, f := range handlerFields {
+		if k != "eventType" && k != "type" && *f(h) != "" {
+			keys = append(keys, k)
+		}
+	}
+	for k, f := range handlerInts {
+		if *f(h) != 0 {
+			keys = append(keys, k)
+		}
+	}
+	if h.TLS != nil {
+		keys = append(keys, "tls")
+	}
+	if h.SASL != nil {
+		keys = append(keys, "sasl")
+	}
+	if h.Brokers != nil {
+		keys = append(keys, "brokers")
+	}
+	if h.Headers != nil {
+		keys = append(keys, "headers")
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// handlerKey decodes the value v of handler key name (at key path) into h.
+func (p *parser) handlerKey(h *Handler, path, name string, k, v *yaml.Node) *Error {
+	key := path + "." + name
+	fail := func(msg string) *Error { return &Error{Key: key, Line: k.Line, Msg: msg} }
+	if field, ok := handlerFields[name]; ok {
+		if msg := decodeString(v, field(h)); msg != "" {
+			return fail(msg)
+		}
+		return nil
+	}
+	if field, ok := handlerInts[name]; ok {
+		if msg := decodeInt(v, field(h)); msg != "" {
+			return fail(msg)
+		}
+		return nil
+	}
+	switch name {
+	case "brokers":
+		if v.Kind != yaml.SequenceNode {
+			return fail("must be a list of host:port, got " + describe(v))
+		}
+		h.Brokers = []string{}
+		for i, item := range v.Content {
+			var b string
+			if msg := decodeString(resolve(item), &b); msg != "" {
+				return &Error{Key: fmt.Sprintf("%s[%d]", key, i), Line: item.Line, Msg: msg}
+			}
+			h.Brokers = append(h.Brokers, b)
+		}
+		return nil
+	case "headers":
+		if v.Kind != yaml.MappingNode {
+			return fail("must be a mapping of header names to values, got " + describe(v))
+		}
+		h.Headers = map[string]string{}
+		return p.mapping(v, key+".", func(hname string, hk, hv *yaml.Node) *Error {
+			var value string
+			if msg := decodeString(hv, &value); msg != "" {
+				return &Error{Key: key + "." + hname, Line: hk.Line, Msg: msg}
+			}
+			value, err := expandEnv(value)
+			if err != nil {
+				return &Error{Key: key + "." + hname, Line: hk.Line, Msg: err.Error()}
+			}
+			h.Headers[hname] = value
+			return nil
+		})
+	case "tls":
+		if v.Kind != yaml.MappingNode && !isNull(v) {
+			return fail("must be a mapping (caFile, certFile, keyFile), got " + describe(v))
+		}
+		h.TLS = &TLS{}
+		fields := map[string]*string{"caFile": &h.TLS.CAFile, "certFile": &h.TLS.CertFile, "keyFile": &h.TLS.KeyFile}
+		if isNull(v) {
+			return nil
+		}
+		return p.subFields(v, key, fields, nil)
+	case "sasl":
+		if v.Kind != yaml.MappingNode {
+			return fail("must be a mapping (mechanism, user, password), got " + describe(v))
+		}
+		h.SASL = &SASL{}
+		fields := map[string]*string{"mechanism": &h.SASL.Mechanism, "user": &h.SASL.User, "password": &h.SASL.Password}
+		return p.subFields(v, key, fields, map[string]bool{"password": true})
+	}
+	return fail("unknown key")
+}
+
+// subFields decodes the string keys of mapping v (at key path) into
+// fields; the keys in env may name environment variables as ${NAME}.
+func (p *parser) subFields(v *yaml.Node, key string, fields map[string]*string, env map[string]bool) *Error {
+	return p.mapping(v, key+".", func(name string, k, v *yaml.Node) *Error {
+		dst, ok := fields[name]
+		if !ok {
+			names := slices.Sorted(maps.Keys(fields))
+			return &Error{Key: key + "." + name, Line: k.Line, Msg: "unknown key (" + strings.Join(names, ", ") + ")"}
+		}
+		if msg := decodeString(v, dst); msg != "" {
+			return &Error{Key: key + "." + name, Line: k.Line, Msg: msg}
+		}
+		if env[name] {
+			value, err := expandEnv(*dst)
+			if err != nil {
+				return &Error{Key: key + "." + name, Line: k.Line, Msg: err.Error()}
+			}
+			*dst = value
+		}
+		return nil
+	})
+}
+
+// expandEnv replaces each ${NAME} in s with the environment variable NAME,
+// which must be set.
+func expandEnv(s string) (string, error) {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "${")
+		if i < 0 {
+			b.WriteString(s)
+			return b.String(), nil
+		}
+		end := strings.IndexByte(s[i:], '}')
+		if end < 0 {
+			return "", fmt.Errorf("has a ${ without }")
+		}
+		name := s[i+2 : i+end]
+		if !validEnvName(name) {
+			return "", fmt.Errorf("${%s} is not an environment variable name", name)
+		}
+		value, ok := os.LookupEnv(name)
+		if !ok {
+			return "", fmt.Errorf("names the environment variable %s, which is not set", name)
+		}
+		b.WriteString(s[:i])
+		b.WriteString(value)
+		s = s[i+end+1:]
+	}
+}
+
+func validEnvName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '_' || 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || i > 0 && '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 func (p *parser) topLevel(m *yaml.Node) *Error {
@@ -688,14 +951,7 @@ func (p *parser) handlers(v *yaml.Node, key string) ([]Handler, *Error) {
 		}
 		var h Handler
 		err := p.mapping(item, path+".", func(name string, k, v *yaml.Node) *Error {
-			field, ok := handlerFields[name]
-			if !ok {
-				return &Error{Key: path + "." + name, Line: k.Line, Msg: "unknown key"}
-			}
-			if msg := decodeString(v, field(&h)); msg != "" {
-				return &Error{Key: path + "." + name, Line: k.Line, Msg: msg}
-			}
-			return nil
+			return p.handlerKey(&h, path, name, k, v)
 		})
 		if err != nil {
 			return nil, err
@@ -806,12 +1062,15 @@ var (
 	logFormats        = []string{"auto", "json", "console"}
 	unknownEventTypes = []string{"skip", "fail"}
 	failurePolicies   = []string{"deadLetter", "parkHost", "halt"}
-	handlerTypes      = []string{handlerLog, handlerSQL}
+	handlerTypes      = []string{handlerLog, handlerSQL, handlerKafka, handlerHTTP}
+	saslMechanisms    = []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
 )
 
 const (
 	handlerLog   = "log"
 	handlerSQL   = "sql"
+	handlerKafka = "kafka"
+	handlerHTTP  = "http"
 	outputStdout = "stdout"
 )
 
@@ -971,7 +1230,8 @@ func (c *Config) problems() []*Error {
 		}
 		seen[id] = i
 	}
-	for i, h := range c.Handlers {
+	for i := range c.Handlers {
+		h := &c.Handlers[i]
 		path := keyHandlers + "[" + strconv.Itoa(i) + "]."
 		if h.EventType == "" {
 			add(path+"eventType", `is required: an event type, or "*" for every type`)
@@ -979,22 +1239,127 @@ func (c *Config) problems() []*Error {
 		switch h.Type {
 		case "":
 			add(path+"type", "is required: one of %s", strings.Join(handlerTypes, ", "))
-		case handlerLog:
-			if h.Statement != "" {
-				add(path+"statement", "must be empty for type %s", handlerLog)
+			continue
+		case handlerLog, handlerSQL, handlerKafka, handlerHTTP:
+		default:
+			add(path+"type", "must be one of %s, got %q", strings.Join(handlerTypes, ", "), h.Type)
+			continue
+		}
+		for _, k := range h.setKeys() {
+			if !slices.Contains(handlerKeyTypes[k], h.Type) {
+				add(path+k, "must be empty for type %s", h.Type)
 			}
+		}
+		switch h.Type {
 		case handlerSQL:
 			if strings.TrimSpace(h.Statement) == "" {
 				add(path+"statement", "is required for type %s", handlerSQL)
 			}
-			if h.Output != "" {
-				add(path+"output", "must be empty for type %s", handlerSQL)
-			}
-		default:
-			add(path+"type", "must be one of %s, got %q", strings.Join(handlerTypes, ", "), h.Type)
+		case handlerKafka:
+			h.kafkaProblems(path, c.HandlerTimeoutMs, add)
+		case handlerHTTP:
+			h.httpProblems(path, add)
 		}
 	}
 	return errs
+}
+
+// kafkaProblems adds the problems of a kafka handler at key path.
+func (h *Handler) kafkaProblems(path string, handlerTimeoutMs int, add func(key, format string, args ...any)) {
+	if len(h.Brokers) == 0 {
+		add(path+"brokers", "is required: a list of the brokers to bootstrap from, host:port")
+	}
+	for i, b := range h.Brokers {
+		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || port == "" {
+			add(fmt.Sprintf("%sbrokers[%d]", path, i), "must be host:port, got %q", b)
+		}
+	}
+	if h.Topic == "" {
+		add(path+"topic", `is required: a topic, or a template such as "portal.{event_type}"`)
+	} else if _, err := tmpl.Parse(h.Topic); err != nil {
+		add(path+"topic", "%v", err)
+	}
+	if h.Key != "" {
+		if _, err := tmpl.ParseKey(h.Key); err != nil {
+			add(path+"key", "%v", err)
+		}
+	}
+	if h.Format != "" && h.Format != "raw" && h.Format != "cloudevents" {
+		add(path+"format", "must be raw or cloudevents for type kafka, got %q", h.Format)
+	}
+	h.TLS.problems(path, add)
+	if s := h.SASL; s != nil {
+		if !slices.Contains(saslMechanisms, s.Mechanism) {
+			add(path+"sasl.mechanism", "must be one of %s, got %q", strings.Join(saslMechanisms, ", "), s.Mechanism)
+		}
+		if s.User == "" {
+			add(path+"sasl.user", "is required")
+		}
+		if s.Password == "" {
+			add(path+"sasl.password", "is required (it may be ${AN_ENVIRONMENT_VARIABLE})")
+		}
+	}
+	switch d := h.DeliveryTimeoutMs; {
+	case d == 0:
+	case d < 1000 || d > maxMillis:
+		add(path+"deliveryTimeoutMs", "must be at least 1000, got %d", d)
+	case d >= handlerTimeoutMs:
+		add(path+"deliveryTimeoutMs", "must be less than handlerTimeoutMs (%d), which bounds the wait for a batch's records; got %d", handlerTimeoutMs, d)
+	}
+	if n := h.MaxRecordBytes; n != 0 && (n < 512 || n > 1<<30) {
+		add(path+"maxRecordBytes", "must be between 512 and %d, got %d", 1<<30, n)
+	}
+}
+
+// httpProblems adds the problems of an http handler at key path.
+func (h *Handler) httpProblems(path string, add func(key, format string, args ...any)) {
+	if h.URL == "" {
+		add(path+"url", "is required: the endpoint, http:// or https://")
+	} else if u, err := url.Parse(h.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		add(path+"url", "must be an absolute http:// or https:// URL, got %q", h.URL)
+	}
+	if h.Method != "" && !isToken(h.Method) {
+		add(path+"method", "must be an HTTP method, got %q", h.Method)
+	}
+	for _, name := range slices.Sorted(maps.Keys(h.Headers)) {
+		switch {
+		case !isToken(name) || strings.ContainsAny(h.Headers[name], "\r\n"):
+			add(path+"headers."+name, "is not a valid header")
+		case strings.EqualFold(name, "Idempotency-Key"):
+			add(path+"headers."+name, "is set by the relay: the event_id")
+		}
+	}
+	if h.Format != "" && h.Format != "json" && h.Format != "cloudevents" {
+		add(path+"format", "must be json or cloudevents for type http, got %q", h.Format)
+	}
+	if h.TimeoutMs < 0 || h.TimeoutMs > maxMillis {
+		add(path+"timeoutMs", "must be positive, got %d", h.TimeoutMs)
+	}
+	if h.Concurrency < 0 {
+		add(path+"concurrency", "must be positive, got %d", h.Concurrency)
+	}
+	h.TLS.problems(path, add)
+}
+
+// problems adds the problems of a relay's tls key at path.
+func (t *TLS) problems(path string, add func(key, format string, args ...any)) {
+	if t != nil && (t.CertFile == "") != (t.KeyFile == "") {
+		add(path+"tls", "certFile and keyFile go together")
+	}
+}
+
+// isToken reports whether s is an HTTP token (a method or a header name).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // IsValidIdentifier reports whether s can be used unquoted as a PostgreSQL

@@ -322,7 +322,7 @@ func TestParseErrors(t *testing.T) {
 		{"maxAttempts 0", head + "maxAttempts: 0\n", "maxAttempts", 3, "greater than 0"},
 		{"handler missing eventType", head + "handlers:\n  - type: log\n", "handlers[0].eventType", 4, "required"},
 		{"handler missing type", head + "handlers:\n  - eventType: a\n", "handlers[0].type", 4, "required"},
-		{"handler bad type", head + "handlers:\n  - eventType: a\n    type: http\n", "handlers[0].type", 5, "log, sql"},
+		{"handler bad type", head + "handlers:\n  - eventType: a\n    type: grpc\n", "handlers[0].type", 5, "log, sql, kafka, http"},
 		{"sql handler without statement", head + "handlers:\n  - eventType: a\n    type: log\n  - eventType: b\n    type: sql\n", "handlers[1].statement", 6, "required"},
 		{"sql handler with output", head + "handlers:\n  - eventType: a\n    type: sql\n    statement: SELECT 1\n    output: stderr\n", "handlers[0].output", 7, "empty"},
 		{"log handler with statement", head + "handlers:\n  - eventType: a\n    type: log\n    statement: SELECT 1\n", "handlers[0].statement", 6, "empty"},
@@ -673,5 +673,96 @@ func TestParseStartAndDuration(t *testing.T) {
 	}
 	if d, err := ParseDuration("1.5d"); err != nil || d != 36*time.Hour {
 		t.Errorf("ParseDuration(1.5d) = %v, %v", d, err)
+	}
+}
+
+// TestParseRelays: the kafka and http handler types, every key.
+func TestParseRelays(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("TEST_KAFKA_PASSWORD", "s3cret")
+	t.Setenv("TEST_TOKEN", "tok")
+	c := mustParse(t, `databaseUrl: x
+groupId: g
+handlers:
+  - eventType: "*"
+    type: kafka
+    name: portal
+    brokers: ["kafka-1:9092", "kafka-2:9092"]
+    topic: portal.{event_type}
+    key: host_id
+    format: cloudevents
+    source: /portal
+    tls: {caFile: /ca.pem, certFile: /c.pem, keyFile: /k.pem}
+    sasl: {mechanism: SCRAM-SHA-512, user: relay, password: "${TEST_KAFKA_PASSWORD}"}
+    deliveryTimeoutMs: 5000
+    maxRecordBytes: 65536
+  - eventType: trade.booked
+    type: http
+    url: https://hooks.example.com/trades
+    method: PUT
+    headers: {Authorization: "Bearer ${TEST_TOKEN}", X-Source: pgevents}
+    timeoutMs: 2000
+    format: json
+    concurrency: 4
+`)
+	want := []Handler{{
+		EventType: "*", Type: "kafka", Name: "portal", Brokers: []string{"kafka-1:9092", "kafka-2:9092"},
+		Topic: "portal.{event_type}", Key: "host_id", Format: "cloudevents", Source: "/portal",
+		TLS:  &TLS{CAFile: "/ca.pem", CertFile: "/c.pem", KeyFile: "/k.pem"},
+		SASL: &SASL{Mechanism: "SCRAM-SHA-512", User: "relay", Password: "s3cret"}, DeliveryTimeoutMs: 5000, MaxRecordBytes: 65536,
+	}, {
+		EventType: "trade.booked", Type: "http", URL: "https://hooks.example.com/trades", Method: "PUT",
+		Headers: map[string]string{"Authorization": "Bearer tok", "X-Source": "pgevents"}, TimeoutMs: 2000, Format: "json", Concurrency: 4,
+	}}
+	if !reflect.DeepEqual(c.Handlers, want) {
+		t.Fatalf("handlers\n%+v\nwant\n%+v", c.Handlers, want)
+	}
+}
+
+// TestParseRelayErrors: an invalid relay configuration names the key.
+func TestParseRelayErrors(t *testing.T) {
+	clearEnv(t)
+	const head = "databaseUrl: x\ngroupId: g\nhandlers:\n  - eventType: \"*\"\n" // lines 1-4
+	const kafka = head + "    type: kafka\n"                                     // line 5
+	const http = head + "    type: http\n"
+	const brokers = "    brokers: [k:9092]\n"
+	for _, tt := range []struct{ name, src, key, msg string }{
+		{"no brokers", kafka + "    topic: t\n", "handlers[0].brokers", "required"},
+		{"empty brokers", kafka + "    brokers: []\n    topic: t\n", "handlers[0].brokers", "required"},
+		{"broker without port", kafka + "    brokers: [kafka]\n    topic: t\n", "handlers[0].brokers[0]", "host:port"},
+		{"brokers not a list", kafka + "    brokers: k:9092\n    topic: t\n", "handlers[0].brokers", "list"},
+		{"no topic", kafka + brokers, "handlers[0].topic", "required"},
+		{"bad template", kafka + brokers + "    topic: portal.{event_typ}\n", "handlers[0].topic", "unknown field {event_typ}"},
+		{"unclosed template", kafka + brokers + "    topic: portal.{event_type\n", "handlers[0].topic", "without '}'"},
+		{"bad key template", kafka + brokers + "    topic: t\n    key: \"{tenant}\"\n", "handlers[0].key", "unknown field"},
+		{"unknown kafka format", kafka + brokers + "    topic: t\n    format: avro\n", "handlers[0].format", "raw or cloudevents"},
+		{"json is not a kafka format", kafka + brokers + "    topic: t\n    format: json\n", "handlers[0].format", "raw or cloudevents"},
+		{"sasl mechanism", kafka + brokers + "    topic: t\n    sasl: {mechanism: GSSAPI, user: u, password: p}\n", "handlers[0].sasl.mechanism", "SCRAM-SHA-512"},
+		{"sasl without password", kafka + brokers + "    topic: t\n    sasl: {mechanism: PLAIN, user: u}\n", "handlers[0].sasl.password", "required"},
+		{"password from an unset variable", kafka + brokers + "    topic: t\n    sasl: {mechanism: PLAIN, user: u, password: \"${TEST_UNSET_PASSWORD}\"}\n", "handlers[0].sasl.password", "TEST_UNSET_PASSWORD"},
+		{"unknown sasl key", kafka + brokers + "    topic: t\n    sasl: {mechanism: PLAIN, usr: u}\n", "handlers[0].sasl.usr", "unknown key"},
+		{"tls cert without key", kafka + brokers + "    topic: t\n    tls: {certFile: c.pem}\n", "handlers[0].tls", "together"},
+		{"delivery timeout too short", kafka + brokers + "    topic: t\n    deliveryTimeoutMs: 10\n", "handlers[0].deliveryTimeoutMs", "at least 1000"},
+		{"delivery timeout over the handler timeout", kafka + brokers + "    topic: t\n    deliveryTimeoutMs: 30000\n", "handlers[0].deliveryTimeoutMs", "handlerTimeoutMs"},
+		{"maxRecordBytes", kafka + brokers + "    topic: t\n    maxRecordBytes: 100\n", "handlers[0].maxRecordBytes", "between 512"},
+		{"http key on kafka", kafka + brokers + "    topic: t\n    url: http://x\n", "handlers[0].url", "empty for type kafka"},
+		{"statement on kafka", kafka + brokers + "    topic: t\n    statement: SELECT 1\n", "handlers[0].statement", "empty for type kafka"},
+		{"missing url", http, "handlers[0].url", "required"},
+		{"relative url", http + "    url: /hooks\n", "handlers[0].url", "absolute"},
+		{"ftp url", http + "    url: ftp://x/y\n", "handlers[0].url", "absolute"},
+		{"unknown http format", http + "    url: http://x\n    format: xml\n", "handlers[0].format", "json or cloudevents"},
+		{"bad method", http + "    url: http://x\n    method: \"GET /\"\n", "handlers[0].method", "HTTP method"},
+		{"idempotency key header", http + "    url: http://x\n    headers: {Idempotency-Key: k}\n", "handlers[0].headers.Idempotency-Key", "event_id"},
+		{"header from an unset variable", http + "    url: http://x\n    headers: {Authorization: \"Bearer ${TEST_UNSET_TOKEN}\"}\n", "handlers[0].headers.Authorization", "not set"},
+		{"negative concurrency", http + "    url: http://x\n    concurrency: -1\n", "handlers[0].concurrency", "positive"},
+		{"kafka key on http", http + "    url: http://x\n    topic: t\n", "handlers[0].topic", "empty for type http"},
+		{"relay key on log", head + "    type: log\n    brokers: [k:1]\n", "handlers[0].brokers", "empty for type log"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := parseErr(t, tt.src)
+			if e.Key != tt.key || !strings.Contains(e.Msg, tt.msg) {
+				t.Fatalf("error %v, want key %s and a message with %q", e, tt.key, tt.msg)
+			}
+		})
 	}
 }

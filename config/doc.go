@@ -9,7 +9,10 @@
 //  1. The YAML is decoded and checked for shape: the top level must be a
 //     mapping, every key must be known, no key may appear twice, and every
 //     value must have the right type (an integer for the *Ms, *Size and
-//     *Id keys, a string for the others, a list of mappings for handlers).
+//     *Id keys, a string for the others, a list of mappings for handlers;
+//     in a handler, a list of strings for brokers, mappings for tls, sasl
+//     and headers, integers for deliveryTimeoutMs, maxRecordBytes,
+//     timeoutMs and concurrency).
 //  2. Every key the file leaves out takes its default (see [Default] and
 //     the documentation of each [Config] field). A key that is present
 //     keeps its value even when that value is the zero value, so
@@ -38,7 +41,9 @@
 //
 // When the DATABASE_URL environment variable is set and non-empty it
 // replaces databaseUrl from the file, so credentials can stay out of the
-// file. A database URL is required from one source or the other.
+// file. A database URL is required from one source or the other. In the
+// relays' handlers, sasl.password and headers values may name environment
+// variables as ${NAME}; each must be set.
 //
 // # Errors
 //

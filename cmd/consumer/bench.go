@@ -32,6 +32,7 @@ var benchCases = []benchCase{
 	{"sustained", "highest sustained end-to-end rate", benchSustained, 4 * time.Minute},
 	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 2 * time.Minute},
 	{"retention", "removing old events: segment drop vs DELETE, under producers", benchRetention, 3 * time.Minute},
+	{"kafka", "relay into Kafka (in-process kfake) vs a bare franz-go producer", benchKafka, 4 * time.Minute},
 }
 
 // benchCmd runs the benchmark cases on a throwaway PostgreSQL (or on

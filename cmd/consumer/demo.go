@@ -35,8 +35,12 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rate := fs.Int("rate", 2000, "events appended per second, in total")
 	hosts := fs.Int("hosts", 200, "number of hosts (tenants)")
 	partitions := fs.Int("partitions", 8, "partitions of the demo topic, when it is created")
+	sinkName := fs.String("sink", "log", "where handled events go: log (a JSON file) or kafka (relayed to an in-process Kafka broker)")
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err}
+	}
+	if *sinkName != "log" && *sinkName != "kafka" {
+		return usagef("demo: --sink must be log or kafka, got %q", *sinkName)
 	}
 	if *rate <= 0 || *hosts <= 0 || *partitions <= 0 || *duration <= 0 {
 		return usagef("demo: --rate, --hosts, --partitions and --duration must be positive")
@@ -92,11 +96,19 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer out.Close()
 
 	lat := &latencies{}
-	logHandler := pgevents.LogHandler(out)
+	handler, handled := pgevents.LogHandler(out), "handled/s"
+	var relay *demoKafka
+	if *sinkName == "kafka" {
+		if relay, err = startDemoKafka(stdout); err != nil {
+			return err
+		}
+		defer relay.close()
+		handler, handled = relay.sink, "relayed/s"
+	}
 	hs := &pgevents.Handlers{}
 	hs.HandleAll(pgevents.HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *pgevents.Event) error {
 		lat.add(time.Since(ev.CreatedAt))
-		return logHandler.Handle(ctx, tx, ev)
+		return handler.Handle(ctx, tx, ev)
 	}))
 	log := zerolog.New(zerolog.ConsoleWriter{Out: stderr, TimeFormat: time.TimeOnly}).Level(zerolog.WarnLevel).With().Timestamp().Logger()
 	c, err := pgevents.NewConsumer(pool, pgevents.Config{
@@ -107,8 +119,12 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 
-	fmt.Fprintf(stdout, "topic %d: %d partitions; %d hosts; %d events/s for %s; handled events go to %s\n",
-		topicID, topic.Partitions, *hosts, *rate, *duration, eventsPath)
+	dest := "handled events go to " + eventsPath
+	if relay != nil {
+		dest = "handled events are relayed to Kafka"
+	}
+	fmt.Fprintf(stdout, "topic %d: %d partitions; %d hosts; %d events/s for %s; %s\n",
+		topicID, topic.Partitions, *hosts, *rate, *duration, dest)
 	consumerCtx, stopConsumer := context.WithCancel(ctx)
 	defer stopConsumer()
 	var cg errgroup.Group
@@ -123,7 +139,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		pg.Go(func() error { return produce(ctx, prodCtx, pool, i, *rate/producers, *hosts, &appended) })
 	}
 
-	fmt.Fprintf(stdout, "%8s %12s %12s %8s %10s %10s\n", "elapsed", "appended/s", "handled/s", "lag", "p50", "p99")
+	fmt.Fprintf(stdout, "%8s %12s %12s %8s %10s %10s\n", "elapsed", "appended/s", handled, "lag", "p50", "p99")
 	start := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -167,6 +183,9 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		appended.Load(), st.Handled, st.Batches, st.DeadLettered)
 	if appended.Load() != st.Handled {
 		return fmt.Errorf("demo: %d events appended but %d handled", appended.Load(), st.Handled)
+	}
+	if relay != nil {
+		return relay.report(ctx, stdout)
 	}
 	return nil
 }

@@ -58,6 +58,9 @@ func startObservability(ctx context.Context, g *errgroup.Group, cfg *config.Conf
 		if err != nil {
 			return nil, err
 		}
+		if i == 0 {
+			m.Registry().MustRegister(sinkMetrics) // the relays of every group
+		}
 		gm := &groupMetrics{metrics: m}
 		m.SetListenerConnectedFunc(gm.ready)
 		m.SetPartitionsOwnedFunc(gm.owned)

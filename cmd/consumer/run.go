@@ -180,9 +180,13 @@ func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Po
 func buildHandlers(cfg *config.Config, stdout io.Writer) (*pgevents.Handlers, func(), error) {
 	hs := &pgevents.Handlers{}
 	var files []*os.File
+	var sinks []func()
 	closeAll := func() {
 		for _, f := range files {
 			_ = f.Close()
+		}
+		for _, closeSink := range sinks {
+			closeSink()
 		}
 	}
 	for i, h := range cfg.Handlers {
@@ -207,6 +211,14 @@ func buildHandlers(cfg *config.Config, stdout io.Writer) (*pgevents.Handlers, fu
 				out = f
 			}
 			handler = pgevents.LogHandler(out)
+		case "kafka", "http":
+			s, closeSink, err := buildSink(cfg, i, &h)
+			if err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+			sinks = append(sinks, closeSink)
+			handler = s
 		}
 		if h.EventType == "*" {
 			hs.HandleAll(handler)

@@ -1,0 +1,231 @@
+package kafka
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgevents/pgevents"
+)
+
+// flusher holds one attempt at a batch: the records it buffered on the
+// partition's client, and those that failed.
+type flusher struct {
+	s       *Sink
+	p       *part
+	started bool
+
+	buffered int                  // records buffered since the last flush
+	stopped  *pgevents.EventError // a failure an early flush found
+
+	mu      sync.Mutex
+	pending int           // records produced and not yet finished
+	idle    chan struct{} // closed when pending drops to 0, if set
+	failed  []failedRecord
+}
+
+// failedRecord is a record whose delivery failed.
+type failedRecord struct {
+	offset int64
+	id     string
+	rec    *kgo.Record
+	err    error
+}
+
+// add buffers ev's record, unless an earlier attempt delivered it.
+func (f *flusher) add(ctx context.Context, ev *pgevents.Event) error {
+	if !f.started {
+		f.started = true
+		// Records of an earlier attempt that failed before its flush were
+		// never sent: they must not be sent after this attempt's. Abort
+		// them (and wait for any still in flight, after a flush cut short).
+		// The wait ends before the handler's time budget does, so that an
+		// outage is a transient failure, never a handler timeout.
+		if f.p.cl.BufferedProduceRecords() > 0 {
+			wctx, cancel := context.WithTimeout(ctx, f.s.opts.DeliveryTimeout)
+			err := f.p.cl.AbortBufferedRecords(wctx)
+			cancel()
+			if err != nil {
+				return pgevents.Retryable(fmt.Errorf("kafka sink: abort the records of an earlier attempt: %w", err))
+			}
+		}
+	}
+	if f.stopped != nil {
+		return f.stopped
+	}
+	if f.p.acked.Has(ev.EventID) {
+		return nil
+	}
+	rec, err := f.s.record(ev)
+	if err != nil {
+		return err
+	}
+	if f.buffered >= flushEvery {
+		wctx, cancel := context.WithTimeout(ctx, f.s.opts.DeliveryTimeout)
+		err := f.Flush(wctx)
+		cancel()
+		if err != nil {
+			if ee, ok := err.(*pgevents.EventError); ok {
+				f.stopped = ee
+			}
+			return err
+		}
+	}
+	f.buffered++
+	f.mu.Lock()
+	f.pending++
+	f.mu.Unlock()
+	start := time.Now()
+	offset, id := ev.Offset, ev.EventID
+	// Never cancelled: a record's context that ends fails every record
+	// buffered after it in its Kafka partition. Deliveries are bounded by
+	// the delivery timeout, the wait for them by Flush's context.
+	f.p.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
+		if err != nil {
+			f.p.metrics.Failed(Classify(err))
+		} else {
+			f.p.acked.Add(id)
+			f.p.metrics.Delivered(time.Since(start))
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if err != nil {
+			f.failed = append(f.failed, failedRecord{offset: offset, id: id, rec: r, err: err})
+		}
+		f.pending--
+		if f.pending == 0 && f.idle != nil {
+			close(f.idle)
+			f.idle = nil
+		}
+	})
+	return nil
+}
+
+// Flush sends the buffered records and waits for all of them, then
+// reports the earliest failure.
+func (f *flusher) Flush(ctx context.Context) error {
+	if f.stopped != nil {
+		return f.stopped
+	}
+	if f.p == nil {
+		return pgevents.Retryable(errClosed)
+	}
+	if f.buffered > 0 {
+		if err := f.p.cl.Flush(ctx); err != nil {
+			return f.unfinished(ctx, err)
+		}
+		f.buffered = 0
+	}
+	if err := f.wait(ctx); err != nil {
+		return f.unfinished(ctx, err)
+	}
+	return f.resolve(ctx)
+}
+
+// unfinished is the error of a flush whose context ended.
+func (f *flusher) unfinished(ctx context.Context, err error) error {
+	f.mu.Lock()
+	n := f.pending
+	f.mu.Unlock()
+	return pgevents.Retryable(fmt.Errorf("kafka sink: %d records not acknowledged: %w", n, cmpErr(context.Cause(ctx), err)))
+}
+
+// wait waits until every record produced has finished.
+func (f *flusher) wait(ctx context.Context) error {
+	f.mu.Lock()
+	if f.pending == 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	if f.idle == nil {
+		f.idle = make(chan struct{})
+	}
+	idle := f.idle
+	f.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// resolve reports the failure of the earliest record that failed, if any.
+//
+// A transient or deployment failure is reported as it is: the batch is
+// retried. A permanent one (or one of unknown class) may be collateral: a
+// broker refuses a whole batch of records for one of them, and the
+// producer then fails every record buffered after it in the partition.
+// So the failed records are produced again, one at a time, in offset
+// order, and the first that fails alone is reported. The failed records of
+// a Kafka partition are the last of the attempt's records there, so
+// producing them in offset order keeps the partition's order; those that
+// go through are delivered, and the rest wait for the next attempt.
+func (f *flusher) resolve(ctx context.Context) error {
+	f.mu.Lock()
+	failed := f.failed
+	f.failed = nil
+	f.mu.Unlock()
+	if len(failed) == 0 {
+		return nil
+	}
+	slices.SortFunc(failed, func(a, b failedRecord) int { return cmp.Compare(a.offset, b.offset) })
+	first := &failed[0]
+	if class := Classify(first.err); class == pgevents.ClassTransient || class == pgevents.ClassDeployment {
+		return f.eventError(first, first.err, class)
+	}
+	for i := range failed {
+		fr := &failed[i]
+		rec := &kgo.Record{Topic: fr.rec.Topic, Key: fr.rec.Key, Value: fr.rec.Value, Headers: fr.rec.Headers}
+		err := f.produceAlone(ctx, rec)
+		if ctx.Err() != nil {
+			return pgevents.Retryable(fmt.Errorf("kafka sink: trying the refused records one at a time: %w", context.Cause(ctx)))
+		}
+		if err != nil {
+			return f.eventError(fr, err, Classify(err))
+		}
+		f.p.acked.Add(fr.id)
+	}
+	return nil
+}
+
+// produceAlone produces rec on its own and waits for its acknowledgement.
+func (f *flusher) produceAlone(ctx context.Context, rec *kgo.Record) error {
+	done := make(chan error, 1)
+	start := time.Now()
+	f.p.cl.Produce(context.Background(), rec, func(_ *kgo.Record, err error) { done <- err })
+	if err := f.p.cl.Flush(ctx); err != nil {
+		return err
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			f.p.metrics.Failed(Classify(err))
+		} else {
+			f.p.metrics.Delivered(time.Since(start))
+		}
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// eventError reports the failure of fr's delivery against its event.
+func (f *flusher) eventError(fr *failedRecord, err error, class pgevents.Class) *pgevents.EventError {
+	return &pgevents.EventError{Offset: fr.offset, Err: &pgevents.ClassifiedError{Class: class,
+		Err: fmt.Errorf("kafka sink: produce event %s (offset %d) to topic %s: %w", fr.id, fr.offset, fr.rec.Topic, err)}}
+}
+
+// End forgets the events delivered since the partition's last commit when
+// the batch committed. Records still in flight after a flush cut short are
+// waited for by the next attempt's first record (see add).
+func (f *flusher) End(committed bool) {
+	if committed && f.p != nil {
+		f.p.acked.Clear()
+	}
+}

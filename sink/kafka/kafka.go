@@ -1,0 +1,506 @@
+// Package kafka relays events to Kafka: a pgevents handler that produces
+// each event as a Kafka record, built on franz-go (github.com/twmb/franz-go),
+// usable from Go ([New]) or as the `kafka` handler type of
+// db-event-consumer.yml. It is how a transactional outbox in PostgreSQL
+// feeds the services that consume Kafka.
+//
+// # Records
+//
+// A record goes to the topic that Options.Topic names, a template over the
+// event's fields ("portal-events", "portal.{event_type}"), with the key
+// Options.Key renders (default the host_id, so that a host's records stay
+// in one Kafka partition; keyed records are partitioned by murmur2, as the
+// Java producer does by default). With FormatRaw the value is the event's
+// payload and the metadata travels in headers; with FormatCloudEvents the
+// record is a CloudEvents 1.0 event in binary mode (ce_id = event_id,
+// ce_type = event_type, ce_source = Options.Source, ce_time = created_at,
+// ce_subject = host_id, content-type application/json). Every record
+// carries the headers event_id, event_type, host_id, user_id, c_offset,
+// topic_id, partition_id, transaction_id, created_at (RFC 3339, UTC) and,
+// when the event has metadata, metadata.
+//
+// # Mechanism
+//
+// The relay keeps one franz-go client per partition it serves (created
+// on first use), an idempotent producer with acks=all that sends only when
+// flushed. During a batch, Handle adds the event's record to the client's
+// buffer and returns; before the batch's offset commits, the consumer
+// flushes the relay (see pgevents.Batch), which sends the batch's records
+// together (one produce request per broker, a batch of records per Kafka
+// partition) and waits until every one is acknowledged. Because the buffer
+// holds only the batch's records when it is sent, and the producer fails
+// every record buffered after a failed one in the same Kafka partition,
+// no record of a host is ever written after a later record of the same host
+// failed: per-key order never breaks, across failures and retries included.
+// A batch larger than 10,000 records is flushed every 10,000.
+//
+// # Guarantees and failures
+//
+// At least once into Kafka, never reordered per key: the consumer's offset
+// commits only after every record of the batch is acknowledged (acks=all).
+// A crash between acknowledgement and commit sends the batch again, and
+// the duplicates carry the same event_id header; a retried batch skips the
+// records an earlier attempt in this process delivered (see sink.Acked).
+// The events of one producer transaction stay contiguous per key. Failures
+// are classified by [Classify]:
+//
+//   - broker unreachable, request timeouts, not enough replicas, leader
+//     changes, records not sent within Options.DeliveryTimeout, a flush
+//     that ran out of the handler timeout: transient. The partition waits
+//     with backoff and tries again, however long Kafka is down; nothing is
+//     dead-lettered;
+//   - unknown topics and authorization or SASL failures: deployment,
+//     retried the same way, logged at error level and counted apart;
+//   - a record too large (over Options.MaxRecordBytes, or over the topic's
+//     max.message.bytes on the broker) or invalid, or a topic name the
+//     template renders that is not a valid Kafka topic: permanent. The
+//     event's unit is dead-lettered with the broker's reason. When the
+//     broker refuses a batch of records, each is tried alone first, so
+//     that only the unit of the record refused on its own is blamed.
+//
+// When a unit is dead-lettered, the records its earlier events produced in
+// the failed attempt may already be in Kafka: a unit is atomic in
+// PostgreSQL, not in Kafka.
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/internal/tmpl"
+	"github.com/pgevents/pgevents/sink"
+)
+
+// Format is the shape of the records produced.
+type Format string
+
+// Formats.
+const (
+	// FormatRaw: the value is the event's payload (JSON; "null" when the
+	// event has none), the event's fields are headers.
+	FormatRaw Format = "raw"
+	// FormatCloudEvents: a CloudEvents 1.0 event in Kafka binary mode: the
+	// value is the payload, the attributes are ce_ headers.
+	FormatCloudEvents Format = "cloudevents"
+)
+
+// Defaults of Options.
+const (
+	// DefaultKey keeps a host's records in one Kafka partition.
+	DefaultKey = "host_id"
+	// DefaultSource is the CloudEvents source of FormatCloudEvents.
+	DefaultSource = "pgevents"
+	// DefaultDeliveryTimeout bounds the wait for a record to be sent; it is
+	// shorter than the consumer's default handler timeout (30 s), which
+	// bounds the whole flush.
+	DefaultDeliveryTimeout = 20 * time.Second
+	// DefaultMaxRecordBytes is franz-go's default batch limit, under
+	// Kafka's default max.message.bytes (1048588).
+	DefaultMaxRecordBytes = 1_000_012
+	// flushEvery bounds the records buffered per partition: a larger batch
+	// is flushed every flushEvery records.
+	flushEvery = 10_000
+)
+
+// Options configures a Sink. Zero values take the documented defaults.
+type Options struct {
+	// Name tells this relay's metrics apart; default "kafka".
+	Name string
+	// Brokers are the seed brokers, "host:port"; required.
+	Brokers []string
+	// Topic is the topic records go to, a template over the event's fields
+	// such as "portal.{event_type}" (see internal/tmpl for the fields);
+	// required.
+	Topic string
+	// Key is the record key: a template, or a bare field name; default
+	// "host_id". A key not derived from host_id spreads a host over Kafka
+	// partitions, where its order is kept per partition only.
+	Key string
+	// Format is FormatRaw (default) or FormatCloudEvents.
+	Format Format
+	// Source is the CloudEvents source attribute; default "pgevents".
+	Source string
+	// TLS, when set, connects to the brokers over TLS.
+	TLS *tls.Config
+	// SASL, when set, authenticates to the brokers.
+	SASL *SASL
+	// DeliveryTimeout bounds how long a record may wait to be sent (no
+	// broker reachable, a partition without a leader) before its batch
+	// fails, transient, and is tried again; and how long a new attempt
+	// waits for records an earlier attempt still has in flight. A record
+	// already sent is retried by the idempotent producer until Kafka
+	// answers (failing it could break the order), so a flush can also run
+	// out of the consumer's HandlerTimeout, another transient failure.
+	// Default 20 s, at least 1 s; keep it below HandlerTimeout.
+	DeliveryTimeout time.Duration
+	// MaxRecordBytes is the largest record accepted (the franz-go
+	// producer's batch limit); a larger record is refused before it is sent
+	// and its unit dead-lettered. Set it to the topics' max.message.bytes;
+	// default 1,000,012.
+	MaxRecordBytes int
+	// Metrics, when set, records the relay's deliveries.
+	Metrics *sink.Metrics
+	// ClientOptions are added to the franz-go clients' options, after the
+	// relay's own (client id, timeouts, compression, logging). They must
+	// not disable idempotent writes, lower the acks, or change the
+	// partitioner: the guarantees rest on them.
+	ClientOptions []kgo.Opt
+}
+
+// SASL configures SASL authentication.
+type SASL struct {
+	// Mechanism is "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512".
+	Mechanism string
+	// User and Password are the credentials.
+	User     string
+	Password string
+}
+
+// ErrInvalidOptions is wrapped by New's errors; *OptionError says which
+// option.
+var ErrInvalidOptions = errors.New("kafka sink: invalid options")
+
+// OptionError is an invalid option, named by its YAML key (brokers, topic,
+// key, format, sasl.mechanism, deliveryTimeoutMs, maxRecordBytes).
+type OptionError struct {
+	Key string
+	Msg string
+}
+
+// Error names the option.
+func (e *OptionError) Error() string { return fmt.Sprintf("kafka sink: %s: %s", e.Key, e.Msg) }
+
+// Unwrap returns ErrInvalidOptions.
+func (e *OptionError) Unwrap() error { return ErrInvalidOptions }
+
+// Sink is the Kafka relay handler. Register it for the event types to
+// relay; Close it after the consumer stopped.
+type Sink struct {
+	opts    Options
+	topic   *tmpl.Template
+	key     *tmpl.Template
+	base    []kgo.Opt
+	metrics *sink.Recorder // for events handled outside a batch
+
+	mu     sync.Mutex
+	parts  map[sink.PartKey]*part
+	direct *kgo.Client // for events handled outside a batch
+	closed bool
+}
+
+// part is the relay's state for one partition of a group: its client, and
+// the events delivered since the partition's last commit.
+type part struct {
+	cl      *kgo.Client
+	acked   sink.Acked
+	metrics *sink.Recorder
+}
+
+// New validates opts and returns the relay. It does not connect: the
+// clients connect on first use.
+func New(opts Options) (*Sink, error) {
+	if opts.Name == "" {
+		opts.Name = "kafka"
+	}
+	if len(opts.Brokers) == 0 {
+		return nil, &OptionError{"brokers", "at least one broker is required"}
+	}
+	topic, err := tmpl.Parse(opts.Topic)
+	if err != nil {
+		return nil, &OptionError{"topic", err.Error()}
+	}
+	if t, static := topic.Static(); static {
+		if err := validTopic(t); err != nil {
+			return nil, &OptionError{"topic", err.Error()}
+		}
+	}
+	if opts.Key == "" {
+		opts.Key = DefaultKey
+	}
+	key, err := tmpl.ParseKey(opts.Key)
+	if err != nil {
+		return nil, &OptionError{"key", err.Error()}
+	}
+	switch opts.Format {
+	case "":
+		opts.Format = FormatRaw
+	case FormatRaw, FormatCloudEvents:
+	default:
+		return nil, &OptionError{"format", fmt.Sprintf("must be raw or cloudevents, got %q", opts.Format)}
+	}
+	if opts.Source == "" {
+		opts.Source = DefaultSource
+	}
+	if opts.DeliveryTimeout == 0 {
+		opts.DeliveryTimeout = DefaultDeliveryTimeout
+	}
+	if opts.DeliveryTimeout < time.Second {
+		return nil, &OptionError{"deliveryTimeoutMs", fmt.Sprintf("must be at least 1000 (1 s), got %d", opts.DeliveryTimeout.Milliseconds())}
+	}
+	if opts.MaxRecordBytes == 0 {
+		opts.MaxRecordBytes = DefaultMaxRecordBytes
+	}
+	if opts.MaxRecordBytes < 512 || opts.MaxRecordBytes > 1<<30 {
+		return nil, &OptionError{"maxRecordBytes", fmt.Sprintf("must be between 512 and %d, got %d", 1<<30, opts.MaxRecordBytes)}
+	}
+	base := []kgo.Opt{
+		kgo.SeedBrokers(opts.Brokers...),
+		kgo.ClientID("pgevents"),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.RecordDeliveryTimeout(opts.DeliveryTimeout),
+		kgo.ProducerBatchMaxBytes(int32(opts.MaxRecordBytes)),
+		kgo.MaxBufferedRecords(2 * flushEvery),
+	}
+	if opts.TLS != nil {
+		base = append(base, kgo.DialTLSConfig(opts.TLS.Clone()))
+	}
+	if opts.SASL != nil {
+		m, err := opts.SASL.mechanism()
+		if err != nil {
+			return nil, err
+		}
+		base = append(base, kgo.SASL(m))
+	}
+	base = append(base, opts.ClientOptions...)
+	// Let franz-go check the options now rather than at the first event.
+	cl, err := kgo.NewClient(base...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	cl.Close()
+	return &Sink{opts: opts, topic: topic, key: key, base: base, parts: map[sink.PartKey]*part{},
+		metrics: opts.Metrics.For("", opts.Name, "kafka")}, nil
+}
+
+func (s *SASL) mechanism() (sasl.Mechanism, error) {
+	switch s.Mechanism {
+	case "PLAIN":
+		return plain.Auth{User: s.User, Pass: s.Password}.AsMechanism(), nil
+	case "SCRAM-SHA-256":
+		return scram.Auth{User: s.User, Pass: s.Password}.AsSha256Mechanism(), nil
+	case "SCRAM-SHA-512":
+		return scram.Auth{User: s.User, Pass: s.Password}.AsSha512Mechanism(), nil
+	}
+	return nil, &OptionError{"sasl.mechanism", fmt.Sprintf("must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", s.Mechanism)}
+}
+
+// errClosed is returned by Handle after Close.
+var errClosed = errors.New("kafka sink: closed")
+
+// part returns the state of the partition batch b serves, creating it.
+func (s *Sink) part(b *pgevents.Batch) (*part, error) {
+	k := sink.KeyOf(b)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, pgevents.Retryable(errClosed)
+	}
+	if p := s.parts[k]; p != nil {
+		return p, nil
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.ManualFlushing()}, s.base...)...)
+	if err != nil {
+		return nil, pgevents.Deployment(fmt.Errorf("kafka sink: %w", err))
+	}
+	p := &part{cl: cl, metrics: s.opts.Metrics.For(k.Group, s.opts.Name, "kafka")}
+	s.parts[k] = p
+	return p, nil
+}
+
+// Handle adds ev's record to the batch's records (see the package
+// documentation), or, called outside a batch, produces it and waits for its
+// acknowledgement.
+func (s *Sink) Handle(ctx context.Context, _ pgx.Tx, ev *pgevents.Event) error {
+	b := pgevents.BatchFromContext(ctx)
+	if b == nil {
+		return s.produceNow(ctx, ev)
+	}
+	var perr error
+	f := b.Flusher(s, func() pgevents.Flusher {
+		p, err := s.part(b)
+		perr = err
+		if p != nil {
+			p.acked.Begin(b.Start())
+		}
+		return &flusher{s: s, p: p}
+	}).(*flusher)
+	if perr != nil || f.p == nil {
+		return cmpErr(perr, pgevents.Retryable(errClosed))
+	}
+	return f.add(ctx, ev)
+}
+
+func cmpErr(err, otherwise error) error {
+	if err != nil {
+		return err
+	}
+	return otherwise
+}
+
+// produceNow produces ev's record on the relay's direct client and waits
+// for its acknowledgement.
+func (s *Sink) produceNow(ctx context.Context, ev *pgevents.Event) error {
+	rec, err := s.record(ev)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return pgevents.Retryable(errClosed)
+	}
+	if s.direct == nil {
+		if s.direct, err = kgo.NewClient(s.base...); err != nil {
+			s.mu.Unlock()
+			return pgevents.Deployment(fmt.Errorf("kafka sink: %w", err))
+		}
+	}
+	cl := s.direct
+	s.mu.Unlock()
+	start := time.Now()
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		class := Classify(err)
+		s.metrics.Failed(class)
+		return s.failure(ev, rec, err, class)
+	}
+	s.metrics.Delivered(time.Since(start))
+	return nil
+}
+
+// failure describes the failed delivery of ev's record, with its class.
+func (s *Sink) failure(ev *pgevents.Event, rec *kgo.Record, err error, class pgevents.Class) error {
+	return &pgevents.ClassifiedError{Class: class,
+		Err: fmt.Errorf("kafka sink: produce event %s (offset %d) to topic %s: %w", ev.EventID, ev.Offset, rec.Topic, err)}
+}
+
+// Close closes the relay's clients; records not yet acknowledged fail.
+// Close it after the consumer stopped.
+func (s *Sink) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for k, p := range s.parts {
+		p.cl.Close()
+		delete(s.parts, k)
+	}
+	if s.direct != nil {
+		s.direct.Close()
+		s.direct = nil
+	}
+}
+
+// Record returns the record the relay produces for ev, or the permanent
+// failure that refuses it (a topic name the template renders that Kafka
+// does not accept, a record over MaxRecordBytes).
+func (s *Sink) Record(ev *pgevents.Event) (*kgo.Record, error) { return s.record(ev) }
+
+// record builds ev's record.
+func (s *Sink) record(ev *pgevents.Event) (*kgo.Record, error) {
+	get := func(field string) string { return fieldValue(ev, field) }
+	topic := s.topic.Render(get)
+	if err := validTopic(topic); err != nil {
+		return nil, pgevents.Permanent(fmt.Errorf("kafka sink: event %s (offset %d): topic template %q: %w", ev.EventID, ev.Offset, s.topic, err))
+	}
+	value := []byte(ev.Payload)
+	if value == nil {
+		value = []byte("null")
+	}
+	created := ev.CreatedAt.UTC().Format(time.RFC3339Nano)
+	hs := make([]kgo.RecordHeader, 0, 16)
+	add := func(k, v string) { hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add("event_id", ev.EventID)
+	add("event_type", ev.EventType)
+	add("host_id", ev.HostID)
+	add("user_id", ev.UserID)
+	add("c_offset", strconv.FormatInt(ev.Offset, 10))
+	add("topic_id", strconv.Itoa(ev.TopicID))
+	add("partition_id", strconv.Itoa(ev.PartitionID))
+	add("transaction_id", strconv.FormatInt(ev.TransactionID, 10))
+	add("created_at", created)
+	if len(ev.Metadata) > 0 && string(ev.Metadata) != "null" {
+		hs = append(hs, kgo.RecordHeader{Key: "metadata", Value: ev.Metadata})
+	}
+	if s.opts.Format == FormatCloudEvents {
+		add("ce_specversion", "1.0")
+		add("ce_id", ev.EventID)
+		add("ce_type", ev.EventType)
+		add("ce_source", s.opts.Source)
+		add("ce_time", created)
+		add("ce_subject", ev.HostID)
+		add("content-type", "application/json")
+	}
+	rec := &kgo.Record{Topic: topic, Key: []byte(s.key.Render(get)), Value: value, Headers: hs}
+	// Refuse a record too large here rather than let the producer refuse it
+	// later: its failure would come after the host's later records went.
+	if n := encodedSize(rec); n > s.opts.MaxRecordBytes {
+		return nil, pgevents.Permanent(fmt.Errorf("kafka sink: event %s (offset %d): %w (the record takes up to %d bytes, over maxRecordBytes %d)",
+			ev.EventID, ev.Offset, kerr.MessageTooLarge, n, s.opts.MaxRecordBytes))
+	}
+	return rec, nil
+}
+
+// encodedSize bounds the size of a batch holding only rec, as the
+// producer measures it against its batch limit: the batch's fixed fields
+// and the record with every variable-length integer at its widest.
+func encodedSize(rec *kgo.Record) int {
+	const batchOverhead = 61 + 16 // v2 batch header, with the produce request's framing
+	const varint = 5
+	n := batchOverhead + varint + 1 + 10 + varint + // length, attributes, timestamp and offset deltas
+		varint + len(rec.Key) + varint + len(rec.Value) + varint
+	for _, h := range rec.Headers {
+		n += varint + len(h.Key) + varint + len(h.Value)
+	}
+	return n
+}
+
+// fieldValue returns an event's field as a template renders it.
+func fieldValue(ev *pgevents.Event, field string) string {
+	switch field {
+	case "event_type":
+		return ev.EventType
+	case "host_id":
+		return ev.HostID
+	case "user_id":
+		return ev.UserID
+	case "event_id":
+		return ev.EventID
+	case "topic_id":
+		return strconv.Itoa(ev.TopicID)
+	case "partition_id":
+		return strconv.Itoa(ev.PartitionID)
+	case "transaction_id":
+		return strconv.FormatInt(ev.TransactionID, 10)
+	case "c_offset":
+		return strconv.FormatInt(ev.Offset, 10)
+	}
+	return ""
+}
+
+// validTopic checks a Kafka topic name: 1 to 249 characters of
+// [a-zA-Z0-9._-], not "." or "..".
+func validTopic(t string) error {
+	if t == "" || t == "." || t == ".." || len(t) > 249 {
+		return fmt.Errorf("%q is not a valid Kafka topic name (1 to 249 characters of a-z, A-Z, 0-9, '.', '_', '-'; not '.' or '..')", t)
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%q is not a valid Kafka topic name (1 to 249 characters of a-z, A-Z, 0-9, '.', '_', '-')", t)
+		}
+	}
+	return nil
+}
