@@ -34,6 +34,9 @@ func StartConsumer(t testing.TB, pool *pgxpool.Pool, cfg pgevents.Config) *pgeve
 	if cfg.GroupID == "" {
 		cfg.GroupID = "g"
 	}
+	if cfg.Schema == "" {
+		cfg.Schema = pgtest.Schema() // the tests' schema mode (PGEVENTS_TEST_SCHEMA)
+	}
 	if cfg.Logger == nil {
 		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(zerolog.WarnLevel).
 			With().Timestamp().Str("test", t.Name()).Logger()
