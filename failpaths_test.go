@@ -203,6 +203,9 @@ func TestSessionEndedMidBatchNarrows(t *testing.T) {
 		t.Fatalf("dead letter reason %q, want one saying the session ended", reason)
 	}
 	checkHandledOrderOnly(t, pool)
+	// The consumer counts a batch once its COMMIT has returned, which can
+	// be just after the test sees the commit.
+	pgtest.WaitFor(t, 10*time.Second, "the consumer counted the dead letter", func() bool { return c.Stats().DeadLettered >= 1 })
 	if c.Stats().DeadLettered != 1 {
 		t.Fatalf("stats %+v", c.Stats())
 	}
@@ -253,6 +256,7 @@ func TestSwallowedSQLErrorBlamesItsUnit(t *testing.T) {
 			t.Fatalf("dead letter %q does not say the handler returned nil on an aborted transaction", d)
 		}
 	}
+	pgtest.WaitFor(t, 10*time.Second, "the consumer counted the dead letters", func() bool { return c.Stats().DeadLettered >= 2 })
 	if c.Stats().DeadLettered != 2 {
 		t.Fatalf("stats %+v", c.Stats())
 	}

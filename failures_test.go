@@ -235,6 +235,9 @@ func TestPolicyHalt(t *testing.T) {
 	pgtest.WaitFor(t, 10*time.Second, "halt recorded", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE c_offset = 3 AND reason = 'poison event'`) == 1
 	})
+	// The worker counts the halt once its row is written, which the test
+	// can see first.
+	pgtest.WaitFor(t, 10*time.Second, "the halt counted", func() bool { return c1.Stats().Halts >= 1 })
 	if c1.Stats().Halts != 1 || !workerOf(c1, 0).halted.Load() {
 		t.Fatalf("halt not reported: %+v", c1.Stats())
 	}
