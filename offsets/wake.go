@@ -65,13 +65,14 @@ func Idle(ctx context.Context, db Batcher, ps *PartitionSQL, group string, topic
 		return 0, fmt.Errorf("offsets: mark partition %d waiting: %w", partition, err)
 	}
 	b = pgx.Batch{}
+	b.Queue(genericPlansSQL) // for the idle check, see genericPlansExpr
 	b.Queue(waitAppendsCounterSQL, topic)
 	b.Queue(waitAppendsAdvisorySQL, topic)
 	b.Queue(waitAppendsPartitionSQL, topic, partition)
 	b.Queue(ps.idleCheck, group, topic, partition, layout)
 	br = db.SendBatch(ctx, &b)
 	defer br.Close()
-	for range 3 {
+	for range 4 {
 		if _, err := br.Exec(); err != nil {
 			return 0, fmt.Errorf("offsets: wait for appends in flight: %w", err)
 		}
