@@ -94,7 +94,7 @@ CROSS JOIN LATERAL (
     SELECT max(m.c_offset) AS max_offset
     FROM outbox_message_t m
     WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
-      AND m.c_offset < coalesce(layout_cut($2, $4, o.partition_id), 9223372036854775807)
+      AND m.c_offset < ` + pendingCut + `
 ) h
 WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = ANY($3::integer[])
   AND h.max_offset >= o.next_offset
@@ -103,6 +103,22 @@ SELECT -1, 0, 0, clock_timestamp()`
 
 	eventColumns = `m.c_offset, m.topic_id, m.partition_id, m.event_id, m.host_id, m.user_id,
        m.transaction_id, m.event_type, m.payload, m.metadata, m.created_at`
+
+	// pendingCut, claimCut and idleCut are layout_cut(topic, version,
+	// partition) (migration 0008) written out in the statements that use
+	// them, or the largest offset when no layout follows: the partition's
+	// first offset in layout version + 1. The statements a worker runs for
+	// every batch or idle period use them instead of the function, which
+	// PostgreSQL cannot inline (its body has a subquery) and so parses and
+	// plans again at every execution of the statement that calls it
+	// (measured: a large share of the claim's server time).
+	pendingCut = cutHead + `o.partition_id` + cutMid + `$2 AND l.version = $4` + cutTail
+	claimCut   = cutHead + `$3` + cutMid + `$2 AND l.version = $5` + cutTail
+	idleCut    = cutHead + `$3` + cutMid + `$2 AND l.version = $4` + cutTail
+	cutHead    = `coalesce((SELECT CASE WHEN l.from_offsets IS NULL THEN l.from_offset ELSE coalesce(l.from_offsets[`
+	cutMid     = ` + 1], 1) END
+             FROM topic_layouts l WHERE l.topic_id = `
+	cutTail = ` + 1), 9223372036854775807)`
 
 	// claimSQL locks the group's position in the partition and, in the same
 	// round trip, reads up to $4 events from it. The lock is held until the
@@ -127,7 +143,7 @@ SELECT -1, 0, 0, clock_timestamp()`
 SELECT ` + eventColumns + `
 FROM %[1]s m
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= (SELECT next_offset FROM o)
-  AND m.c_offset < coalesce(layout_cut($2, $5, $3), 9223372036854775807)
+  AND m.c_offset < ` + claimCut + `
 ORDER BY m.c_offset
 LIMIT $4`
 

@@ -166,8 +166,9 @@ func TestCommitWithoutLeaseFails(t *testing.T) {
 // on their generic plans from the first execution (a custom plan of the
 // claim, which PostgreSQL tries for the first five executions and whenever
 // it looks cheaper, read and sorted the partition's whole backlog for every
-// batch), and the batch transaction gives handlers the session's
-// plan_cache_mode back.
+// batch), the batch transaction gives handlers the session's
+// plan_cache_mode back, and the claim calls no SQL function that the
+// server would plan at every execution.
 func TestStatementsUseGenericPlans(t *testing.T) {
 	t.Parallel()
 	ctx, url := setup(t, 1)
@@ -184,6 +185,10 @@ func TestStatementsUseGenericPlans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	// Function calls are counted (pg_stat_xact_user_functions).
+	if _, err := conn.Exec(ctx, `SET track_functions = 'all'`); err != nil {
+		t.Fatal(err)
+	}
 	ps := ForPartition(1, 0)
 	const runs = 7
 	for range runs {
@@ -200,6 +205,16 @@ func TestStatementsUseGenericPlans(t *testing.T) {
 		}
 		if mode != "auto" {
 			t.Fatalf("handlers run with plan_cache_mode %q, want the session's %q", mode, "auto")
+		}
+		// The claim reads the cut without calling layout_cut, which the
+		// server would parse and plan again at every execution.
+		var calls int64
+		if err := cl.Tx.QueryRow(ctx, `SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions
+			WHERE funcname IN ('layout_cut', 'layout_start')`).Scan(&calls); err != nil {
+			t.Fatal(err)
+		}
+		if calls != 0 {
+			t.Fatalf("the claim called the layout functions %d times", calls)
 		}
 		if err := cl.Tx.Rollback(ctx); err != nil {
 			t.Fatal(err)

@@ -49,7 +49,7 @@ WHERE topic_id = $1 AND partition_id = $2 AND NOT waiting`
 	idleCheckSQL = `SELECT max(m.c_offset) FROM %[1]s m
 JOIN consumer_offsets o ON o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3
 WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= o.next_offset
-  AND m.c_offset < coalesce(layout_cut($2, $4, $3), 9223372036854775807)`
+  AND m.c_offset < ` + idleCut
 )
 
 // Idle runs the wake-up protocol of a worker of group that found nothing
