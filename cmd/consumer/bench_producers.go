@@ -43,10 +43,29 @@ type benchProducerMode struct {
 	wake       string
 }
 
+// benchDefaultMode is a topic's mode unless configured otherwise.
+var benchDefaultMode = benchProducerMode{1, "counter, wake waiting (default)", schema.ScopeTopic, schema.AllocationCounter, schema.WakeWaiting}
+
+// create creates topic in mode m with the given partition count.
+func (m benchProducerMode) create(ctx context.Context, db schema.DB, topic, partitions int) error {
+	if _, _, err := schema.EnsureTopicSpec(ctx, db, schema.TopicSpec{ID: topic, Partitions: partitions, Scope: m.scope}); err != nil {
+		return err
+	}
+	if m.allocation != "" && m.allocation != schema.AllocationCounter {
+		if err := schema.SetAllocation(ctx, db, topic, m.allocation); err != nil {
+			return err
+		}
+	}
+	if m.wake != "" && m.wake != schema.WakeWaiting {
+		return schema.SetWake(ctx, db, topic, m.wake)
+	}
+	return nil
+}
+
 // benchProducerModes are the modes the producers case compares, each on a
 // topic of its own in one database. Topic 1 is the default mode.
 var benchProducerModes = []benchProducerMode{
-	{1, "counter, wake waiting (default)", schema.ScopeTopic, schema.AllocationCounter, schema.WakeWaiting},
+	benchDefaultMode,
 	{2, "counter, wake always", schema.ScopeTopic, schema.AllocationCounter, schema.WakeAlways},
 	{3, "sequence, wake waiting", schema.ScopeTopic, schema.AllocationSequence, schema.WakeWaiting},
 	{4, "sequence, wake always", schema.ScopeTopic, schema.AllocationSequence, schema.WakeAlways},
@@ -76,14 +95,8 @@ func benchProducers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	if err := db.exec(ctx, benchProducersCeilingDDL); err != nil {
 		return nil, err
 	}
-	for _, m := range benchProducerModes {
-		if _, _, err := schema.EnsureTopicSpec(ctx, db.pool, schema.TopicSpec{ID: m.topic, Partitions: benchProducersPartitions, Scope: m.scope}); err != nil {
-			return nil, err
-		}
-		if err := schema.SetAllocation(ctx, db.pool, m.topic, m.allocation); err != nil {
-			return nil, err
-		}
-		if err := schema.SetWake(ctx, db.pool, m.topic, m.wake); err != nil {
+	for _, m := range benchProducerModes[1:] { // topic 1 is the default mode
+		if err := m.create(ctx, db.pool, m.topic, benchProducersPartitions); err != nil {
 			return nil, err
 		}
 	}
