@@ -262,7 +262,9 @@ func benchNoopHandlers() *pgevents.Handlers {
 // handlers unless cfg says otherwise) until stop, and returns once its
 // listener is connected.
 func startBenchConsumer(ctx context.Context, pool *pgxpool.Pool, cfg pgevents.Config) (*benchConsumer, error) {
-	cfg.TopicID = benchTopic
+	if cfg.TopicID == 0 {
+		cfg.TopicID = benchTopic
+	}
 	if cfg.Handlers == nil {
 		cfg.Handlers = benchNoopHandlers()
 	}
@@ -325,6 +327,13 @@ type benchWaits struct {
 
 // run samples every interval until ctx ends.
 func (w *benchWaits) run(ctx context.Context, pool *pgxpool.Pool, every time.Duration) {
+	benchSampleWaits(ctx, pool, every, func() *benchWaits { return w })
+}
+
+// benchSampleWaits samples the active sessions of the pool's database
+// every interval until ctx ends, into the benchWaits that to returns at
+// that time (none when nil).
+func benchSampleWaits(ctx context.Context, pool *pgxpool.Pool, every time.Duration, to func() *benchWaits) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -332,6 +341,10 @@ func (w *benchWaits) run(ctx context.Context, pool *pgxpool.Pool, every time.Dur
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		w := to()
+		if w == nil {
+			continue
 		}
 		rows, err := pool.Query(ctx, `SELECT application_name, coalesce(wait_event_type || ':' || wait_event, 'CPU')
 FROM pg_stat_activity
