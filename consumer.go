@@ -228,8 +228,9 @@ type Consumer struct {
 	replicaID  string
 	clockSkew  atomic.Int64 // database clock minus local clock, ns
 	// wakeAlways says that every append to the topic notifies, so workers
-	// need not announce that they wait (schema.WakeAlways).
-	wakeAlways bool
+	// need not announce that they wait (schema.WakeAlways). The poller
+	// reads the topic's mode again at every poll (refreshWake).
+	wakeAlways atomic.Bool
 	// idleCut is how long a batch may go without a statement of its own
 	// before it stops taking units and commits, so that the server's
 	// idle_in_transaction_session_timeout never ends it; 0: no limit.
@@ -415,7 +416,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if topic.Partitions != c.cfg.TotalPartitions {
 		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
 	}
-	c.wakeAlways = topic.Wake == schema.WakeAlways
+	c.wakeAlways.Store(topic.Wake == schema.WakeAlways)
 	if topic.Channel != c.cfg.Channel {
 		return &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
 	}
@@ -532,6 +533,7 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	if !c.checkLayout(ctx, rt) {
 		return
 	}
+	c.refreshWake(ctx, rt)
 	before := time.Now()
 	work, dbNow, err := offsets.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, rt.order, rt.layout.Version)
 	if err != nil {
@@ -547,6 +549,30 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	for _, wk := range work {
 		if w := rt.workers[wk.Partition]; w != nil && w.hint(wk.MaxOffset) {
 			c.cfg.Observer.Woken(wk.Partition, source)
+		}
+	}
+}
+
+// refreshWake reads the topic's wake-up mode. When it changed from
+// 'always' to 'waiting' (schema.SetWake, which notifies the topic's
+// consumers to poll at once), appends notify only partitions whose worker
+// announced that it waits, and no worker has: every worker is woken to run
+// the wake-up protocol, so that no event appended since waits for the poll.
+func (c *Consumer) refreshWake(ctx context.Context, rt *layoutRun) {
+	wake, err := schema.TopicWake(ctx, c.pool, c.cfg.TopicID)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn().Err(err).Msg("could not read the topic's wake-up mode")
+		}
+		return
+	}
+	always := wake == schema.WakeAlways
+	if c.wakeAlways.Swap(always) && !always {
+		c.log.Info().Msg("the topic's wake-up mode is now 'waiting': workers announce when they wait")
+		for _, w := range rt.workers {
+			if w != nil {
+				w.signal()
+			}
 		}
 	}
 }

@@ -215,7 +215,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 // they committed before is found now. It hints the worker when there is
 // work after all. A failure is logged; the poll is the safety net.
 func (w *worker) idle(ctx context.Context) {
-	if w.c.wakeAlways {
+	if w.c.wakeAlways.Load() {
 		return // every append notifies
 	}
 	max, err := offsets.Idle(ctx, w.c.pool, w.sql, w.c.cfg.GroupID, w.c.cfg.TopicID, w.partition, w.lr.layout.Version)
