@@ -69,9 +69,9 @@ type TopicSpec struct {
 }
 
 // SetWake sets a topic's wake-up mode (WakeWaiting or WakeAlways). When it
-// changes, the topic's consumers are notified to poll at once, which is
-// when they read the mode again: running consumers follow, and no event
-// waits for their poll period meanwhile.
+// changes to WakeWaiting, the topic's consumers are notified to poll at
+// once, which is when they read the mode again: running consumers follow,
+// and no event waits for their poll period meanwhile.
 func SetWake(ctx context.Context, db DB, id int, wake string) error {
 	if _, err := db.Exec(ctx, setWakeSQL, id, wake); err != nil {
 		return fmt.Errorf("schema: set wake-up mode of topic %d: %w", id, err)
@@ -145,12 +145,12 @@ const (
 INSERT INTO topic_layouts (topic_id, version, total_partitions, from_offset)
 SELECT topic_id, 1, total_partitions, 1 FROM t`
 
-	// setWakeSQL changes a topic's wake-up mode and, when it changed,
-	// notifies its channel for every partition ("*"), at commit.
+	// setWakeSQL changes a topic's wake-up mode and, when it changed to
+	// 'waiting', notifies its channel for every partition ("*"), at commit.
 	setWakeSQL = `WITH u AS (
     UPDATE log_counter SET wake = $2 WHERE topic_id = $1 AND wake <> $2 RETURNING channel
 )
-SELECT pg_notify(u.channel, $1::integer || ':*') FROM u`
+SELECT pg_notify(u.channel, $1::integer || ':*') FROM u WHERE $2 = 'waiting'`
 
 	// wakeSQL reads a topic's wake-up mode alone (LookupTopic may wait for
 	// appends in flight).
