@@ -212,8 +212,10 @@ func (w *worker) run(ctx, bctx context.Context) error {
 
 // idle runs the wake-up protocol before the worker sleeps (see
 // offsets.Idle): appends to the partition notify it from now on, and what
-// they committed before is found now. It hints the worker when there is
-// work after all. A failure is logged; the poll is the safety net.
+// they committed before is found now, or, under scope 'topic', by the
+// recheck it asks for once the appends in flight have ended. It hints the
+// worker when there is work after all. A failure is logged; the poll is the
+// safety net.
 func (w *worker) idle(ctx context.Context) {
 	if w.c.wakeAlways.Load() {
 		return // every append notifies
@@ -225,8 +227,14 @@ func (w *worker) idle(ctx context.Context) {
 		}
 		return
 	}
-	if max >= 0 && w.hint(max) {
-		w.c.cfg.Observer.Woken(w.partition, WakePoll)
+	if max >= 0 {
+		if w.hint(max) {
+			w.c.cfg.Observer.Woken(w.partition, WakePoll)
+		}
+		return
+	}
+	if w.c.topicScope {
+		w.c.awaitRecheck(w)
 	}
 }
 

@@ -320,6 +320,16 @@ func Pending(ctx context.Context, db Batcher, group string, topic int, partition
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("offsets: pending: %w", err)
 	}
+	out, now, err := scanWork(rows)
+	if err != nil {
+		return nil, now, fmt.Errorf("offsets: pending: %w", err)
+	}
+	return out, now, nil
+}
+
+// scanWork reads the rows of pendingSQL: the partitions with work, and the
+// database clock.
+func scanWork(rows pgx.Rows) ([]Work, time.Time, error) {
 	defer rows.Close()
 	var (
 		out []Work
@@ -328,16 +338,13 @@ func Pending(ctx context.Context, db Batcher, group string, topic int, partition
 	for rows.Next() {
 		var w Work
 		if err := rows.Scan(&w.Partition, &w.NextOffset, &w.MaxOffset, &now); err != nil {
-			return nil, now, fmt.Errorf("offsets: pending: %w", err)
+			return nil, now, err
 		}
 		if w.Partition >= 0 {
 			out = append(out, w)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, now, fmt.Errorf("offsets: pending: %w", err)
-	}
-	return out, now, nil
+	return out, now, rows.Err()
 }
 
 // Position returns the group's next offset in a partition, and false when
