@@ -44,7 +44,7 @@ type benchLatencyStep struct {
 // modes are measured at benchLatencySteps[1], 1,000 events/s, and wake-ups
 // 'always' also at 100 events/s (idle latency).
 var benchLatencySteps = []benchLatencyStep{
-	{100, 1, 8 * time.Second, 3 * time.Second},
+	{100, 1, 6 * time.Second, 3 * time.Second},
 	{1000, 4, 5 * time.Second, 2 * time.Second},
 	{5000, 16, 4 * time.Second, 2 * time.Second},
 }
