@@ -610,16 +610,18 @@ func TestAppendCommitOnAcquiredConn(t *testing.T) {
 		}
 		tx, err := conn.Begin(ctx)
 		if err != nil {
+			conn.Release()
 			t.Fatal(err)
 		}
 		_, err = AppendCommit(ctx, tx, Event{TopicID: topic, HostID: "h", EventType: "t"})
+		st := conn.Conn().PgConn().TxStatus()
+		conn.Release()
 		if (err == nil) != (topic == 1) {
 			t.Fatalf("AppendCommit to topic %d: %v", topic, err)
 		}
-		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+		if st != 'I' {
 			t.Fatalf("after AppendCommit to topic %d the connection's transaction status is %q, want idle", topic, st)
 		}
-		conn.Release()
 	}
 	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`); n != 1 {
 		t.Fatalf("%d events committed, want 1", n)
