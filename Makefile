@@ -36,10 +36,17 @@ vet:
 staticcheck:
 	$(GO) tool staticcheck $(PKGS)
 
+# The packages whose tests create their topics through pgtest.TopicPool, in
+# the offset scope PGEVENTS_TEST_OFFSET_SCOPE names: make test runs them a
+# second time in scope 'partition'.
+SCOPED_PKGS := . ./cmd/consumer ./metrics ./partition
+
 # go vet, staticcheck (pinned in go.mod as a tool) and the race-enabled tests
-# against a real PostgreSQL.
+# against a real PostgreSQL, then the scoped suites again with partition-scoped
+# offsets.
 test: vet staticcheck
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	PGEVENTS_TEST_OFFSET_SCOPE=partition $(GO) test -race -count=1 -timeout 20m $(SCOPED_PKGS)
 
 # Producers and a consumer group against a local PostgreSQL kept under
 # .pgevents-demo/ (or DATABASE_URL); prints live progress, stops by itself.

@@ -43,10 +43,22 @@
 // that sets it is closed by the worker, which, before it sleeps,
 //
 //  1. sets the flag and commits: appends that read it later notify;
-//  2. waits for every append in flight on the topic (or, under scope
-//     partition, the partition) to end, by taking their append lock shared:
-//     an append that read the flag before step 1 held that lock then;
-//  3. looks for events once more: what such an append committed is visible.
+//  2. waits for every append in flight that read the flag before step 1:
+//     each holds its append lock (the topic's counter row or advisory
+//     lock, or under scope partition the partition's counter row) until
+//     it ends;
+//  3. looks for events once more: what such an append committed is
+//     visible.
+//
+// Under scope partition the flag is a column of the partition's counter
+// row, so setting it waits for the append holding the row: steps 1 and 3
+// take one round trip. Under scope topic the lock is the topic's, held by
+// whichever append runs, for any partition: the worker runs steps 1 and 3
+// and sleeps, and one goroutine of the consumer runs steps 2 and 3 for
+// every worker that went idle meanwhile (a share lock on the counter row,
+// released at once, then one look at all their partitions), waking those
+// that have work. A worker thus never sits out another partition's commit,
+// and a notification that arrives meanwhile is taken at once.
 //
 // So no event waits for the poll: it is announced, or found in step 3.
 // Polling every WaitPeriod stays as the safety net for lost notifications.

@@ -83,7 +83,10 @@ func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 // when AppendCommit returns: committed, or rolled back on error. tx itself
 // does not know it: call tx.Rollback afterwards, as a deferred Rollback
 // does, to release a pooled connection; PostgreSQL answers it "no
-// transaction in progress", a warning, and it holds no lock.
+// transaction in progress", a warning, and it holds no lock. To save that
+// round trip, begin tx on a connection of your own (pool.Acquire, then
+// conn.Begin) and release the connection once AppendCommit returned: the
+// pool takes it back as it is idle, or closes it if it is not.
 func AppendCommit(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 	stmts, err := planAppend(events)
 	if err != nil {

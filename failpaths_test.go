@@ -598,3 +598,36 @@ func TestAppendCommit(t *testing.T) {
 		t.Fatal("the business write of a failed AppendCommit committed")
 	}
 }
+
+// TestAppendCommitOnAcquiredConn: a transaction begun on an acquired
+// connection needs no Rollback after AppendCommit: the connection is idle
+// when it returns, committed or rolled back, and goes back to the pool as
+// it is.
+func TestAppendCommitOnAcquiredConn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 2)
+	for _, topic := range []int{1, 99} { // 99 does not exist: the append fails
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			conn.Release()
+			t.Fatal(err)
+		}
+		_, err = AppendCommit(ctx, tx, Event{TopicID: topic, HostID: "h", EventType: "t"})
+		st := conn.Conn().PgConn().TxStatus()
+		conn.Release()
+		if (err == nil) != (topic == 1) {
+			t.Fatalf("AppendCommit to topic %d: %v", topic, err)
+		}
+		if st != 'I' {
+			t.Fatalf("after AppendCommit to topic %d the connection's transaction status is %q, want idle", topic, st)
+		}
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`); n != 1 {
+		t.Fatalf("%d events committed, want 1", n)
+	}
+}

@@ -25,8 +25,12 @@ type layoutRun struct {
 	cuts    atomic.Pointer[[]int64]
 	workers map[int]*worker
 	order   []int
-	leaser  *partition.Leaser
-	cancel  context.CancelFunc
+	// pin says that each worker keeps a connection of its own while it
+	// owns its partition (worker.conn): the pool has room for one per
+	// partition and the consumer's other tasks (PoolSize).
+	pin    bool
+	leaser *partition.Leaser
+	cancel context.CancelFunc
 }
 
 // consume runs the group's layouts one after the other until ctx is
@@ -64,7 +68,8 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error 
 	if err := offsets.Init(ctx, c.pool, cfg.GroupID, cfg.TopicID, parts); err != nil {
 		return err
 	}
-	lr := &layoutRun{c: c, layout: l, workers: make(map[int]*worker, len(parts)), order: parts}
+	lr := &layoutRun{c: c, layout: l, workers: make(map[int]*worker, len(parts)), order: parts,
+		pin: int(c.pool.Config().MaxConns) >= PoolSize(len(parts))}
 	lr.cuts.Store(&l.Below)
 	for _, p := range parts {
 		w := newWorker(c, lr, p)

@@ -157,3 +157,34 @@ func TestIdleWorkerWaitsForAppendsInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestWakeModeSwitchReachesRunningConsumers: a consumer started while its
+// topic notified on every append ('always') never announced that its
+// workers wait; once the topic switches to 'waiting', appends notify only
+// announced partitions, so the running consumer must learn the switch and
+// announce, or every later event would wait for its poll (an hour here).
+func TestWakeModeSwitchReachesRunningConsumers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 2)
+	if err := schema.SetWake(ctx, pool, 1, schema.WakeAlways); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, handledTable)
+	hs := &Handlers{}
+	hs.HandleAll(SQLHandler("g", recordSQL))
+	startConsumer(t, pool, Config{TotalPartitions: 2, WaitPeriod: time.Hour, Handlers: hs})
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`))
+	waitHandled(t, pool, 2, 10*time.Second)
+	if err := schema.SetWake(ctx, pool, 1, schema.WakeWaiting); err != nil {
+		t.Fatal(err)
+	}
+	// Events right after the switch, and later ones, for idle workers.
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`))
+	waitHandled(t, pool, 4, 10*time.Second)
+	for i := range 3 {
+		appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`))
+		waitHandled(t, pool, int64(6+2*i), 10*time.Second)
+	}
+	checkHandled(t, pool)
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/batching"
@@ -77,6 +78,16 @@ type worker struct {
 	releasing atomic.Bool  // give the lease up after the current batch
 	// hcancel cancels the handlers of the batch in flight; Lost calls it.
 	hcancel atomic.Pointer[context.CancelCauseFunc]
+
+	// conn is the connection the worker's statements run on while it owns
+	// the partition, when the pool has room for one per partition
+	// (layoutRun.pin). Each partition has statements of its own (they
+	// name its table), and a connection prepares a statement, and plans
+	// it, the first time it runs it: a worker that took any connection of
+	// the pool would make every connection prepare and plan every
+	// partition's statements (a millisecond or more each, and the plans
+	// kept by every server process). nil: the pool.
+	conn *pgxpool.Conn
 
 	buf      []Event
 	e2e      []time.Duration // reused for BatchStats.EndToEnd
@@ -154,10 +165,42 @@ func (w *worker) hint(max int64) bool {
 	}
 }
 
+// db returns what the worker's statements run on: its pinned connection
+// (acquired now if need be, and replaced when it broke or was left in a
+// transaction), or the pool when connections are not pinned or none could
+// be had.
+func (w *worker) db(ctx context.Context) offsets.Batcher {
+	if w.conn != nil {
+		if pc := w.conn.Conn().PgConn(); !pc.IsClosed() && pc.TxStatus() == 'I' {
+			return w.conn
+		}
+		w.unpin()
+	}
+	if !w.lr.pin {
+		return w.c.pool
+	}
+	conn, err := w.c.pool.Acquire(ctx)
+	if err != nil {
+		return w.c.pool
+	}
+	w.conn = conn
+	return conn
+}
+
+// unpin gives the worker's connection back to the pool, which closes it
+// if it is not idle.
+func (w *worker) unpin() {
+	if w.conn != nil {
+		w.conn.Release()
+		w.conn = nil
+	}
+}
+
 // run handles batches until ctx is cancelled, while the replica owns the
 // partition's lease. Batches run on bctx, which outlives ctx by the
 // shutdown timeout.
 func (w *worker) run(ctx, bctx context.Context) error {
+	defer w.unpin()
 	for {
 		select {
 		case <-ctx.Done():
@@ -172,10 +215,15 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				if err := w.lr.leaser.Released(ctx, w.partition, epoch); err != nil {
 					w.log.Warn().Err(err).Msg("could not release the partition's lease; it will expire")
 				}
+				w.unpin()
 				break
 			}
 			epoch := w.epoch.Load()
-			if epoch == 0 || w.c.paused.Load() {
+			if epoch == 0 {
+				w.unpin() // not ours (any more)
+				break
+			}
+			if w.c.paused.Load() {
 				break
 			}
 			if w.highest.Load() < w.next.Load() {
@@ -192,6 +240,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				// Taken over while this replica was slow, frozen or cut
 				// off: the batch rolled back, the new owner handles it.
 				w.epoch.CompareAndSwap(epoch, 0)
+				w.unpin()
 				w.log.Warn().Int64("epoch", epoch).Int64("next_offset", w.next.Load()).Msg("partition lease lost; batch rolled back")
 				break
 			}
@@ -212,21 +261,29 @@ func (w *worker) run(ctx, bctx context.Context) error {
 
 // idle runs the wake-up protocol before the worker sleeps (see
 // offsets.Idle): appends to the partition notify it from now on, and what
-// they committed before is found now. It hints the worker when there is
-// work after all. A failure is logged; the poll is the safety net.
+// they committed before is found now, or, under scope 'topic', by the
+// recheck it asks for once the appends in flight have ended. It hints the
+// worker when there is work after all. A failure is logged; the poll is the
+// safety net.
 func (w *worker) idle(ctx context.Context) {
-	if w.c.wakeAlways {
+	if w.c.wakeAlways.Load() {
 		return // every append notifies
 	}
-	max, err := offsets.Idle(ctx, w.c.pool, w.sql, w.c.cfg.GroupID, w.c.cfg.TopicID, w.partition, w.lr.layout.Version)
+	max, err := offsets.Idle(ctx, w.db(ctx), w.sql, w.c.cfg.GroupID, w.c.cfg.TopicID, w.partition, w.lr.layout.Version)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn().Err(err).Msg("could not announce that the worker waits; events may wait for the poll")
 		}
 		return
 	}
-	if max >= 0 && w.hint(max) {
-		w.c.cfg.Observer.Woken(w.partition, WakePoll)
+	if max >= 0 {
+		if w.hint(max) {
+			w.c.cfg.Observer.Woken(w.partition, WakePoll)
+		}
+		return
+	}
+	if w.c.topicScope {
+		w.c.awaitRecheck(w)
 	}
 }
 
@@ -404,7 +461,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	w.last = batchShape{}
 	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 		Limit: w.limit + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
-		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql}.Do(ctx, w.c.pool, w.buf[:0])
+		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql}.Do(ctx, w.db(ctx), w.buf[:0])
 	w.buf = cl.Events
 	if err != nil {
 		return false, err

@@ -27,12 +27,21 @@ const NoLimit = int64(math.MaxInt64)
 const (
 	// initGroupLayoutSQL starts a new group in the layout of the first
 	// retained event, the one initSQL starts its positions at (or in the
-	// current layout when the topic is empty).
+	// current layout when the topic is empty). The first event is looked
+	// for partition by partition, the first row of each through its index
+	// (the log's index orders a partition's rows by offset, not the
+	// topic's), and only for a group that has no layout yet: a min() over
+	// the topic read every event of the backlog at every consumer start.
 	initGroupLayoutSQL = `INSERT INTO {schema}group_layouts (group_id, topic_id, version)
 SELECT $1, $2, coalesce(
     (SELECT max(l.version) FROM {schema}topic_layouts l WHERE l.topic_id = $2
-       AND l.from_offset <= (SELECT min(m.c_offset) FROM {schema}outbox_message_t m WHERE m.topic_id = $2)),
+       AND l.from_offset <= (SELECT min(f.c_offset) FROM {schema}partition_counters pc
+                             CROSS JOIN LATERAL (SELECT m.c_offset FROM {schema}outbox_message_t m
+                                                 WHERE m.topic_id = $2 AND m.partition_id = pc.partition_id
+                                                 ORDER BY m.c_offset LIMIT 1) f
+                             WHERE pc.topic_id = $2)),
     (SELECT max(l.version) FROM {schema}topic_layouts l WHERE l.topic_id = $2))
+WHERE NOT EXISTS (SELECT 1 FROM {schema}group_layouts g WHERE g.group_id = $1 AND g.topic_id = $2)
 ON CONFLICT (group_id, topic_id) DO NOTHING`
 
 	// groupLayoutSQL reads the group's layout and where each of its

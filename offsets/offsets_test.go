@@ -161,3 +161,87 @@ func TestCommitWithoutLeaseFails(t *testing.T) {
 		t.Fatalf("Commit without a position or lease = %v, want ErrLeaseLost", err)
 	}
 }
+
+// TestStatementsUseGenericPlans: the claim, the idle check and the poll run
+// on their generic plans from the first execution (a custom plan of the
+// claim, which PostgreSQL tries for the first five executions and whenever
+// it looks cheaper, read and sorted the partition's whole backlog for every
+// batch), the batch transaction gives handlers the session's
+// plan_cache_mode back, and the claim calls no SQL function that the
+// server would plan at every execution.
+func TestStatementsUseGenericPlans(t *testing.T) {
+	t.Parallel()
+	ctx, url := setup(t, 1)
+	admin := pgtest.Pool(t, url)
+	if _, err := admin.Exec(ctx, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h' || g, 'event_type', 't'))
+		FROM generate_series(1, 3000) g))`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Init(ctx, admin, "g", 1, []int{0}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// Function calls are counted (pg_stat_xact_user_functions).
+	if _, err := conn.Exec(ctx, `SET track_functions = 'all'`); err != nil {
+		t.Fatal(err)
+	}
+	ps := ForPartition(1, 0)
+	const runs = 7
+	for range runs {
+		cl, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 10, Layout: 1, SQL: ps}.Do(ctx, conn, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cl.Events) != 10 || cl.Events[0].Offset != 1 {
+			t.Fatalf("claim read %d events from %v, want 10 from offset 1", len(cl.Events), cl.Events)
+		}
+		var mode string
+		if err := cl.Tx.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode); err != nil {
+			t.Fatal(err)
+		}
+		if mode != "auto" {
+			t.Fatalf("handlers run with plan_cache_mode %q, want the session's %q", mode, "auto")
+		}
+		// The claim reads the cut without calling layout_cut, which the
+		// server would parse and plan again at every execution.
+		var calls int64
+		if err := cl.Tx.QueryRow(ctx, `SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions
+			WHERE funcname IN ('layout_cut', 'layout_start')`).Scan(&calls); err != nil {
+			t.Fatal(err)
+		}
+		if calls != 0 {
+			t.Fatalf("the claim called the layout functions %d times", calls)
+		}
+		if err := cl.Tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Idle(ctx, conn, ps, "g", 1, 0, 1); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := Pending(ctx, conn, "g", 1, []int{0}, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range []struct{ name, like string }{
+		{"claim", "%FOR UPDATE%LIMIT%"},
+		{"idle check", "SELECT max(m.c_offset)%"},
+		{"poll", "%CROSS JOIN LATERAL%"},
+	} {
+		var custom, generic int64
+		if err := conn.QueryRow(ctx, `SELECT coalesce(sum(custom_plans), -1), coalesce(sum(generic_plans), -1)
+			FROM pg_prepared_statements WHERE statement LIKE $1`, s.like).Scan(&custom, &generic); err != nil {
+			t.Fatal(err)
+		}
+		if custom != 0 || generic != runs {
+			t.Errorf("%s: %d custom and %d generic plans, want 0 and %d", s.name, custom, generic, runs)
+		}
+	}
+	var mode string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode); err != nil || mode != "auto" {
+		t.Fatalf("after the batches the session's plan_cache_mode is %q (%v), want auto", mode, err)
+	}
+}

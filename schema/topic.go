@@ -68,12 +68,29 @@ type TopicSpec struct {
 	Scope string
 }
 
-// SetWake sets a topic's wake-up mode (WakeWaiting or WakeAlways).
+// SetWake sets a topic's wake-up mode (WakeWaiting or WakeAlways). When it
+// changes to WakeWaiting, the topic's consumers are notified to poll at
+// once, which is when they read the mode again: running consumers follow,
+// and no event waits for their poll period meanwhile.
 func SetWake(ctx context.Context, db DB, id int, wake string) error {
-	if _, err := db.Exec(ctx, SQL(ctx, `UPDATE {schema}log_counter SET wake = $2 WHERE topic_id = $1 AND wake <> $2`), id, wake); err != nil {
+	if _, err := db.Exec(ctx, SQL(ctx, setWakeSQL), id, wake); err != nil {
 		return fmt.Errorf("schema: set wake-up mode of topic %d: %w", id, err)
 	}
 	return nil
+}
+
+// TopicWake returns a topic's wake-up mode, WakeWaiting or WakeAlways, or
+// an error wrapping ErrTopicNotFound.
+func TopicWake(ctx context.Context, db DB, id int) (string, error) {
+	var wake string
+	err := db.QueryRow(ctx, SQL(ctx, wakeSQL), id).Scan(&wake)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("schema: topic %d: %w", id, ErrTopicNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("schema: read wake-up mode of topic %d: %w", id, err)
+	}
+	return wake, nil
 }
 
 // DefaultChannel is the NOTIFY channel of a topic unless SetChannel says
@@ -127,6 +144,17 @@ const (
 )
 INSERT INTO {schema}topic_layouts (topic_id, version, total_partitions, from_offset)
 SELECT topic_id, 1, total_partitions, 1 FROM t`
+
+	// setWakeSQL changes a topic's wake-up mode and, when it changed to
+	// 'waiting', notifies its channel for every partition ("*"), at commit.
+	setWakeSQL = `WITH u AS (
+    UPDATE {schema}log_counter SET wake = $2 WHERE topic_id = $1 AND wake <> $2 RETURNING channel
+)
+SELECT pg_notify(u.channel, $1::integer || ':*') FROM u WHERE $2 = 'waiting'`
+
+	// wakeSQL reads a topic's wake-up mode alone (LookupTopic may wait for
+	// appends in flight).
+	wakeSQL = `SELECT wake FROM {schema}log_counter WHERE topic_id = $1`
 
 	lookupTopicSQL = `SELECT topic_id, total_partitions, coalesce({schema}topic_next_offset(topic_id), 0), segment_size, allocation, channel,
        offset_scope, wake

@@ -194,12 +194,12 @@ func benchCompare(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool.P
 }
 
 // benchSnapshot measures single-event appends by 4 producers for a while
-// (60 s in full mode) on a fresh database, without and then with another
+// (40 s in full mode) on a fresh database, without and then with another
 // session holding a REPEATABLE READ snapshot open for the whole run. It
 // reports the rate of the whole run and of its last window, and how many
 // buffers a lookup of the counter row reads at the end.
 func benchSnapshot(ctx context.Context, e *benchEnv) ([]benchResult, error) {
-	d := benchPick(e, 60*time.Second, 8*time.Second)
+	d := benchPick(e, 40*time.Second, 8*time.Second)
 	window := benchPick(e, 10*time.Second, 2*time.Second)
 	type outcome struct {
 		whole, first, last float64

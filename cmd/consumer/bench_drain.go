@@ -86,7 +86,7 @@ func benchDrainPartitions(ctx context.Context, e *benchEnv) ([]benchResult, erro
 		wallRatio = append(wallRatio, cost[1][i].rate/cost[64][i].rate)
 	}
 	out = append(out,
-		newBenchResult("drain", "CPU per event, 64 partitions / 1 partition", "ratio", cpuRatio).atMost(1.3).
+		newBenchResult("drain", "CPU per event, 64 partitions / 1 partition", "ratio", cpuRatio).atMost(1.2).
 			noted("CPU of the consumer process and the server per event drained"),
 		newBenchResult("drain", "wall time per event, 64 partitions / 1 partition", "ratio", wallRatio).
 			noted("one process; 1 partition is served by a single worker, 64 by 64 concurrent ones"))

@@ -217,8 +217,14 @@ type benchDB struct {
 }
 
 // newDB creates a fresh database, migrates it with schema.Migrate and
-// creates the bench topic with the given partition count.
+// creates the bench topic with the given partition count, in the default
+// mode.
 func (e *benchEnv) newDB(ctx context.Context, partitions int) (*benchDB, error) {
+	return e.newModeDB(ctx, partitions, benchDefaultMode)
+}
+
+// newModeDB is newDB with the bench topic in mode m (its topic is ignored).
+func (e *benchEnv) newModeDB(ctx context.Context, partitions int, m benchProducerMode) (*benchDB, error) {
 	e.mu.Lock()
 	e.seq++
 	name := fmt.Sprintf("%s%d_%d", benchDBPrefix, os.Getpid(), e.seq)
@@ -237,7 +243,7 @@ func (e *benchEnv) newDB(ctx context.Context, partitions int) (*benchDB, error) 
 		d.close()
 		return nil, err
 	}
-	if _, _, err := schema.EnsureTopic(ctx, pool, benchTopic, partitions); err != nil {
+	if err := m.create(ctx, pool, benchTopic, partitions); err != nil {
 		d.close()
 		return nil, err
 	}

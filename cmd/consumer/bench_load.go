@@ -149,7 +149,16 @@ type benchLoad struct {
 	appendFn  benchAppendFunc // nil: pgevents.Append
 	limit     int64           // stop after this many events in total; 0: no limit
 	txTimes   *latencies      // when set, receives each transaction's duration, BEGIN to COMMIT
+	txFn      benchTxFunc     // runs a whole transaction instead of BEGIN, appendFn, COMMIT
+	oneHost   bool            // all events of a transaction for one random host
+	// onCommit, when set, is called with the events of each transaction
+	// right after its COMMIT returned (from the producer's goroutine).
+	onCommit func(evs []pgevents.Event, at time.Time)
 }
+
+// benchTxFunc runs one whole producer transaction of evs on pool: the
+// producers case's appends, which pipeline the COMMIT.
+type benchTxFunc func(ctx context.Context, pool *pgxpool.Pool, evs []pgevents.Event) error
 
 // benchLoadResult is what a run of producers achieved.
 type benchLoadResult struct {
@@ -195,10 +204,22 @@ func (l benchLoad) run(ctx context.Context, pool *pgxpool.Pool, d time.Duration,
 					return nil
 				}
 				evs := m.next(l.txSize)
+				if l.oneHost {
+					evs = m.oneHost(evs)
+				}
 				t := time.Now()
-				err := pgx.BeginFunc(gctx, pool, func(tx pgx.Tx) error { return fn(gctx, tx, evs) })
+				var err error
+				if l.txFn != nil {
+					err = l.txFn(gctx, pool, evs)
+				} else {
+					err = pgx.BeginFunc(gctx, pool, func(tx pgx.Tx) error { return fn(gctx, tx, evs) })
+				}
+				done := time.Now()
 				if l.txTimes != nil {
-					l.txTimes.add(time.Since(t))
+					l.txTimes.add(done.Sub(t))
+				}
+				if err == nil && l.onCommit != nil {
+					l.onCommit(evs, done)
 				}
 				if err != nil {
 					if gctx.Err() != nil {
@@ -241,7 +262,9 @@ func benchNoopHandlers() *pgevents.Handlers {
 // handlers unless cfg says otherwise) until stop, and returns once its
 // listener is connected.
 func startBenchConsumer(ctx context.Context, pool *pgxpool.Pool, cfg pgevents.Config) (*benchConsumer, error) {
-	cfg.TopicID = benchTopic
+	if cfg.TopicID == 0 {
+		cfg.TopicID = benchTopic
+	}
 	if cfg.Handlers == nil {
 		cfg.Handlers = benchNoopHandlers()
 	}
@@ -304,6 +327,13 @@ type benchWaits struct {
 
 // run samples every interval until ctx ends.
 func (w *benchWaits) run(ctx context.Context, pool *pgxpool.Pool, every time.Duration) {
+	benchSampleWaits(ctx, pool, every, func() *benchWaits { return w })
+}
+
+// benchSampleWaits samples the active sessions of the pool's database
+// every interval until ctx ends, into the benchWaits that to returns at
+// that time (none when nil).
+func benchSampleWaits(ctx context.Context, pool *pgxpool.Pool, every time.Duration, to func() *benchWaits) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -311,6 +341,10 @@ func (w *benchWaits) run(ctx context.Context, pool *pgxpool.Pool, every time.Dur
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		w := to()
+		if w == nil {
+			continue
 		}
 		rows, err := pool.Query(ctx, `SELECT application_name, coalesce(wait_event_type || ':' || wait_event, 'CPU')
 FROM pg_stat_activity
