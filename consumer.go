@@ -14,9 +14,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgevents/pgevents/config"
-	"github.com/pgevents/pgevents/listener"
-	"github.com/pgevents/pgevents/offsets"
-	"github.com/pgevents/pgevents/partition"
+	"github.com/pgevents/pgevents/internal/listener"
+	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/partition"
 	"github.com/pgevents/pgevents/schema"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
 

@@ -8,8 +8,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/pgevents/pgevents/offsets"
-	"github.com/pgevents/pgevents/partition"
+	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/partition"
 )
 
 // layoutRun is a consumer's work on one layout of the topic: a worker per

@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/listener"
+	"github.com/pgevents/pgevents/internal/listener"
 )
 
 // ParsePoolConfig parses a connection URL into a pool configuration suited

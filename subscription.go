@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/internal/offsets"
 )
 
 // subscription keeps the group's subscription live: a heartbeat on the

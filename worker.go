@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/pgevents/pgevents/batching"
-	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/internal/batching"
+	"github.com/pgevents/pgevents/internal/offsets"
 )
 
 var keys = batching.Keys[Event]{

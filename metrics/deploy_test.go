@@ -12,8 +12,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/metrics"
-	"github.com/pgevents/pgevents/offsets"
 )
 
 var metricNameRE = regexp.MustCompile(`\bpgevents_[a-z_]+\b`)

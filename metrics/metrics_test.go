@@ -16,9 +16,9 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/metrics"
-	"github.com/pgevents/pgevents/offsets"
 )
 
 const partitions = 4

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/metrics"
-	"github.com/pgevents/pgevents/offsets"
 )
 
 // TestStatePlanReadsThroughIndex checks that the state statement reads

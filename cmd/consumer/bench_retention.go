@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/pgevents/pgevents/config"
-	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/internal/offsets"
 )
 
 // offsetsCmd is `consumer offsets reset`.

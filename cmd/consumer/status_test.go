@@ -15,8 +15,8 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
-	"github.com/pgevents/pgevents/offsets"
 )
 
 // statusFixture prepares a 4-partition topic with events, group g at

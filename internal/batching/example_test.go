@@ -3,7 +3,7 @@ package batching_test
 import (
 	"fmt"
 
-	"github.com/pgevents/pgevents/batching"
+	"github.com/pgevents/pgevents/internal/batching"
 )
 
 type event struct {

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/pgevents/pgevents/batching"
+	"github.com/pgevents/pgevents/internal/batching"
 )
 
 // ev is a test event; Off is its partition offset (its index in the log).

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
-	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/internal/offsets"
 
 	"github.com/pgevents/pgevents/schema"
 )
