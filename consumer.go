@@ -13,146 +13,15 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/listener"
 	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/partition"
 	"github.com/pgevents/pgevents/schema"
 )
 
-// UnknownEventPolicy says what a consumer does with an event whose type has
-// no handler and no catch-all.
-type UnknownEventPolicy int
-
-const (
-	// UnknownEventFail treats the event as a permanent failure: its unit is
-	// dead-lettered with ErrUnknownEventType. It is the default, because a
-	// handler missing from a deploy should be loud, not silent.
-	UnknownEventFail UnknownEventPolicy = iota
-	// UnknownEventSkip passes over the event as handled.
-	UnknownEventSkip
-)
-
-// FailurePolicy says what a consumer does with a unit that failed
-// permanently.
-type FailurePolicy int
-
-const (
-	// PolicyDeadLetter records the unit in dead_letter_queue, with its
-	// events and the reason, and moves on. It is the default.
-	PolicyDeadLetter FailurePolicy = iota
-	// PolicyParkHost dead-letters the unit and parks its hosts: their later
-	// events are recorded in parked_events, not handled, until the dead
-	// letter is replayed or discarded (consumer dlq), so a host's order is
-	// never broken while other hosts flow.
-	PolicyParkHost
-	// PolicyHalt stops the partition before the unit, records why in
-	// partition_halts, and logs it at error level until the process is
-	// restarted.
-	PolicyHalt
-)
-
-// String returns the policy's configuration name.
-func (p FailurePolicy) String() string {
-	switch p {
-	case PolicyParkHost:
-		return "parkHost"
-	case PolicyHalt:
-		return "halt"
-	}
-	return "deadLetter"
-}
-
-// Config configures a Consumer. Zero values take the documented defaults;
-// NewConsumer validates the rest once, and the consumer trusts it after.
-type Config struct {
-	// GroupID names the consumer group; required. Each group has its own
-	// position in every partition.
-	GroupID string
-	// TopicID is the topic consumed; default 1.
-	TopicID int
-	// TotalPartitions is the partition count the consumer expects; required.
-	// Run refuses to start (PartitionMismatchError) when the topic records
-	// another count, because hosts would map to other partitions.
-	TotalPartitions int
-	// Partitions lists the partitions this process serves (static mode):
-	// it takes their leases when they are free and otherwise waits as a hot
-	// standby. Nil means auto mode: the live replicas of the group share all
-	// partitions evenly, taking over those of a replica that dies within
-	// about LeaseDuration.
-	Partitions []int
-	// ReplicaID names this process among the group's replicas; default a
-	// new id from host name and process id.
-	ReplicaID string
-	// LeaseDuration is how long a partition lease lives without a heartbeat
-	// (sent every third of it), and so how soon a dead or frozen replica's
-	// partitions are taken over; default 1 s.
-	LeaseDuration time.Duration
-	// BatchSize is the number of events read per batch, before extension
-	// to the end of a producer transaction; default 100.
-	BatchSize int
-	// WaitPeriod is how often every partition is polled for events whose
-	// notification was lost; default 10 s.
-	WaitPeriod time.Duration
-	// Channel is the notification channel the consumer listens on; default
-	// "event_channel". It must be the topic's (schema.SetChannel): Run
-	// refuses to start otherwise (*ChannelMismatchError).
-	Channel string
-	// UnknownEventType is the policy for events without a handler; default
-	// UnknownEventFail.
-	UnknownEventType UnknownEventPolicy
-	// RetryInitial is the first backoff after a failed batch; default 100 ms.
-	RetryInitial time.Duration
-	// RetryMax caps the backoff; default 30 s.
-	RetryMax time.Duration
-	// MaxAttempts is how often a failure of class ClassUnknown is retried
-	// before it is treated as permanent; default 5.
-	MaxAttempts int
-	// OnPermanentFailure is the policy for units that fail permanently;
-	// default PolicyDeadLetter.
-	OnPermanentFailure FailurePolicy
-	// MaxDeadLetters is the circuit breaker against a bad deploy: when a
-	// partition has dead-lettered this many units within DeadLetterWindow,
-	// the next permanent failure halts it instead. Default 100; negative
-	// disables the breaker.
-	MaxDeadLetters int
-	// DeadLetterWindow is the breaker's window; default 1 minute.
-	DeadLetterWindow time.Duration
-	// HandlerTimeout bounds the handling of one unit, per BatchSize events
-	// (a unit of 3×BatchSize events gets three times as long); default 30 s.
-	// Running out is a transient failure; after two the batch is narrowed
-	// to the unit, where MaxAttempts applies.
-	HandlerTimeout time.Duration
-	// ShutdownTimeout bounds how long an in-flight batch may go on after
-	// Run's context is cancelled before it is cancelled too (and rolled
-	// back); default 10 s.
-	ShutdownTimeout time.Duration
-	// Handlers maps event types to handlers; required, at least one.
-	Handlers *Handlers
-	// Logger receives the consumer's logs; default: discard.
-	Logger *zerolog.Logger
-	// Observer receives what the consumer does, for metrics; default none.
-	Observer Observer
-	// StartFrom is where the group starts the first time it runs:
-	// "earliest" (the default: the first retained event, so that a new
-	// projection sees the history), "latest", "offset:N" or
-	// "time:<RFC 3339>". It has no effect once the group has positions.
-	StartFrom string
-	// DeadAfter is how long the group may go without a live replica before
-	// its subscription becomes DEAD and stops holding back retention;
-	// default 1 minute.
-	DeadAfter time.Duration
-	// MaintenanceInterval is how often this process (one at a time per
-	// topic) creates the log's next segments, marks dead subscriptions and
-	// applies retention; default 10 s.
-	MaintenanceInterval time.Duration
-	// Schema is the schema pgevents lives in (where `consumer migrate`
-	// with the same schema created it): every statement of the consumer
-	// names pgevents' objects in it, so that handlers, which run on the
-	// consumer's connections, still see the application's tables through
-	// the search_path. Default "": the first schema of the search_path.
-	Schema string
-}
+// ErrAlreadyStarted is returned by Run when it was called before on the
+// same Consumer: a Consumer runs once; create another to run again.
+var ErrAlreadyStarted = errors.New("pgevents: the consumer has been started already")
 
 // ErrSubscriptionCancelled is returned by Run when the group's subscription
 // is CANCELLED (consumer group cancel), a terminal state: the group's
@@ -212,13 +81,14 @@ func (e *TimeoutError) Error() string {
 // Consumer runs a group's partition workers. Create it with NewConsumer and
 // start it with Run.
 type Consumer struct {
-	pool   *pgxpool.Pool
-	cfg    Config
-	log    zerolog.Logger
-	static []int // the partitions of a static replica; nil: auto mode
-	start  config.Start
-	rt     atomic.Pointer[layoutRun]
-	paused atomic.Bool // the subscription is PAUSED: handle nothing
+	pool    *pgxpool.Pool
+	cfg     Config
+	log     zerolog.Logger
+	static  []int // the partitions of a static replica; nil: auto mode
+	start   StartPosition
+	rt      atomic.Pointer[layoutRun]
+	started atomic.Bool // Run was called
+	paused  atomic.Bool // the subscription is PAUSED: handle nothing
 
 	handled atomic.Int64
 	batches atomic.Int64
@@ -261,79 +131,18 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if pool == nil {
 		return nil, errors.New("pgevents: pool is required")
 	}
-	if cfg.GroupID == "" {
-		return nil, errors.New("pgevents: GroupID is required")
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Schema != "" {
-		if err := schema.ValidName(cfg.Schema); err != nil {
-			return nil, fmt.Errorf("pgevents: Schema: %w", err)
-		}
-	}
-	if cfg.TopicID == 0 {
-		cfg.TopicID = DefaultTopic
-	}
-	if cfg.TotalPartitions <= 0 {
-		return nil, errors.New("pgevents: TotalPartitions must be positive")
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = 100
-	}
-	if cfg.BatchSize < 0 {
-		return nil, errors.New("pgevents: BatchSize must be positive")
-	}
-	if cfg.WaitPeriod <= 0 {
-		cfg.WaitPeriod = 10 * time.Second
-	}
-	if cfg.Channel == "" {
-		cfg.Channel = "event_channel"
-	}
-	if cfg.RetryInitial <= 0 {
-		cfg.RetryInitial = 100 * time.Millisecond
-	}
-	if cfg.RetryMax <= 0 {
-		cfg.RetryMax = 30 * time.Second
-	}
-	cfg.RetryMax = max(cfg.RetryMax, cfg.RetryInitial)
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = 5
-	}
-	if cfg.MaxDeadLetters == 0 {
-		cfg.MaxDeadLetters = 100
-	}
-	if cfg.DeadLetterWindow <= 0 {
-		cfg.DeadLetterWindow = time.Minute
-	}
-	if cfg.HandlerTimeout <= 0 {
-		cfg.HandlerTimeout = 30 * time.Second
-	}
-	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = 10 * time.Second
-	}
-	if cfg.LeaseDuration <= 0 {
-		cfg.LeaseDuration = time.Second
-	}
-	if cfg.StartFrom == "" {
-		cfg.StartFrom = "earliest"
-	}
-	start, err := config.ParseStart(cfg.StartFrom)
-	if err != nil {
-		return nil, fmt.Errorf("pgevents: StartFrom: %w", err)
-	}
-	if cfg.DeadAfter <= 0 {
-		cfg.DeadAfter = time.Minute
-	}
-	if cfg.MaintenanceInterval <= 0 {
-		cfg.MaintenanceInterval = 10 * time.Second
-	}
+	start, _ := ParseStartPosition(cfg.StartFrom) // validated
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = partition.NewReplicaID()
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
 	}
-	if cfg.Handlers == nil || cfg.Handlers.Len() == 0 {
-		return nil, errors.New("pgevents: at least one handler is required")
-	}
+	var err error
 	var static []int
 	if cfg.Partitions != nil {
 		if static, err = partition.Assign(cfg.TotalPartitions, cfg.Partitions); err != nil {
@@ -430,8 +239,12 @@ func (c *Consumer) ReplicaID() string { return c.replicaID }
 // is cancelled. Then each worker finishes (commits or rolls back) its
 // in-flight batch within ShutdownTimeout, and Run returns nil. It returns an
 // error when the consumer cannot start, or when the topic's partition count
-// differs from the configuration (*PartitionMismatchError).
+// differs from the configuration (*PartitionMismatchError). A Consumer
+// runs once: a second call returns ErrAlreadyStarted.
 func (c *Consumer) Run(ctx context.Context) error {
+	if !c.started.CompareAndSwap(false, true) {
+		return ErrAlreadyStarted
+	}
 	ctx = schema.WithName(ctx, c.cfg.Schema)
 	topic, err := schema.LookupTopic(ctx, c.pool, c.cfg.TopicID)
 	if err != nil {
@@ -457,7 +270,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// the server's limit.
 		c.idleCut = (idle - c.cfg.HandlerTimeout) / 2
 	}
-	state, isNew, err := offsets.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start, c.cfg.DeadAfter)
+	state, isNew, err := offsets.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start.internal(), c.cfg.DeadAfter)
 	if err != nil {
 		return fmt.Errorf("pgevents: %w", err)
 	}

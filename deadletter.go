@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
 
 // DeadLetter is a unit that failed permanently, as recorded in
 // dead_letter_queue.
-type DeadLetter = offsets.DeadLetter
+type DeadLetter = pgeventstype.DeadLetter
 
 // ErrNoDeadLetter is wrapped by the errors of ReplayDeadLetter and
 // DiscardDeadLetter when the dead letter does not exist (any more).

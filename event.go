@@ -8,22 +8,31 @@ import (
 	"sort"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
 
 // Event is one event of the log. Append reads TopicID, HostID, UserID,
 // EventType, Payload and Metadata; the database sets the other fields, and a
 // handler receives them all.
-type Event = offsets.Event
+type Event = pgeventstype.Event
 
 // DefaultTopic is the topic an event is appended to when its TopicID is 0.
 const DefaultTopic = 1
 
 // Querier runs statements; pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
 // Append's events belong to the transaction of the Querier it is given.
-type Querier = offsets.Querier
+type Querier interface {
+	// Exec runs a statement that returns no rows.
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	// Query runs a statement that returns rows.
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	// QueryRow runs a statement that returns at most one row.
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // ErrInvalidEvent is wrapped by Append's error when an event lacks HostID or
 // EventType, or carries a payload that is not JSON.

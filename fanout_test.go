@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/schema"
@@ -103,7 +102,7 @@ func TestOffsetsResetReplaysOneGroup(t *testing.T) {
 	}
 	waitGroupHandled(t, pool, "a", 20)
 	waitGroupHandled(t, pool, "b", 20)
-	earliest, _ := config.ParseStart("earliest")
+	earliest := offsets.Start{Kind: "earliest"}
 	if _, err := offsets.Reset(ctx, pool, "a", 1, earliest, false); !errors.Is(err, offsets.ErrGroupRunning) {
 		t.Fatalf("reset while running = %v, want ErrGroupRunning", err)
 	}

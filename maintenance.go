@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -40,7 +41,7 @@ type Maintenance struct {
 	// DeadGroups lists the groups whose subscription became DEAD.
 	DeadGroups []string
 	// Retention is what retention found and removed.
-	Retention offsets.Retention
+	Retention pgeventstype.Retention
 }
 
 // Maintain runs one pass of a topic's maintenance: it creates the log's

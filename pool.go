@@ -2,33 +2,60 @@ package pgevents
 
 import (
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/internal/listener"
+	"github.com/pgevents/pgevents/internal/netconn"
 )
 
-// ParsePoolConfig parses a connection URL into a pool configuration suited
-// to a consumer: TCP keepalive and TCP_USER_TIMEOUT on every connection (so
+// The session timeouts of a consumer's connections, unless PoolOptions or
+// the connection URL set others.
+const (
+	DefaultStatementTimeout         = 30 * time.Second
+	DefaultIdleInTransactionTimeout = time.Minute
+)
+
+// ServerSetting, as a timeout of PoolOptions, leaves the server's setting
+// in place: pgevents sends none.
+const ServerSetting time.Duration = -1
+
+// PoolOptions are the session settings of a consumer pool that
+// NewPoolConfig sets unless the connection URL sets them itself.
+type PoolOptions struct {
+	// StatementTimeout is statement_timeout; default
+	// DefaultStatementTimeout, ServerSetting for the server's.
+	StatementTimeout time.Duration
+	// IdleInTransactionTimeout is idle_in_transaction_session_timeout, so
+	// that no consumer pins the xmin horizon for long; default
+	// DefaultIdleInTransactionTimeout, ServerSetting for the server's. It
+	// must be longer than Config.HandlerTimeout (Run checks).
+	IdleInTransactionTimeout time.Duration
+}
+
+// ParsePoolConfig is NewPoolConfig with the default PoolOptions.
+func ParsePoolConfig(url string) (*pgxpool.Config, error) {
+	return NewPoolConfig(url, PoolOptions{})
+}
+
+// NewPoolConfig parses a connection URL into a pool configuration suited to
+// a consumer: TCP keepalive and TCP_USER_TIMEOUT on every connection (so
 // that the server and the client notice a dead peer in seconds, and a batch
 // stuck on a vanished server fails instead of hanging), application_name
-// "pgevents-consumer", statement_timeout 30 s and
-// idle_in_transaction_session_timeout 60 s (so that no consumer pins the
-// xmin horizon for long), server-side TCP keepalive and user timeout so
-// that the server notices a dead consumer too, synchronous_commit off (see
-// below why it keeps exactly-once) and jit off, each unless the URL sets it.
-// Set MaxConns to PoolSize of the partitions served before creating the
-// pool.
-func ParsePoolConfig(url string) (*pgxpool.Config, error) {
+// "pgevents-consumer", the session timeouts of opts, server-side TCP
+// keepalive and user timeout so that the server notices a dead consumer
+// too, synchronous_commit off (see below why it keeps exactly-once) and jit
+// off, each unless the URL sets it. Set MaxConns to PoolSize of the
+// partitions served before creating the pool.
+func NewPoolConfig(url string, opts PoolOptions) (*pgxpool.Config, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("pgevents: parse database url: %w", err)
 	}
-	pc.ConnConfig.DialFunc = listener.Dial
-	for param, value := range map[string]string{
-		"application_name":                    "pgevents-consumer",
-		"statement_timeout":                   "30000",
-		"idle_in_transaction_session_timeout": "60000",
+	pc.ConnConfig.DialFunc = netconn.Dial
+	params := map[string]string{
+		"application_name": "pgevents-consumer",
 		// The server's side of the connection: notice a vanished consumer
 		// (power loss, network cut) in seconds and end its transaction,
 		// releasing the partition's offsets row.
@@ -47,7 +74,16 @@ func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 		// default above a cost estimate) would add a second or more to
 		// the few whose estimates are inflated, such as the status query.
 		"jit": "off",
+	}
+	for param, d := range map[string]time.Duration{
+		"statement_timeout":                   orDefault(opts.StatementTimeout, DefaultStatementTimeout),
+		"idle_in_transaction_session_timeout": orDefault(opts.IdleInTransactionTimeout, DefaultIdleInTransactionTimeout),
 	} {
+		if d > 0 {
+			params[param] = strconv.FormatInt(d.Milliseconds(), 10)
+		}
+	}
+	for param, value := range params {
 		if pc.ConnConfig.RuntimeParams[param] == "" {
 			pc.ConnConfig.RuntimeParams[param] = value
 		}
@@ -55,11 +91,17 @@ func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 	return pc, nil
 }
 
+// orDefault returns d, or def when d is zero.
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
 // PoolSize returns the connections a consumer needs to serve partitions
 // partitions without waiting for one: a batch connection per partition,
 // and one each for the poller, the lease heartbeat, the subscription
 // heartbeat and maintenance. The listener has a connection of its own,
-// outside the pool. Given a pool of at least that many, each worker keeps
-// its connection while it owns its partition, so that its statements are
-// prepared and planned once; with fewer, the workers take turns.
+// outside the pool. Consumers sharing one pool need the sum of theirs.
 func PoolSize(partitions int) int { return partitions + 4 }

@@ -114,7 +114,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer closeHandlers()
-	c, err := pgevents.NewConsumer(pool, consumerConfig(gcfg, handlers, &log))
+	c, err := pgevents.NewConsumer(pool, gcfg.Consumer(handlers, &log))
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/offsets"
 )
 
@@ -31,7 +31,7 @@ func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *group == "" {
 		return usagef("offsets reset: --group is required")
 	}
-	start, err := config.ParseStart(*to)
+	start, err := pgevents.ParseStartPosition(*to)
 	if err != nil {
 		return usagef("offsets reset: --to %v", err)
 	}
@@ -40,7 +40,7 @@ func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer pool.Close()
-	moves, err := offsets.Reset(ctx, pool, *group, *topic, start, *force)
+	moves, err := offsets.Reset(ctx, pool, *group, *topic, offsets.Start{Kind: start.Kind, Offset: start.Offset, Time: start.Time}, *force)
 	if err != nil {
 		return err
 	}

@@ -136,7 +136,7 @@ func TestObserveRunConsumer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- runConsumers(ctx, cfg, pool, []pgevents.Config{consumerConfig(cfg, handlers, &log)}) }()
+	go func() { done <- runConsumers(ctx, cfg, pool, []pgevents.Config{cfg.Consumer(handlers, &log)}) }()
 	base := "http://" + listenAddr(t, logs)
 
 	pgtest.WaitFor(t, 20*time.Second, "/readyz 200", func() bool {
@@ -189,7 +189,7 @@ func TestObserveConsumerError(t *testing.T) {
 	}
 	defer closeHandlers()
 	log := zerolog.Nop()
-	err = runConsumers(context.Background(), cfg, pool, []pgevents.Config{consumerConfig(cfg, handlers, &log)})
+	err = runConsumers(context.Background(), cfg, pool, []pgevents.Config{cfg.Consumer(handlers, &log)})
 	var mismatch *pgevents.PartitionMismatchError
 	if !errors.As(err, &mismatch) {
 		t.Fatalf("runConsumers: %v (%T), want *pgevents.PartitionMismatchError", err, err)

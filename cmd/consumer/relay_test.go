@@ -272,7 +272,7 @@ handlers:
 	defer closeHandlers()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- runConsumers(ctx, cfg, pool, []pgevents.Config{consumerConfig(cfg, handlers, &log)}) }()
+	go func() { done <- runConsumers(ctx, cfg, pool, []pgevents.Config{cfg.Consumer(handlers, &log)}) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -42,7 +42,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 		defer closeHandlers()
-		ccfgs[i] = consumerConfig(&groups[i], handlers, &log)
+		ccfgs[i] = groups[i].Consumer(handlers, &log)
 	}
 	return groupError(runConsumers(ctx, cfg, pool, ccfgs), *path)
 }
@@ -88,81 +88,14 @@ func connect(ctx context.Context, path string, topic *int) (context.Context, *co
 	return schema.WithName(ctx, cfg.Schema), cfg, pool, nil
 }
 
-// consumerConfig translates the validated file configuration.
-func consumerConfig(cfg *config.Config, handlers *pgevents.Handlers, log *zerolog.Logger) pgevents.Config {
-	var parts []int
-	if cfg.PartitionID >= 0 {
-		parts = []int{cfg.PartitionID}
-	}
-	unknown := pgevents.UnknownEventFail
-	if cfg.UnknownEventType == "skip" {
-		unknown = pgevents.UnknownEventSkip
-	}
-	policy := pgevents.PolicyDeadLetter
-	switch cfg.OnPermanentFailure {
-	case "parkHost":
-		policy = pgevents.PolicyParkHost
-	case "halt":
-		policy = pgevents.PolicyHalt
-	}
-	return pgevents.Config{
-		GroupID:          cfg.GroupID,
-		TopicID:          cfg.TopicID,
-		TotalPartitions:  cfg.TotalPartitions,
-		Partitions:       parts,
-		BatchSize:        cfg.BatchSize,
-		WaitPeriod:       cfg.WaitPeriod(),
-		Channel:          cfg.Channel,
-		UnknownEventType: unknown,
-		RetryInitial:     cfg.RetryInitial(),
-		RetryMax:         cfg.RetryMax(),
-		MaxAttempts:      cfg.MaxAttempts,
-		ShutdownTimeout:  cfg.ShutdownTimeout(),
-
-		OnPermanentFailure: policy,
-		MaxDeadLetters:     cfg.MaxDeadLetterRate,
-		DeadLetterWindow:   cfg.DeadLetterWindow(),
-		HandlerTimeout:     cfg.HandlerTimeout(),
-		LeaseDuration:      cfg.Lease(),
-
-		StartFrom:           cfg.StartFrom,
-		DeadAfter:           cfg.DeadAfter(),
-		MaintenanceInterval: cfg.MaintenanceInterval(),
-		Schema:              cfg.Schema,
-		Handlers:            handlers,
-		Logger:              log,
-	}
-}
-
-// openPool connects to the configured database with room for one
-// connection per partition each group may serve plus each group's poller,
-// canary and leaser, and a spare; maxConns overrides that.
+// openPool connects to the configured database with the file's session
+// timeouts and room for every group's consumer (Config.PoolSize).
 func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Pool, error) {
-	pc, err := pgevents.ParsePoolConfig(cfg.DatabaseURL)
+	pc, err := pgevents.NewPoolConfig(cfg.DatabaseURL, cfg.PoolOptions())
 	if err != nil {
 		return nil, &config.Error{File: path, Key: "databaseUrl", Msg: err.Error()}
 	}
-	setTimeout := func(param string, ms int) {
-		if ms > 0 {
-			pc.ConnConfig.RuntimeParams[param] = fmt.Sprint(ms)
-		}
-	}
-	setTimeout("statement_timeout", cfg.StatementTimeoutMs)
-	setTimeout("idle_in_transaction_session_timeout", cfg.IdleInTransactionTimeoutMs)
-	// A batch connection per partition a group may serve, and for each
-	// group its poller, canary and leaser.
-	conns := 0
-	for _, g := range cfg.GroupConfigs() {
-		if g.PartitionID >= 0 {
-			conns += 1 + 3
-		} else {
-			conns += g.TotalPartitions + 3
-		}
-	}
-	pc.MaxConns = int32(conns + 1)
-	if cfg.MaxConns > 0 {
-		pc.MaxConns = int32(cfg.MaxConns)
-	}
+	pc.MaxConns = int32(cfg.PoolSize())
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(cctx, pc)

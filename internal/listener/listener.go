@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgxlisten"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/pgevents/pgevents/internal/netconn"
 )
 
 // Sink receives the wake-ups. Its methods are called from the listener's
@@ -37,7 +39,7 @@ const ApplicationName = "pgevents-listener"
 // Config configures a Listener.
 type Config struct {
 	// ConnConfig is the configuration the listening connection is dialled
-	// with; required. It is copied, and its DialFunc replaced by Dial.
+	// with; required. It is copied, and its DialFunc replaced by netconn.Dial.
 	ConnConfig *pgx.ConnConfig
 	// Channel is the notification channel of the append trigger; default
 	// "event_channel".
@@ -93,7 +95,7 @@ func New(cfg Config) (*Listener, error) {
 		cfg.Logger = &nop
 	}
 	cc := cfg.ConnConfig.Copy()
-	cc.DialFunc = Dial
+	cc.DialFunc = netconn.Dial
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
 	}

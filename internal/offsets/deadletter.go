@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -129,30 +129,8 @@ WHERE p.group_id = $1 AND p.topic_id = $2 AND p.id = u.id AND p.dead_letter_id <
 SET attempts = attempts + 1, last_failed_at = now(), error = $2 WHERE id = $1`
 )
 
-// DeadLetter is a unit that failed permanently, as recorded in
-// dead_letter_queue.
-type DeadLetter struct {
-	ID            int64     `json:"id"`
-	Group         string    `json:"group_id"`
-	Topic         int       `json:"topic_id"`
-	Partition     int       `json:"partition_id"`
-	FirstOffset   int64     `json:"first_offset"`
-	LastOffset    int64     `json:"last_offset"`
-	TransactionID int64     `json:"transaction_id"`
-	EventIDs      []string  `json:"event_ids"`
-	HostIDs       []string  `json:"host_ids"`
-	Error         string    `json:"error"`
-	Attempts      int       `json:"attempts"`
-	FirstFailedAt time.Time `json:"first_failed_at"`
-	LastFailedAt  time.Time `json:"last_failed_at"`
-	// ParkHosts says that the unit's hosts are parked behind it.
-	ParkHosts bool      `json:"parked_hosts"`
-	CreatedAt time.Time `json:"created_at"`
-	// Parked is the number of events parked behind the dead letter.
-	Parked int64 `json:"parked_events"`
-	// Events are the unit's events, filled by GetDeadLetter only.
-	Events []Event `json:"events,omitempty"`
-}
+// DeadLetter is a dead-lettered unit (pgeventstype.DeadLetter).
+type DeadLetter = pgeventstype.DeadLetter
 
 // WriteDeadLetter records d's unit, offsets FirstOffset to LastOffset of its
 // partition, in tx, with a copy of its events; when d.ParkHosts is set it

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -19,7 +19,7 @@ import (
 const SyncCommitSQL = `SET LOCAL synchronous_commit = on`
 
 // NoLimit is the end of a layout that no newer layout follows.
-const NoLimit = int64(math.MaxInt64)
+const NoLimit = pgeventstype.NoLimit
 
 // Layout statements. A group consumes one layout at a time; moving to the
 // next happens in one transaction, under the group's position locks, once

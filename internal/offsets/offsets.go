@@ -2,7 +2,6 @@ package offsets
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -22,34 +22,8 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Event is one event of the log, as a consumer reads it. Its JSON form
-// uses the column names of outbox_message_t, as to_jsonb() writes a row.
-type Event struct {
-	// Offset is the event's c_offset: gapless and commit-ordered per topic.
-	Offset int64 `json:"c_offset"`
-	// TopicID is the topic the event was appended to.
-	TopicID int `json:"topic_id"`
-	// PartitionID is the partition computed from HostID at append.
-	PartitionID int `json:"partition_id"`
-	// EventID is a random UUID in text form, unique to the event: the
-	// idempotency key for effects outside PostgreSQL.
-	EventID string `json:"event_id"`
-	// HostID is the partition key (the tenant).
-	HostID string `json:"host_id"`
-	// UserID is the grouping key within a host; empty when not given.
-	UserID string `json:"user_id"`
-	// TransactionID identifies the producer transaction; it is the same for
-	// every event that transaction appended.
-	TransactionID int64 `json:"transaction_id"`
-	// EventType names the kind of event and selects its handler.
-	EventType string `json:"event_type"`
-	// Payload is the event's body, JSON; nil when the producer gave none.
-	Payload json.RawMessage `json:"payload"`
-	// Metadata is optional JSON beside the payload; nil when absent.
-	Metadata json.RawMessage `json:"metadata,omitempty"`
-	// CreatedAt is the database clock at append (clock_timestamp()).
-	CreatedAt time.Time `json:"created_at"`
-}
+// Event is one event of the log (pgeventstype.Event).
+type Event = pgeventstype.Event
 
 // Statements. Every statement that reads events names topic_id and
 // partition_id and a lower bound on c_offset, so it is answered from

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -81,28 +82,13 @@ FROM unnest($3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::bigint[])
 WHERE topic_id = $1`
 )
 
-// Removed describes a segment that retention removed.
-type Removed struct {
-	Segment   string
-	Partition int
-	Lo, Hi    int64 // the partition's offsets [Lo, Hi)
-	Reason    string
-	// Skipped counts the events removed before a group handled them, by
-	// group.
-	Skipped map[string]int64
-}
+// Removed describes a segment that retention removed
+// (pgeventstype.RemovedSegment).
+type Removed = pgeventstype.RemovedSegment
 
-// Retention is what one pass of ApplyRetention found and did.
-type Retention struct {
-	// Watermark is the lowest of the partitions' watermarks (the lowest
-	// offset of the partition an ACTIVE or PAUSED group needs) that were
-	// read; NoLimit when none holds any.
-	Watermark int64
-	Removed   []Removed
-	// Blocked says why a partition's oldest segment stayed, for the first
-	// partition where one did.
-	Blocked string
-}
+// Retention is what one pass of ApplyRetention found and did
+// (pgeventstype.Retention).
+type Retention = pgeventstype.Retention
 
 // Pool is what ApplyRetention runs on: *pgxpool.Pool satisfies it.
 type Pool interface {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
@@ -31,11 +30,11 @@ func retentionSetup(t *testing.T) (context.Context, *pgxpool.Pool) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	earliest, _ := config.ParseStart("earliest")
-	latest, _ := config.ParseStart("latest")
+	earliest := Start{Kind: "earliest"}
+	latest := Start{Kind: "latest"}
 	for _, g := range []struct {
 		name  string
-		start config.Start
+		start Start
 	}{{"back", earliest}, {"live", latest}} {
 		if _, _, err := Subscribe(ctx, pool, g.name, 1, g.start, time.Minute); err != nil {
 			t.Fatal(err)
@@ -90,7 +89,7 @@ func TestRetentionCountsEveryGroupBehind(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	var once sync.Once
-	earliest, _ := config.ParseStart("earliest")
+	earliest := Start{Kind: "earliest"}
 	testHookBeforeDropLock = func() {
 		once.Do(func() {
 			// A batch of group back commits between the first count and
@@ -160,7 +159,7 @@ func TestStartWhileAnAppendCommits(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT append_events(1, '[{"host_id":"a","event_type":"t"},{"host_id":"b","event_type":"t"}]')`); err != nil {
 		t.Fatal(err)
 	}
-	earliest, _ := config.ParseStart("earliest")
+	earliest := Start{Kind: "earliest"}
 	done := make(chan error, 1)
 	go func() {
 		_, _, err := Subscribe(ctx, pool, "g", 1, earliest, time.Minute)

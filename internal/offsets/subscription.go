@@ -4,14 +4,32 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgevents/pgevents/config"
-
 	"github.com/pgevents/pgevents/schema"
 )
+
+// Start is where a group starts reading (pgevents.StartPosition, which
+// parses and documents it).
+type Start struct {
+	Kind   string // "earliest", "latest", "offset" or "time"
+	Offset int64
+	Time   time.Time
+}
+
+// String returns the position as pgevents.ParseStartPosition reads it.
+func (s Start) String() string {
+	switch s.Kind {
+	case "offset":
+		return "offset:" + strconv.FormatInt(s.Offset, 10)
+	case "time":
+		return "time:" + s.Time.Format(time.RFC3339Nano)
+	}
+	return s.Kind
+}
 
 // Subscription states; see migration 0005 for the lifecycle.
 const (
@@ -174,7 +192,7 @@ var ErrTransition = errors.New("invalid subscription transition")
 // returns its state and whether this was the group's first start. On the
 // first start it places the group at start, in the same transaction, so
 // that replicas starting together agree on where the group begins.
-func Subscribe(ctx context.Context, db Beginner, group string, topic int, start config.Start, deadAfter time.Duration) (string, bool, error) {
+func Subscribe(ctx context.Context, db Beginner, group string, topic int, start Start, deadAfter time.Duration) (string, bool, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
@@ -294,7 +312,7 @@ func lockRetentionShared(ctx context.Context, tx pgx.Tx, topic int) error {
 // the segments agree) and reads every partition's next offset before it
 // looks for events, in a statement of its own, so that an append that
 // commits meanwhile is never skipped.
-func Place(ctx context.Context, tx pgx.Tx, group string, topic int, start config.Start) error {
+func Place(ctx context.Context, tx pgx.Tx, group string, topic int, start Start) error {
 	if err := lockRetentionShared(ctx, tx, topic); err != nil {
 		return err
 	}
@@ -333,7 +351,7 @@ type Move struct {
 // replica of the group is live unless force is set; with force, the live
 // replicas lose their leases (their batch in flight cannot commit) and pick
 // the new positions up.
-func Reset(ctx context.Context, db Beginner, group string, topic int, start config.Start, force bool) ([]Move, error) {
+func Reset(ctx context.Context, db Beginner, group string, topic int, start Start, force bool) ([]Move, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)

@@ -1,4 +1,7 @@
-package listener
+// Package netconn dials pgevents' connections: TCP keepalive and, on Linux,
+// TCP_USER_TIMEOUT on every one, so that a peer that vanished is noticed in
+// seconds whether the connection is idle or waiting for an answer.
+package netconn
 
 import (
 	"context"

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package listener
+package netconn
 
 import "syscall"
 

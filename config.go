@@ -1,0 +1,391 @@
+package pgevents
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/partition"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// The defaults of Config, which WithDefaults gives its zero fields. The
+// YAML configuration (package config) reads the same constants, and the
+// README's configuration reference states them (a test checks it).
+const (
+	DefaultBatchSize           = 100
+	DefaultWaitPeriod          = 10 * time.Second
+	DefaultChannel             = "event_channel"
+	DefaultRetryInitial        = 100 * time.Millisecond
+	DefaultRetryMax            = 30 * time.Second
+	DefaultMaxAttempts         = 5
+	DefaultMaxDeadLetters      = 100
+	DefaultDeadLetterWindow    = time.Minute
+	DefaultHandlerTimeout      = 30 * time.Second
+	DefaultShutdownTimeout     = 10 * time.Second
+	DefaultLeaseDuration       = time.Second
+	DefaultStartFrom           = "earliest"
+	DefaultDeadAfter           = time.Minute
+	DefaultMaintenanceInterval = 10 * time.Second
+)
+
+// UnknownEventPolicy says what a consumer does with an event whose type has
+// no handler and no catch-all.
+type UnknownEventPolicy int
+
+const (
+	// UnknownEventFail treats the event as a permanent failure: its unit is
+	// dead-lettered with ErrUnknownEventType. It is the default, because a
+	// handler missing from a deploy should be loud, not silent.
+	UnknownEventFail UnknownEventPolicy = iota
+	// UnknownEventSkip passes over the event as handled.
+	UnknownEventSkip
+)
+
+// unknownEventNames are the configuration names of the unknown-event
+// policies, in the order of their values.
+var unknownEventNames = []string{"fail", "skip"}
+
+// String returns the policy's configuration name: "fail" or "skip".
+func (p UnknownEventPolicy) String() string {
+	if p < 0 || int(p) >= len(unknownEventNames) {
+		return fmt.Sprintf("UnknownEventPolicy(%d)", int(p))
+	}
+	return unknownEventNames[p]
+}
+
+// MarshalText returns the policy's configuration name.
+func (p UnknownEventPolicy) MarshalText() ([]byte, error) {
+	if p < 0 || int(p) >= len(unknownEventNames) {
+		return nil, fmt.Errorf("pgevents: unknown unknown-event policy %d", int(p))
+	}
+	return []byte(unknownEventNames[p]), nil
+}
+
+// UnmarshalText sets the policy from its configuration name.
+func (p *UnknownEventPolicy) UnmarshalText(text []byte) error {
+	i, err := lookupName(unknownEventNames, string(text))
+	*p = UnknownEventPolicy(i)
+	return err
+}
+
+// lookupName returns the index of name in names, or an error that lists
+// them.
+func lookupName(names []string, name string) (int, error) {
+	if i := slices.Index(names, name); i >= 0 {
+		return i, nil
+	}
+	return 0, fmt.Errorf("must be one of %s, got %q", strings.Join(names, ", "), name)
+}
+
+// FailurePolicy says what a consumer does with a unit that failed
+// permanently.
+type FailurePolicy int
+
+const (
+	// PolicyDeadLetter records the unit in dead_letter_queue, with its
+	// events and the reason, and moves on. It is the default.
+	PolicyDeadLetter FailurePolicy = iota
+	// PolicyParkHost dead-letters the unit and parks its hosts: their later
+	// events are recorded in parked_events, not handled, until the dead
+	// letter is replayed or discarded (consumer dlq), so a host's order is
+	// never broken while other hosts flow.
+	PolicyParkHost
+	// PolicyHalt stops the partition before the unit, records why in
+	// partition_halts, and logs it at error level until the process is
+	// restarted.
+	PolicyHalt
+)
+
+// policyNames are the configuration names of the failure policies, in
+// the order of their values.
+var policyNames = []string{"deadLetter", "parkHost", "halt"}
+
+// String returns the policy's configuration name: "deadLetter", "parkHost"
+// or "halt".
+func (p FailurePolicy) String() string {
+	if p < 0 || int(p) >= len(policyNames) {
+		return fmt.Sprintf("FailurePolicy(%d)", int(p))
+	}
+	return policyNames[p]
+}
+
+// MarshalText returns the policy's configuration name.
+func (p FailurePolicy) MarshalText() ([]byte, error) {
+	if p < 0 || int(p) >= len(policyNames) {
+		return nil, fmt.Errorf("pgevents: unknown failure policy %d", int(p))
+	}
+	return []byte(policyNames[p]), nil
+}
+
+// UnmarshalText sets the policy from its configuration name.
+func (p *FailurePolicy) UnmarshalText(text []byte) error {
+	i, err := lookupName(policyNames, string(text))
+	*p = FailurePolicy(i)
+	return err
+}
+
+// Config configures a Consumer. A zero field takes its default (the
+// Default constants; WithDefaults applies them), NewConsumer validates the
+// result once, and the consumer trusts it after. The YAML file of `consumer
+// run` (package config) mirrors these fields and reads the same constants.
+type Config struct {
+	// GroupID names the consumer group; required. Each group has its own
+	// position in every partition.
+	GroupID string
+	// TopicID is the topic consumed; default DefaultTopic (1).
+	TopicID int
+	// TotalPartitions is the partition count the consumer expects; required.
+	// Run refuses to start (PartitionMismatchError) when the topic records
+	// another count, because hosts would map to other partitions.
+	TotalPartitions int
+	// Partitions lists the partitions this process serves (static mode):
+	// it takes their leases when they are free and otherwise waits as a hot
+	// standby. Nil means auto mode: the live replicas of the group share all
+	// partitions evenly, taking over those of a replica that dies within
+	// about LeaseDuration.
+	Partitions []int
+	// ReplicaID names this process among the group's replicas; default a
+	// new id from host name and process id.
+	ReplicaID string
+	// LeaseDuration is how long a partition lease lives without a heartbeat
+	// (sent every third of it), and so how soon a dead or frozen replica's
+	// partitions are taken over; default DefaultLeaseDuration (1 s).
+	LeaseDuration time.Duration
+	// BatchSize is the number of events read per batch, before extension
+	// to the end of a producer transaction; default DefaultBatchSize (100).
+	BatchSize int
+	// WaitPeriod is how often every partition is polled for events whose
+	// notification was lost; default DefaultWaitPeriod (10 s).
+	WaitPeriod time.Duration
+	// Channel is the notification channel the consumer listens on; default
+	// DefaultChannel ("event_channel"). It must be the topic's (schema.SetChannel): Run
+	// refuses to start otherwise (*ChannelMismatchError).
+	Channel string
+	// UnknownEventType is the policy for events without a handler; default
+	// UnknownEventFail.
+	UnknownEventType UnknownEventPolicy
+	// RetryInitial is the first backoff after a failed batch; default
+	// DefaultRetryInitial (100 ms).
+	RetryInitial time.Duration
+	// RetryMax caps the backoff; default DefaultRetryMax (30 s), and never
+	// less than RetryInitial.
+	RetryMax time.Duration
+	// MaxAttempts is how often a failure of class ClassUnknown is retried
+	// before it is treated as permanent; default DefaultMaxAttempts (5).
+	MaxAttempts int
+	// OnPermanentFailure is the policy for units that fail permanently;
+	// default PolicyDeadLetter.
+	OnPermanentFailure FailurePolicy
+	// MaxDeadLetters is the circuit breaker against a bad deploy: when a
+	// partition has dead-lettered this many units within DeadLetterWindow,
+	// the next permanent failure halts it instead. Default
+	// DefaultMaxDeadLetters (100); negative disables the breaker.
+	MaxDeadLetters int
+	// DeadLetterWindow is the breaker's window; default
+	// DefaultDeadLetterWindow (1 minute).
+	DeadLetterWindow time.Duration
+	// HandlerTimeout bounds the handling of one unit, per BatchSize events
+	// (a unit of 3×BatchSize events gets three times as long); default
+	// DefaultHandlerTimeout (30 s).
+	// Running out is a transient failure; after two the batch is narrowed
+	// to the unit, where MaxAttempts applies.
+	HandlerTimeout time.Duration
+	// ShutdownTimeout bounds how long an in-flight batch may go on after
+	// Run's context is cancelled before it is cancelled too (and rolled
+	// back); default DefaultShutdownTimeout (10 s).
+	ShutdownTimeout time.Duration
+	// Handlers maps event types to handlers; required, at least one.
+	Handlers *Handlers
+	// Logger receives the consumer's logs; default: discard.
+	Logger *zerolog.Logger
+	// Observer receives what the consumer does, for metrics; default none.
+	Observer Observer
+	// StartFrom is where the group starts the first time it runs:
+	// "earliest" (DefaultStartFrom: the first retained event, so that a new
+	// projection sees the history), "latest", "offset:N" or
+	// "time:<RFC 3339>" (see ParseStartPosition). It has no effect once the
+	// group has positions.
+	StartFrom string
+	// DeadAfter is how long the group may go without a live replica before
+	// its subscription becomes DEAD and stops holding back retention;
+	// default DefaultDeadAfter (1 minute).
+	DeadAfter time.Duration
+	// MaintenanceInterval is how often this process (one at a time per
+	// topic) creates the log's next segments, marks dead subscriptions and
+	// applies retention; default DefaultMaintenanceInterval (10 s).
+	MaintenanceInterval time.Duration
+	// Schema is the schema pgevents lives in (where `consumer migrate`
+	// with the same schema created it): every statement of the consumer
+	// names pgevents' objects in it, so that handlers, which run on the
+	// consumer's connections, still see the application's tables through
+	// the search_path. Default "": the first schema of the search_path.
+	Schema string
+}
+
+// WithDefaults returns c with every zero field set to its default (the
+// Default constants). ReplicaID and Observer are set by NewConsumer.
+func (c Config) WithDefaults() Config {
+	if c.TopicID == 0 {
+		c.TopicID = DefaultTopic
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.WaitPeriod == 0 {
+		c.WaitPeriod = DefaultWaitPeriod
+	}
+	if c.Channel == "" {
+		c.Channel = DefaultChannel
+	}
+	if c.RetryInitial == 0 {
+		c.RetryInitial = DefaultRetryInitial
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = DefaultRetryMax
+	}
+	c.RetryMax = max(c.RetryMax, c.RetryInitial)
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.MaxDeadLetters == 0 {
+		c.MaxDeadLetters = DefaultMaxDeadLetters
+	}
+	if c.DeadLetterWindow == 0 {
+		c.DeadLetterWindow = DefaultDeadLetterWindow
+	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = DefaultLeaseDuration
+	}
+	if c.StartFrom == "" {
+		c.StartFrom = DefaultStartFrom
+	}
+	if c.DeadAfter == 0 {
+		c.DeadAfter = DefaultDeadAfter
+	}
+	if c.MaintenanceInterval == 0 {
+		c.MaintenanceInterval = DefaultMaintenanceInterval
+	}
+	return c
+}
+
+// ConfigError is returned by NewConsumer for a Config field whose value
+// cannot be used; Field is the field's name.
+type ConfigError struct {
+	Field string
+	Msg   string
+}
+
+// Error names the field and what is wrong with it.
+func (e *ConfigError) Error() string { return "pgevents: Config." + e.Field + " " + e.Msg }
+
+// validate checks a Config with its defaults applied and returns a
+// *ConfigError for the first field that is not usable.
+func (c *Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	positive := []struct {
+		field string
+		d     time.Duration
+	}{
+		{"WaitPeriod", c.WaitPeriod}, {"RetryInitial", c.RetryInitial}, {"RetryMax", c.RetryMax},
+		{"DeadLetterWindow", c.DeadLetterWindow}, {"HandlerTimeout", c.HandlerTimeout},
+		{"ShutdownTimeout", c.ShutdownTimeout}, {"LeaseDuration", c.LeaseDuration},
+		{"DeadAfter", c.DeadAfter}, {"MaintenanceInterval", c.MaintenanceInterval},
+	}
+	switch {
+	case c.GroupID == "":
+		return bad("GroupID", "is required")
+	case c.TopicID <= 0:
+		return bad("TopicID", "must be positive, got %d", c.TopicID)
+	case c.TotalPartitions <= 0:
+		return bad("TotalPartitions", "must be positive, got %d", c.TotalPartitions)
+	case c.BatchSize <= 0:
+		return bad("BatchSize", "must be positive, got %d", c.BatchSize)
+	case c.MaxAttempts <= 0:
+		return bad("MaxAttempts", "must be positive, got %d", c.MaxAttempts)
+	case c.UnknownEventType < 0 || int(c.UnknownEventType) >= len(unknownEventNames):
+		return bad("UnknownEventType", "is not a policy: %d", int(c.UnknownEventType))
+	case c.OnPermanentFailure < 0 || int(c.OnPermanentFailure) >= len(policyNames):
+		return bad("OnPermanentFailure", "is not a policy: %d", int(c.OnPermanentFailure))
+	case c.Handlers == nil || c.Handlers.Len() == 0:
+		return bad("Handlers", "must register at least one handler")
+	case c.LeaseDuration < 100*time.Millisecond && c.LeaseDuration > 0:
+		return bad("LeaseDuration", "must be at least 100ms, got %s", c.LeaseDuration)
+	}
+	for _, p := range positive {
+		if p.d < 0 {
+			return bad(p.field, "must be positive, got %s", p.d)
+		}
+	}
+	if c.Schema != "" {
+		if err := schema.ValidName(c.Schema); err != nil {
+			return bad("Schema", "%v", err)
+		}
+	}
+	if _, err := ParseStartPosition(c.StartFrom); err != nil {
+		return bad("StartFrom", "%v", err)
+	}
+	if c.Partitions != nil {
+		if _, err := partition.Assign(c.TotalPartitions, c.Partitions); err != nil {
+			return bad("Partitions", "%v", err)
+		}
+	}
+	return nil
+}
+
+// StartPosition is where a group starts reading the first time it runs
+// (Config.StartFrom, `consumer offsets reset --to`).
+type StartPosition struct {
+	// Kind is "earliest" (the first retained event), "latest" (events
+	// appended from now on), "offset" or "time".
+	Kind string
+	// Offset is the first offset of Kind "offset" (in every partition).
+	Offset int64
+	// Time is the time of Kind "time": the first event appended at or
+	// after it.
+	Time time.Time
+}
+
+// String returns the position in the form ParseStartPosition reads.
+func (s StartPosition) String() string { return s.internal().String() }
+
+// ParseStartPosition parses "earliest", "latest", "offset:N" (N ≥ 1) or
+// "time:<RFC 3339>".
+func ParseStartPosition(v string) (StartPosition, error) {
+	switch {
+	case v == "earliest" || v == "latest":
+		return StartPosition{Kind: v}, nil
+	case strings.HasPrefix(v, "offset:"):
+		n, err := strconv.ParseInt(strings.TrimPrefix(v, "offset:"), 10, 64)
+		if err != nil || n < 1 {
+			return StartPosition{}, fmt.Errorf("offset:N needs an offset of at least 1, got %q", v)
+		}
+		return StartPosition{Kind: "offset", Offset: n}, nil
+	case strings.HasPrefix(v, "time:"):
+		t, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(v, "time:"))
+		if err != nil {
+			return StartPosition{}, fmt.Errorf("time:T needs an RFC 3339 timestamp such as time:2026-01-31T12:00:00Z, got %q", v)
+		}
+		return StartPosition{Kind: "time", Time: t}, nil
+	}
+	return StartPosition{}, errors.New(`must be earliest, latest, offset:N or time:<RFC 3339>, got "` + v + `"`)
+}
+
+// internal returns the position as the offset store takes it.
+func (s StartPosition) internal() offsets.Start {
+	return offsets.Start{Kind: s.Kind, Offset: s.Offset, Time: s.Time}
+}
