@@ -85,7 +85,8 @@ type Config struct {
 	LogFormat string `yaml:"logFormat"`
 
 	// UnknownEventType says what to do with an event no handler accepts:
-	// "skip" it, or "fail" and stop consuming its partition. Defaults to
+	// "skip" it, or "fail": its unit fails permanently and goes where
+	// onPermanentFailure says (by default, dead-lettered). Defaults to
 	// "fail".
 	UnknownEventType string `yaml:"unknownEventType"`
 

@@ -5,21 +5,19 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/pgeventstest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -31,41 +29,12 @@ func newTopic(t *testing.T, partitions int) *pgxpool.Pool {
 	return pgtest.TopicPool(t, partitions)
 }
 
-// runConsumer runs a consumer until the returned stop function is called
-// (or the test ends), and waits until its listener is connected.
+// runConsumer runs a consumer on pool's database, with the production
+// pool settings, until the returned stop function is called (or the test
+// ends), and waits until its listener is connected.
 func runConsumer(t *testing.T, pool *pgxpool.Pool, cfg pgevents.Config) (*pgevents.Consumer, func()) {
 	t.Helper()
-	if cfg.Logger == nil {
-		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(zerolog.WarnLevel).
-			With().Timestamp().Str("test", t.Name()).Logger()
-		cfg.Logger = &l
-	}
-	c, err := pgevents.NewConsumer(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("consumer: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("consumer did not stop within 30 s")
-		}
-	}
-	t.Cleanup(stop)
-	pgtest.WaitFor(t, 10*time.Second, "consumer listener connected", c.Ready)
-	return c, stop
+	return pgeventstest.StartConsumer(t, pool.Config().ConnString(), cfg)
 }
 
 // startServer runs a metrics server on 127.0.0.1:0 until the test ends and

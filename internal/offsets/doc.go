@@ -19,8 +19,12 @@
 // The row lock orders the batches of one partition: a second process that
 // claims the same partition waits for the first one's transaction and then
 // reads the advanced next_offset, so batches never interleave and effects
-// never double (invariants 2 and 3). The lock is not a lease: between batches
-// nobody owns the partition.
+// never double (invariants 2 and 3, listed in package pgevents). The lock
+// orders batches but is not ownership: between batches nobody holds it, so
+// which replica may claim a partition is decided by its lease
+// (internal/partition), checked in the same round trip as the claim
+// (leaseHeldSQL) and again at commit, where the epoch fences a replica that
+// lost it.
 //
 // Taking the lock writes WAL even when there is nothing to read, so a worker
 // asks [Pending] (or trusts a notification that names a higher offset) before
@@ -37,5 +41,5 @@
 // statistics say. TestClaimPlanSurvivesGrowth forces a generic plan on an
 // empty table and checks that it still reads through the index after the
 // table has grown. The cost of the claim does not grow with the number of
-// partitions (invariant 6).
+// partitions (invariant 6 of package pgevents).
 package offsets

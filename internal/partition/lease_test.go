@@ -19,12 +19,22 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // positions and lease rows.
 func leaseDB(t *testing.T) (context.Context, *pgxpool.Pool) {
 	t.Helper()
-	ctx := context.Background()
-	pool := pgtest.TopicPool(t, 2)
+	return leaseDBN(t, 2)
+}
+
+// leaseDBN is leaseDB with n partitions.
+func leaseDBN(t *testing.T, n int) (context.Context, *pgxpool.Pool) {
+	t.Helper()
+	ctx := pgtest.Context(context.Background())
+	pool := pgtest.TopicPool(t, n)
 	if err := offsets.InitGroupLayout(ctx, pool, "g", 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := offsets.Init(ctx, pool, "g", 1, []int{0, 1}); err != nil {
+	parts := make([]int, n)
+	for i := range parts {
+		parts[i] = i
+	}
+	if err := offsets.Init(ctx, pool, "g", 1, parts); err != nil {
 		t.Fatal(err)
 	}
 	return ctx, pool

@@ -132,6 +132,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
+	runExampleCleanups()
 	admin.Close()
 	return code
 }
@@ -154,6 +155,7 @@ func runExternal(ctx context.Context, m *testing.M, rawURL string) (int, error) 
 	}
 
 	code := m.Run()
+	runExampleCleanups()
 	dropTemplates()
 	admin.Close()
 	return code, nil

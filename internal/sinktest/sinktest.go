@@ -8,7 +8,6 @@ package sinktest
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -18,17 +17,17 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/pgeventstest"
 )
 
-// StartConsumer runs a consumer of cfg (GroupID "g" and a logger at warn
-// level unless set) on a pool with the production settings
-// (ParsePoolConfig) on pool's database until the test ends.
+// StartConsumer runs a consumer of cfg (GroupID "g" and the tests' schema
+// unless set) with pgeventstest.StartConsumer on pool's database until the
+// test ends.
 func StartConsumer(t testing.TB, pool *pgxpool.Pool, cfg pgevents.Config) *pgevents.Consumer {
 	t.Helper()
 	if cfg.GroupID == "" {
@@ -37,41 +36,7 @@ func StartConsumer(t testing.TB, pool *pgxpool.Pool, cfg pgevents.Config) *pgeve
 	if cfg.Schema == "" {
 		cfg.Schema = pgtest.Schema() // the tests' schema mode (PGEVENTS_TEST_SCHEMA)
 	}
-	if cfg.Logger == nil {
-		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(zerolog.WarnLevel).
-			With().Timestamp().Str("test", t.Name()).Logger()
-		cfg.Logger = &l
-	}
-	pc, err := pgevents.ParsePoolConfig(pool.Config().ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.MaxConns = int32(pgevents.PoolSize(cfg.TotalPartitions))
-	cp, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := pgevents.NewConsumer(cp, cfg)
-	if err != nil {
-		cp.Close()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("consumer: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("consumer did not stop within 30 s")
-		}
-		cp.Close()
-	})
-	pgtest.WaitFor(t, 10*time.Second, "consumer listener connected", c.Ready)
+	c, _ := pgeventstest.StartConsumer(t, pool.Config().ConnString(), cfg)
 	return c
 }
 
