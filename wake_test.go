@@ -66,8 +66,16 @@ func TestNoEventWaitsForThePoll(t *testing.T) {
 						for i := range evs {
 							evs[i] = ev(fmt.Sprintf("h%d", r.IntN(20)), "t", `{}`)
 						}
+						// A third of the transactions stay open a while
+						// after their append: workers go idle while the
+						// append, which found their flag clear, is in flight.
+						hold := time.Duration(0)
+						if r.IntN(3) == 0 {
+							hold = time.Duration(r.IntN(3000)) * time.Microsecond
+						}
 						if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 							_, err := Append(ctx, tx, evs...)
+							time.Sleep(hold)
 							return err
 						}); err != nil {
 							t.Error(err)
