@@ -425,6 +425,7 @@ func (c *Consumer) rechecks(ctx context.Context) error {
 		for len(ws) > 0 {
 			lr := ws[0].lr
 			var parts []int
+			var sqls []*offsets.PartitionSQL
 			var mine []*worker
 			rest := ws[:0]
 			for _, w := range ws {
@@ -433,12 +434,12 @@ func (c *Consumer) rechecks(ctx context.Context) error {
 					continue
 				}
 				if !slices.Contains(parts, w.partition) {
-					parts = append(parts, w.partition)
+					parts, sqls = append(parts, w.partition), append(sqls, w.sql)
 				}
 				mine = append(mine, w)
 			}
 			ws = rest
-			work, err := offsets.Recheck(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, parts, lr.layout.Version)
+			work, err := offsets.Recheck(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, parts, sqls, lr.layout.Version)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil

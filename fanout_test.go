@@ -292,15 +292,16 @@ func TestRetentionWithDeadGroup(t *testing.T) {
 
 	// c returns: it is ACTIVE again, handles what is retained, and is told
 	// what it skipped.
-	// Retention may remove one more segment past c until c2 makes it
-	// ACTIVE again: the skips are read as c catches up.
+	// The skips are read as c catches up: retention may drop segments past
+	// c until it is ACTIVE again.
 	c2 := startConsumer(t, pool, mk("c"))
 	var caught, skipped int64
 	pgtest.WaitFor(t, 20*time.Second, fmt.Sprintf("c caught up: handled + skipped = %d", total), func() bool {
-		skipped = queryInt(t, pool, `SELECT coalesce(sum(skipped), 0) FROM retention_skips WHERE group_id = 'c'`)
 		caught, _ = handledBy(t, pool, "c")
+		skipped = queryInt(t, pool, `SELECT coalesce(sum(skipped), 0) FROM retention_skips WHERE group_id = 'c'`)
 		return caught+skipped >= total
 	})
+	t.Logf("c handled %d and skipped %d of %d", caught, skipped, total)
 	n, dups := handledBy(t, pool, "c")
 	if n+skipped != total || dups != 0 {
 		t.Fatalf("c handled %d and skipped %d of %d events (%d twice): each event must be one or the other", n, skipped, total, dups)

@@ -54,34 +54,54 @@ func TestNoEventWaitsForThePoll(t *testing.T) {
 			seed := uint64(time.Now().UnixNano())
 			t.Logf("seed %d", seed)
 			var total atomic.Int64
-			var wg sync.WaitGroup
-			for p := range 4 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := rand.New(rand.NewPCG(seed, uint64(p)))
-					for range 150 {
-						n := 1 + r.IntN(3)
-						evs := make([]Event, n)
-						for i := range evs {
-							evs[i] = ev(fmt.Sprintf("h%d", r.IntN(20)), "t", `{}`)
-						}
-						if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-							_, err := Append(ctx, tx, evs...)
-							return err
-						}); err != nil {
-							t.Error(err)
-							return
-						}
-						total.Add(int64(n))
-						// Pauses about as long as a batch: workers go idle
-						// while others append.
-						time.Sleep(time.Duration(r.IntN(3000)) * time.Microsecond)
-					}
-				}()
+			rngs := make([]*rand.Rand, 4)
+			for p := range rngs {
+				rngs[p] = rand.New(rand.NewPCG(seed, uint64(p)))
 			}
-			wg.Wait()
-			waitHandled(t, pool, total.Load(), 60*time.Second)
+			// Bursts, each waited for: an event missed at the end of a
+			// burst would wait for the poll, and the burst for it.
+			for burst := range 15 {
+				var wg sync.WaitGroup
+				for p := range 4 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						r := rngs[p]
+						for range 10 {
+							n := 1 + r.IntN(3)
+							evs := make([]Event, n)
+							for i := range evs {
+								evs[i] = ev(fmt.Sprintf("h%d", r.IntN(20)), "t", `{}`)
+							}
+							// A third of the transactions stay open a while
+							// after their append: workers go idle while the
+							// append, which found their flag clear, is in flight.
+							hold := time.Duration(0)
+							if r.IntN(3) == 0 {
+								hold = time.Duration(r.IntN(3000)) * time.Microsecond
+							}
+							if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+								_, err := Append(ctx, tx, evs...)
+								time.Sleep(hold)
+								return err
+							}); err != nil {
+								t.Error(err)
+								return
+							}
+							total.Add(int64(n))
+							// Pauses about as long as a batch: workers go idle
+							// while others append.
+							time.Sleep(time.Duration(r.IntN(3000)) * time.Microsecond)
+						}
+					}()
+				}
+				wg.Wait()
+				if t.Failed() {
+					return
+				}
+				t.Logf("burst %d appended, %d events so far", burst, total.Load())
+				waitHandled(t, pool, total.Load(), 20*time.Second) // else a wake-up was missed
+			}
 			checkHandled(t, pool)
 			var worst float64
 			if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM max(handled_at - appended_at)) FROM handled`).Scan(&worst); err != nil {

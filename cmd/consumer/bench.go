@@ -27,7 +27,7 @@ type benchCase struct {
 // benchCases lists the cases in the order they run.
 var benchCases = []benchCase{
 	{"append", "append rate vs a plain-SQL baseline, and under an open snapshot", benchAppend, 6 * time.Minute},
-	{"producers", "producer throughput by producers and offset mode, vs a plain table", benchProducers, 5 * time.Minute},
+	{"producers", "producer throughput by producers and offset mode, vs a plain table", benchProducers, 6 * time.Minute},
 	{"latency", "commit-to-handler latency at fixed rates", benchLatency, 4 * time.Minute},
 	{"drain", "burn-down of a preloaded backlog", benchDrain, 4 * time.Minute},
 	{"sustained", "highest sustained end-to-end rate", benchSustained, 4 * time.Minute},

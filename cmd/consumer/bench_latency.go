@@ -148,6 +148,9 @@ SELECT m.c_offset, ` + since + ` FROM outbox_message_t m WHERE m.topic_id = 1 AN
 	for _, step := range steps {
 		d := benchPick(e, step.full, step.quick)
 		var p50, p99, p999, c50, c99, c999, achieved, samples, txP50, txP99 []float64
+		waits, stopWaits := benchWatch(ctx, db, 20*time.Millisecond)
+		defer stopWaits()
+		st0 := c.Stats()
 		for rep := range e.reps {
 			var t0 time.Time
 			if err := db.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t0); err != nil {
@@ -178,13 +181,17 @@ SELECT m.c_offset, ` + since + ` FROM outbox_message_t m WHERE m.topic_id = 1 AN
 			e.logf("latency%s, %s: %5.0f/s offered, %5.0f/s achieved, rep %d: from COMMIT returned p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; from the commit record p50 %.2f ms, p99 %.2f ms (%d events); producer tx p50 %.2f ms",
 				v.name(""), m.name, step.rate, lr.rate(), rep+1, g[0], g[1], g[2], q[0]*1000, q[1]*1000, count, benchMillis(t50))
 		}
+		stopWaits()
+		st1 := c.Stats()
+		perBatch := float64(st1.Handled-st0.Handled) / float64(max(1, st1.Batches-st0.Batches))
 		name := v.name(fmt.Sprintf("%g events/s, 1-event tx, 8 partitions", step.rate))
 		if m.name != benchDefaultMode.name {
 			name += ", " + m.name
 		}
 		r50 := newBenchResult("latency", name+": p50", "ms", p50).
-			noted("offered by %d paced producer(s) with AppendCommit; %.0f events per run; latency from the producer's COMMIT returned to the handler's call, on this process's clock; from %s to the handler's clock_timestamp(), on the database clock: p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; producer transactions (BEGIN to COMMIT returned) took p50 %.2f ms, p99 %.2f ms",
-				step.producers, benchMedian(samples), from, benchMedian(c50), benchMedian(c99), benchMedian(c999), benchMedian(txP50), benchMedian(txP99))
+			noted("offered by %d paced producer(s) with AppendCommit; %.0f events per run; latency from the producer's COMMIT returned to the handler's call, on this process's clock; from %s to the handler's clock_timestamp(), on the database clock: p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; producer transactions (BEGIN to COMMIT returned) took p50 %.2f ms, p99 %.2f ms; %.1f events per consumer batch; %s; %s",
+				step.producers, benchMedian(samples), from, benchMedian(c50), benchMedian(c99), benchMedian(c999), benchMedian(txP50), benchMedian(txP99),
+				perBatch, waits.summary("pgevents-consumer"), waits.summary("bench-producer"))
 		r99 := newBenchResult("latency", name+": p99", "ms", p99)
 		r999 := newBenchResult("latency", name+": p99.9", "ms", p999)
 		if step.rate == 1000 && v.label == "" {

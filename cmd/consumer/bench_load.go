@@ -330,6 +330,25 @@ func (w *benchWaits) run(ctx context.Context, pool *pgxpool.Pool, every time.Dur
 	benchSampleWaits(ctx, pool, every, func() *benchWaits { return w })
 }
 
+// benchWatch samples the active sessions of db every interval, in the
+// background, until stop is called (stop may be called more than once).
+func benchWatch(ctx context.Context, db *benchDB, every time.Duration) (w *benchWaits, stop func()) {
+	w = &benchWaits{}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		w.run(ctx, db.pool, every)
+		close(done)
+	}()
+	var once sync.Once
+	return w, func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
+}
+
 // benchSampleWaits samples the active sessions of the pool's database
 // every interval until ctx ends, into the benchWaits that to returns at
 // that time (none when nil).

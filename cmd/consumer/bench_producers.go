@@ -255,7 +255,7 @@ type benchTurns struct {
 // to the variant whose slice runs.
 func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool.Pool, variants []benchTxVariant, size, producers int) (benchTurns, error) {
 	const slice = 300 * time.Millisecond
-	rounds := int(benchPick(e, 1200*time.Millisecond, 600*time.Millisecond) / slice)
+	rounds := int(benchPick(e, 900*time.Millisecond, 600*time.Millisecond) / slice)
 	t := benchTurns{rates: make([][]float64, len(variants)), waits: make([]string, len(variants)), notified: make([]float64, len(variants)),
 		cpuUS: make([]float64, len(variants))}
 	cpu := make([]time.Duration, len(variants))

@@ -140,11 +140,12 @@ func benchRetention(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	return out, nil
 }
 
-// benchLogSize returns the size of the log, every partition of
-// outbox_message_t with its indexes and TOAST.
+// benchLogSize returns the size of the log, every leaf of
+// outbox_message_t's partition tree (the segments of each partition) with
+// its indexes and TOAST.
 func benchLogSize(ctx context.Context, db *benchDB) (int64, error) {
 	var n int64
-	err := db.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0) FROM pg_inherits
-		WHERE inhparent = 'outbox_message_t'::regclass`).Scan(&n)
+	err := db.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(relid)), 0)
+		FROM pg_partition_tree('outbox_message_t') WHERE isleaf`).Scan(&n)
 	return n, err
 }

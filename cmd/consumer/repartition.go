@@ -35,10 +35,16 @@ func repartitionCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, `topic %d: %d -> %d partitions from offset %d.
-Running consumers finish every old partition up to offset %d, then move to the new layout by themselves.
+	// Under scope partition each partition has its own cut: its next
+	// offset at the change (schema.Repartition returns 0).
+	from, upTo := fmt.Sprintf("from offset %d", cut), fmt.Sprintf("up to offset %d", cut)
+	if before.Scope == schema.ScopePartition {
+		from, upTo = "from each partition's next offset", "up to its offset at the change"
+	}
+	fmt.Fprintf(stdout, `topic %d: %d -> %d partitions %s.
+Running consumers finish every old partition %s, then move to the new layout by themselves.
 Set totalPartitions: %d in the configuration of every consumer of topic %d before they restart:
 a consumer configured with another count refuses to start.
-`, *topic, before.Partitions, *partitions, cut, cut, *partitions, *topic)
+`, *topic, before.Partitions, *partitions, from, upTo, *partitions, *topic)
 	return nil
 }

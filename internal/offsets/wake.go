@@ -102,19 +102,23 @@ func Idle(ctx context.Context, db Batcher, ps *PartitionSQL, group string, topic
 }
 
 // Recheck runs steps 2 and 3 of the wake-up protocol under scope 'topic'
-// for partitions of topic whose workers ran Idle (and found nothing)
-// before Recheck was called: it waits for the append in flight on the
-// topic, in a transaction that ends at once, and returns the partitions
-// among partitions where the group has events of its layout (version
-// layout) to handle, as Pending does. One round trip.
-func Recheck(ctx context.Context, db Batcher, group string, topic int, partitions []int, layout int) ([]Work, error) {
+// for partitions of topic (their statements in sqls, in the same order)
+// whose workers ran Idle, and found nothing, before Recheck was called: it
+// waits for the append in flight on the topic, in a transaction that ends
+// at once, and returns the partitions where the group has events of its
+// layout (version layout) to handle, with their highest offset. One round
+// trip; each partition is looked at through its own table, so that only
+// the partitions rechecked are locked, and only for the look.
+func Recheck(ctx context.Context, db Batcher, group string, topic int, partitions []int, sqls []*PartitionSQL, layout int) ([]Work, error) {
 	var b pgx.Batch
 	b.Queue("BEGIN")
 	b.Queue(schema.SQL(ctx, waitAppendsCounterSQL), topic)
 	b.Queue(schema.SQL(ctx, waitAppendsAdvisorySQL), topic)
 	b.Queue("COMMIT")
 	b.Queue(genericPlansSQL)
-	b.Queue(schema.SQL(ctx, pendingSQL), group, topic, partitions, layout)
+	for i, p := range partitions {
+		b.Queue(schema.SQL(ctx, sqls[i].idleCheck), group, topic, p, layout)
+	}
 	br := db.SendBatch(ctx, &b)
 	defer br.Close()
 	for range 5 {
@@ -122,13 +126,15 @@ func Recheck(ctx context.Context, db Batcher, group string, topic int, partition
 			return nil, fmt.Errorf("offsets: wait for appends in flight: %w", err)
 		}
 	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("offsets: recheck: %w", err)
-	}
-	out, _, err := scanWork(rows)
-	if err != nil {
-		return nil, fmt.Errorf("offsets: recheck: %w", err)
+	var out []Work
+	for _, p := range partitions {
+		var max *int64
+		if err := br.QueryRow().Scan(&max); err != nil {
+			return nil, fmt.Errorf("offsets: recheck partition %d: %w", p, err)
+		}
+		if max != nil {
+			out = append(out, Work{Partition: p, MaxOffset: *max})
+		}
 	}
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("offsets: recheck: %w", err)
