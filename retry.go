@@ -1,0 +1,178 @@
+package pgevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgevents/pgevents/internal/offsets"
+)
+
+// This file: a worker's failure state. decide (failure.go) says what a
+// failed batch's next attempt does; the worker records it here (units to
+// dead-letter, park, narrow to, or halt before), counts dead letters for
+// the circuit breaker, and waits for the backoff.
+
+// retry applies decide's verdict on a failed batch and waits for the
+// backoff before the next attempt.
+func (w *worker) retry(ctx context.Context, err error) {
+	w.c.retries.Add(1)
+	f := batchFailure{err: err, sessionLost: w.last.lost, units: w.last.units}
+	var pgErr *pgconn.PgError
+	f.idleKilled = errors.As(err, &pgErr) && pgErr.Code == "25P03"
+	var ue *unitError
+	if errors.As(err, &ue) {
+		f.unit = ue
+	} else if f.idleKilled && w.last.units == 1 {
+		// The unit alone took longer than the server lets a transaction
+		// sit idle: blame it.
+		ue = &unitError{txID: w.last.lastTx, unitFirst: w.last.unitFirst, offset: w.last.unitFirst, err: errSessionLost}
+	}
+	var h *unitFailure
+	if ue != nil {
+		f.narrowed = w.narrow == ue.txID
+		h = w.failure(ue)
+		if f.idleKilled && !errors.Is(h.err, errSessionLost) {
+			h.err = fmt.Errorf("%w: the unit's handlers ran without a statement for longer than the server's idle_in_transaction_session_timeout: %v",
+				errSessionLost, ue.err)
+		}
+	}
+	v, class := decide(f, h, failurePolicy{
+		maxAttempts: w.c.cfg.MaxAttempts, onPermanent: w.c.cfg.OnPermanentFailure,
+		breakerOpen: w.breakerTripped(),
+	})
+	w.c.cfg.Observer.BatchFailed(w.partition, class)
+	if class == ClassDeployment {
+		w.c.deployment.Add(1)
+	}
+	switch v {
+	case shrinkBatch:
+		w.limit = max(1, min(w.limit, w.last.events)/2)
+	case narrowToUnit:
+		w.narrow = ue.txID
+		w.log.Warn().Int64("offset", ue.offset).Msg("unit timed out twice, narrowing the batch to it")
+	case parkUnit:
+		w.park[ue.txID] = ue.parkHost
+	case deadLetterUnit, haltBeforeUnit:
+		w.permanent(ue, h, class, v)
+	}
+	w.failures++
+	d := backoff(w.c.cfg.RetryInitial, w.c.cfg.RetryMax, w.failures)
+	if after := min(retryAfter(err), w.c.cfg.RetryMax); after > d {
+		d = after // the failure asked for a longer wait (Retry-After)
+	}
+	ev := w.log.Warn()
+	if class == ClassDeployment {
+		ev = w.log.Error()
+	}
+	ev = ev.Err(err).Stringer("class", class).Stringer("next", v).Int("attempt", w.failures).
+		Dur("retry_in", d).Int64("next_offset", w.next.Load())
+	if ue != nil {
+		ev = ev.Int64("offset", ue.offset)
+	}
+	if v == shrinkBatch {
+		ev = ev.Int("batch_limit", w.limit)
+	}
+	ev.Msg("batch failed, rolled back")
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// failure returns the record of the unit's failures, creating it, with the
+// unit's latest failure.
+func (w *worker) failure(ue *unitError) *unitFailure {
+	now := time.Now()
+	f := w.tries[ue.txID]
+	if f == nil {
+		f = &unitFailure{txID: ue.txID, unitFirst: ue.unitFirst, first: now}
+		w.tries[ue.txID] = f
+	}
+	f.last = now
+	f.offset = ue.offset
+	f.err = ue.err
+	if ue.timeout {
+		f.err = fmt.Errorf("handler timeout: the unit ran out of its %s budget", w.c.cfg.HandlerTimeout)
+	}
+	return f
+}
+
+// permanent records a unit that will not succeed: the next attempt
+// dead-letters it, or halts before it.
+func (w *worker) permanent(ue *unitError, f *unitFailure, class Class, v verdict) {
+	var pe *PanicError
+	if errors.As(ue.err, &pe) {
+		w.log.Error().Str("panic", fmt.Sprint(pe.Value)).Bytes("stack", pe.Stack).Int64("offset", ue.offset).Msg("handler panicked")
+	}
+	ev := w.log.Error().Err(f.err).Stringer("class", class).Int64("unit_offset", f.unitFirst).
+		Int64("offset", ue.offset).Int("attempts", f.attempts)
+	if v == haltBeforeUnit {
+		w.haltAt = f
+		ev.Msg("unit failed permanently; the partition halts before it")
+		return
+	}
+	w.poison[ue.txID] = f
+	ev.Msg("unit failed permanently, dead-lettering it")
+}
+
+// breakerTripped reports whether one more dead letter would exceed
+// MaxDeadLetters within DeadLetterWindow.
+func (w *worker) breakerTripped() bool {
+	max := w.c.cfg.MaxDeadLetters
+	if max < 0 {
+		return false
+	}
+	cutoff := time.Now().Add(-w.c.cfg.DeadLetterWindow)
+	kept := w.deadTimes[:0]
+	for _, t := range w.deadTimes {
+		if t.After(cutoff) {
+			kept = append(kept, t)
+		}
+	}
+	w.deadTimes = kept
+	// Units already marked count too: they are dead-lettered in the next
+	// attempt of this batch.
+	if n := len(kept) + len(w.poison); n >= max {
+		w.log.Error().Int("dead_letters", n).Dur("window", w.c.cfg.DeadLetterWindow).
+			Msg("dead-letter circuit breaker tripped")
+		return true
+	}
+	return false
+}
+
+// halt records that the partition stopped before the unit in haltAt, and
+// stops the worker.
+func (w *worker) halt(ctx context.Context) error {
+	cfg := &w.c.cfg
+	if err := offsets.Halt(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, w.haltAt.unitFirst, w.haltAt.err.Error()); err != nil {
+		return err
+	}
+	w.haltRecord = true
+	w.halted.Store(true)
+	w.c.halts.Add(1)
+	w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).
+		Msg("partition HALTED: fix the cause and restart the consumer; nothing from this offset on is handled")
+	return nil
+}
+
+// waitHalted keeps a halted partition stopped, repeating why every minute,
+// until ctx is cancelled.
+func (w *worker) waitHalted(ctx context.Context) error {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).
+				Msg("partition HALTED: fix the cause and restart the consumer; nothing from this offset on is handled")
+		}
+	}
+}

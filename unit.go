@@ -1,0 +1,473 @@
+package pgevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgevents/pgevents/internal/batching"
+	"github.com/pgevents/pgevents/internal/offsets"
+)
+
+// This file: one batch transaction and its units. A batch claims the
+// partition's next events, extends to the end of the last producer
+// transaction, and walks them unit by unit (the partition-local slice of
+// one producer transaction): each is handled, dead-lettered or parked, as
+// the worker's failure state says, before the offset commits.
+
+// batch runs one batch transaction and reports whether more events are
+// known to follow it.
+func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) {
+	cfg := &w.c.cfg
+	known := w.highest.Load()
+	start := time.Now()
+	w.last = batchShape{}
+	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+		Limit: w.limit + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
+		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql}.Do(ctx, w.db(ctx), w.buf[:0])
+	w.buf = cl.Events
+	if err != nil {
+		return false, err
+	}
+	tx := cl.Tx
+	ended := false // Commit was called: the connection went back to the pool
+	defer func() {
+		if err != nil && !ended {
+			// A connection that is gone tells that the server ended the
+			// session (or the network did): decide shrinks the batch.
+			w.last.lost = tx.Conn().IsClosed()
+		}
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	}()
+	evs := cl.Events
+	if len(evs) == 0 {
+		// The position is past everything known: another process of the
+		// group handled it. Remember that instead of claiming again.
+		w.c.empty.Add(1)
+		w.next.Store(max(w.next.Load(), known+1))
+		if !w.lr.final() {
+			w.c.pollNow(WakePoll) // finished below the cut? the group may move on
+		}
+		return false, nil
+	}
+
+	st := batchState{w: w, ctx: ctx, tx: handlerTx{Tx: tx, epoch: epoch}, parked: cl.Parked,
+		first: evs[0].Offset, e2e: w.e2e[:0], lastSQL: start,
+		batch: &Batch{group: cfg.GroupID, topic: cfg.TopicID, partition: w.partition, start: evs[0].Offset}}
+	st.arm()
+	defer st.disarm()
+	committed := false
+	defer func() { st.batch.end(committed) }()
+
+	n, extend, more := batching.Cut(keys, evs, w.limit)
+	err = st.handle(evs[:n])
+	for err == nil && extend {
+		// The producer transaction of the last event goes on: read it in
+		// chunks of BatchSize, handling each before reading the next, so
+		// memory stays bounded whatever its size. (A transaction never
+		// straddles a layout's cut: both take the counter row's lock.)
+		txID := st.lastTx
+		evs, err = offsets.Fetch(ctx, tx, w.sql, cfg.TopicID, w.partition, st.last, w.lr.cut(w.partition), cfg.BatchSize+1, w.buf[:0])
+		w.buf = evs
+		st.lastSQL = time.Now()
+		if err != nil {
+			return false, err
+		}
+		n, extend, more = batching.Continue(keys, txID, evs, cfg.BatchSize)
+		err = st.handle(evs[:n])
+	}
+	switch {
+	case errors.Is(err, errHalt):
+		return false, w.halt(ctx)
+	case errors.Is(err, errCut):
+		more = true
+	case err != nil:
+		return false, err
+	}
+	if err := st.closeUnit(); err != nil {
+		return false, err
+	}
+	if !st.started {
+		return more, nil // cut before the first unit: nothing to commit
+	}
+	// Effects that handlers started and that complete outside the
+	// transaction (see Batch) must all have happened before the offset
+	// moves past their events.
+	if err := st.flush(); err != nil {
+		return false, err
+	}
+	if err := offsets.Commit(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.c.replicaID, epoch); err != nil {
+		return false, err
+	}
+	if w.haltRecord {
+		if err := offsets.Unhalt(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition); err != nil {
+			return false, err
+		}
+	}
+	ended = true
+	if err := tx.Commit(ctx); err != nil {
+		w.last.lost = sessionEnded(err)
+		return false, fmt.Errorf("commit: %w", err)
+	}
+	committed = true
+	w.committed(&st, start)
+	if !more && !w.lr.final() {
+		w.c.pollNow(WakePoll) // finished below the cut? the group may move on
+	}
+	return more, nil
+}
+
+// sessionEnded says whether a failed COMMIT's error means that the
+// session ended: the server's FATAL errors (25P03 idle in transaction, 57P0x
+// terminated, 08 connection) or no answer from the server at all.
+func sessionEnded(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	return pgErr.Severity == "FATAL" || pgErr.Code == "25P03" || strings.HasPrefix(pgErr.Code, "57P") ||
+		strings.HasPrefix(pgErr.Code, "08")
+}
+
+// committed updates the worker after a batch committed.
+func (w *worker) committed(st *batchState, start time.Time) {
+	w.next.Store(st.last + 1)
+	w.haltRecord = false
+	w.limit = min(w.c.cfg.BatchSize, w.limit*2)
+	for id, f := range w.tries {
+		if f.unitFirst <= st.last {
+			delete(w.tries, id)
+			if w.narrow == id {
+				w.narrow = 0
+			}
+		}
+	}
+	for id, f := range w.poison {
+		if f.unitFirst <= st.last {
+			delete(w.poison, id)
+		}
+	}
+	for id := range w.park {
+		delete(w.park, id) // parked units were all decided by this batch
+	}
+	now := time.Now()
+	for range st.deadLettered {
+		w.deadTimes = append(w.deadTimes, now)
+	}
+	w.c.handled.Add(int64(st.handled))
+	w.c.batches.Add(1)
+	w.c.deadLet.Add(int64(st.deadLettered))
+	w.c.parked.Add(int64(st.parkedUnits))
+	w.e2e = st.e2e
+	cfg := &w.c.cfg
+	cfg.Observer.BatchCommitted(BatchStats{
+		Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+		FirstOffset: st.first, LastOffset: st.last, Events: st.events,
+		Handled: st.handled, DeadLettered: st.deadLettered, ParkedUnits: st.parkedUnits,
+		HandlerDuration: st.handlerTime, Duration: time.Since(start), EndToEnd: st.e2e,
+	})
+	w.log.Debug().Int64("first_offset", st.first).Int64("last_offset", st.last).Int("events", st.events).Int("handled", st.handled).
+		Int("dead_lettered", st.deadLettered).Int("parked", st.parkedUnits).Msg("batch committed")
+}
+
+// unitAction is what a batch does with a unit.
+type unitAction int
+
+const (
+	actHandle unitAction = iota
+	actDeadLetter
+	actPark
+)
+
+// batchState follows one batch transaction through its events.
+type batchState struct {
+	w      *worker
+	ctx    context.Context // the batch's context; handlers get hctx
+	tx     handlerTx
+	batch  *Batch           // the attempt as handlers see it (in hctx)
+	parked map[string]int64 // parked hosts of the partition (policy parkHost)
+	first  int64
+
+	// The handlers' context, cancelled when a unit's budget runs out
+	// (errHandlerTimeout) or the lease is lost (offsets.ErrLeaseLost).
+	hctx   context.Context
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+
+	started bool
+	last    int64     // last offset consumed (handled, dead-lettered or parked)
+	lastTx  int64     // its transaction id
+	lastSQL time.Time // when the batch's own last statement ended
+
+	// The current unit.
+	action    unitAction
+	unitFirst int64
+	parkFor   int64
+	fail      *unitFailure
+
+	handled      int
+	deadLettered int
+	parkedUnits  int
+	handlerTime  time.Duration
+	e2e          []time.Duration // samples, at most MaxEndToEndSamples
+	events       int             // events consumed: handled, dead-lettered or parked
+}
+
+// arm gives the handlers a new context, with a stopped timer that cancels
+// it; Lost cancels it too.
+func (st *batchState) arm() {
+	st.hctx, st.cancel = context.WithCancelCause(context.WithValue(st.ctx, batchKey{}, st.batch))
+	cancel := st.cancel
+	st.timer = time.AfterFunc(time.Hour, func() { cancel(errHandlerTimeout) })
+	st.timer.Stop()
+	st.w.hcancel.Store(&cancel)
+}
+
+// disarm releases the handlers' context at the end of the batch.
+func (st *batchState) disarm() {
+	st.w.hcancel.Store(nil)
+	st.timer.Stop()
+	st.cancel(nil)
+}
+
+// handle consumes evs, consecutive events of the partition that continue
+// the batch, unit by unit.
+func (st *batchState) handle(evs []Event) error {
+	return batching.EachUnit(keys, evs, func(unit []Event) error {
+		head := &unit[0]
+		if !st.started || head.TransactionID != st.lastTx {
+			if err := st.openUnit(unit); err != nil {
+				return err
+			}
+		} else if st.action == actHandle {
+			// The unit continues into a new chunk: a host in it may be
+			// parked, which is only known now.
+			if dl, host, ok := st.parkedHost(unit); ok {
+				return &unitError{txID: head.TransactionID, unitFirst: st.unitFirst, offset: head.Offset, parkFor: dl, parkHost: host}
+			}
+		}
+		st.started = true
+		st.lastTx = head.TransactionID
+		st.events += len(unit)
+		st.w.last.events = st.events
+		if st.action != actHandle {
+			st.last = unit[len(unit)-1].Offset
+			st.addParked(unit, st.parkFor)
+			return nil
+		}
+		if err := st.run(unit); err != nil {
+			return err
+		}
+		st.last = unit[len(unit)-1].Offset
+		return nil
+	})
+}
+
+// openUnit closes the previous unit and decides what to do with the one
+// that starts with unit, its events in this chunk.
+func (st *batchState) openUnit(unit []Event) error {
+	if err := st.closeUnit(); err != nil {
+		return err
+	}
+	w := st.w
+	head := &unit[0]
+	tx := head.TransactionID
+	switch {
+	case w.haltAt != nil && w.haltAt.txID == tx:
+		if st.started {
+			return errCut // commit what comes before it first
+		}
+		return errHalt
+	case w.narrow != 0 && st.started && (w.narrow == tx || w.narrow == st.lastTx):
+		return errCut // the narrowed unit runs alone
+	case st.started && w.c.idleCut > 0 && time.Since(st.lastSQL) > w.c.idleCut:
+		// The batch has gone long without a statement: commit before the
+		// server's idle_in_transaction_session_timeout ends the session.
+		return errCut
+	}
+	st.action, st.unitFirst, st.parkFor, st.fail = actHandle, head.Offset, 0, nil
+	w.last.units++
+	w.last.lastTx, w.last.unitFirst = tx, head.Offset
+	if f := w.poison[tx]; f != nil {
+		st.action, st.fail = actDeadLetter, f
+	} else if dl, ok := st.parked[w.park[tx]]; ok {
+		// Found parked mid-unit by an earlier attempt, and still parked
+		// (the dead letter may have been resolved since: then the unit is
+		// handled).
+		st.action, st.parkFor = actPark, dl
+	} else if dl, _, ok := st.parkedHost(unit); ok {
+		st.action, st.parkFor = actPark, dl
+	}
+	if st.action == actHandle {
+		st.batch.addUnit(head.Offset, tx)
+	}
+	return nil
+}
+
+// closeUnit writes the dead letter or the parked events of the unit that
+// just ended, if it was not handled.
+func (st *batchState) closeUnit() error {
+	if !st.started || st.action == actHandle {
+		return nil
+	}
+	w := st.w
+	cfg := &w.c.cfg
+	ctx := st.ctx
+	action := st.action
+	st.action = actHandle
+	defer func() { st.lastSQL = time.Now() }()
+	switch action {
+	case actDeadLetter:
+		f := st.fail
+		park := cfg.OnPermanentFailure == PolicyParkHost
+		id, _, err := offsets.WriteDeadLetter(ctx, st.tx.Tx, w.sql, offsets.DeadLetter{
+			Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+			FirstOffset: st.unitFirst, LastOffset: st.last, TransactionID: st.lastTx,
+			Error: f.err.Error(), Attempts: max(f.attempts, 1), FirstFailedAt: f.first, LastFailedAt: f.last,
+			ParkHosts: park,
+		})
+		if err != nil {
+			return err
+		}
+		if park {
+			// The rest of this batch parks the unit's hosts too: every
+			// host of the unit was recorded by addParked as the unit went
+			// by; they now wait behind this dead letter.
+			for h, dl := range st.parked {
+				if dl == pendingDeadLetter {
+					st.parked[h] = id
+				}
+			}
+		}
+		st.deadLettered++
+	case actPark:
+		if err := offsets.ParkEvents(ctx, st.tx.Tx, w.sql, cfg.GroupID, cfg.TopicID, w.partition, st.unitFirst, st.last, st.parkFor); err != nil {
+			return err
+		}
+		st.parkedUnits++
+	}
+	return nil
+}
+
+// pendingDeadLetter marks, in batchState.parked, the hosts of a unit whose
+// dead letter is not written yet.
+const pendingDeadLetter = -1
+
+// addParked records that the hosts of evs, events of a unit that is not
+// handled, now wait: behind dead letter dl when the unit is parked, or
+// behind the unit's own dead letter once it is written. A host keeps the
+// first dead letter it waits behind; later events of these hosts in the
+// batch are parked.
+func (st *batchState) addParked(evs []Event, dl int64) {
+	if st.w.c.cfg.OnPermanentFailure != PolicyParkHost {
+		return
+	}
+	if st.action == actDeadLetter {
+		dl = pendingDeadLetter
+	}
+	if st.parked == nil {
+		st.parked = map[string]int64{}
+	}
+	for i := range evs {
+		if _, ok := st.parked[evs[i].HostID]; !ok {
+			st.parked[evs[i].HostID] = dl
+		}
+	}
+}
+
+// parkedHost returns the first host of evs that is parked, and the dead
+// letter it is parked behind.
+func (st *batchState) parkedHost(evs []Event) (int64, string, bool) {
+	if len(st.parked) == 0 {
+		return 0, "", false
+	}
+	for i := range evs {
+		if dl, ok := st.parked[evs[i].HostID]; ok {
+			return dl, evs[i].HostID, true
+		}
+	}
+	return 0, "", false
+}
+
+// run handles one unit (or the part of it in this chunk) under its time
+// budget: HandlerTimeout per BatchSize events.
+func (st *batchState) run(unit []Event) error {
+	cfg := &st.w.c.cfg
+	st.timer.Reset(cfg.HandlerTimeout * time.Duration(max(1, len(unit)/cfg.BatchSize)))
+	began := time.Now()
+	ev, err := st.w.c.dispatch(st.hctx, st.tx, unit, &st.handled)
+	done := time.Now()
+	fired := !st.timer.Stop()
+	st.handlerTime += done.Sub(began)
+	if err != nil {
+		if errors.Is(context.Cause(st.hctx), offsets.ErrLeaseLost) {
+			return offsets.ErrLeaseLost
+		}
+		timeout := errors.Is(context.Cause(st.hctx), errHandlerTimeout)
+		if ue := st.blame(err, timeout); ue != nil {
+			return ue // the effect of an earlier event failed
+		}
+		return &unitError{txID: ev.TransactionID, unitFirst: st.unitFirst, offset: ev.Offset, err: err, timeout: timeout}
+	}
+	if fired {
+		// The budget ran out just as the unit finished in time: the next
+		// unit gets a context of its own.
+		st.cancel(nil)
+		st.arm()
+	}
+	now := done.Add(time.Duration(st.w.c.clockSkew.Load())) // on the database clock
+	for i := range unit {
+		if len(st.e2e) == MaxEndToEndSamples {
+			break
+		}
+		st.e2e = append(st.e2e, now.Sub(unit[i].CreatedAt))
+	}
+	return nil
+}
+
+// flush waits, under a handler time budget for the events handled, for
+// the effects that handlers started and that complete outside the
+// transaction (see Batch), and returns the failure of the earliest event
+// whose effect did not complete, blamed on its unit.
+func (st *batchState) flush() error {
+	if len(st.batch.flushers) == 0 {
+		return nil
+	}
+	cfg := &st.w.c.cfg
+	st.timer.Reset(cfg.HandlerTimeout * time.Duration(max(1, st.handled/cfg.BatchSize)))
+	err := st.batch.flush(st.hctx)
+	st.timer.Stop()
+	st.lastSQL = time.Now()
+	if err == nil {
+		return nil
+	}
+	cause := context.Cause(st.hctx)
+	if errors.Is(cause, offsets.ErrLeaseLost) {
+		return offsets.ErrLeaseLost
+	}
+	if ue := st.blame(err, false); ue != nil {
+		return ue
+	}
+	if cause != nil && !errors.Is(err, cause) {
+		err = fmt.Errorf("%w (%w)", err, cause)
+	}
+	return fmt.Errorf("flush: %w", err)
+}
+
+// blame returns the failure of the unit of the event an *EventError in
+// err names, or nil when err names no event handled in this batch.
+func (st *batchState) blame(err error, timeout bool) *unitError {
+	var ee *EventError
+	if !errors.As(err, &ee) {
+		return nil
+	}
+	u, ok := st.batch.unitOf(ee.Offset)
+	if !ok || ee.Offset > st.last && u.txID != st.lastTx {
+		return nil
+	}
+	return &unitError{txID: u.txID, unitFirst: u.first, offset: ee.Offset, err: ee.Err, timeout: timeout}
+}
