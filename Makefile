@@ -16,8 +16,11 @@ COMMIT  ?= $(shell sh scripts/build-static.sh --commit)
 
 all: build
 
+# The production binary, and beside it consumer-dev (the same commands plus
+# demo and bench, which bin/consumer hands to it).
 build:
 	$(GO) build -o bin/consumer ./cmd/consumer
+	$(GO) build -o bin/consumer-dev ./cmd/consumer-dev
 
 # The static binary the image ships (CGO_ENABLED=0, -trimpath, stamped with
 # VERSION and COMMIT), built by the script the Dockerfile runs.
@@ -51,11 +54,11 @@ test: vet staticcheck
 # Producers and a consumer group against a local PostgreSQL kept under
 # .pgevents-demo/ (or DATABASE_URL); prints live progress, stops by itself.
 demo:
-	$(GO) run ./cmd/consumer demo
+	$(GO) run ./cmd/consumer-dev demo
 
 # The benchmark table (see BENCHMARKS.md).
 bench:
-	$(GO) run ./cmd/consumer bench
+	$(GO) run ./cmd/consumer-dev bench
 
 # As root in a directory the postgres user cannot enter, the demo's cluster
 # lives elsewhere and .pgevents-demo/pg links to it: remove it too.

@@ -1,0 +1,25 @@
+// Command consumer-dev is the consumer command plus its development
+// commands: demo (producers and a consumer group on a PostgreSQL it starts
+// itself) and bench (the benchmark table of BENCHMARKS.md). They start
+// throwaway PostgreSQL clusters and in-process Kafka brokers, so they are
+// kept out of the production binary, which hands `consumer demo` and
+// `consumer bench` to this one.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/pgevents/pgevents/internal/bench"
+	"github.com/pgevents/pgevents/internal/cli"
+	"github.com/pgevents/pgevents/internal/demo"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, demo.Command, bench.Command)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,34 @@
+package cli
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestProductionDependencies: what the production binary links, and what
+// a library user of pgevents pulls in. The throwaway-cluster launcher, the
+// in-process Kafka broker, the benchmark and the demo live in consumer-dev
+// only; the root package does not bring the YAML decoder.
+func TestProductionDependencies(t *testing.T) {
+	deps := func(pkg string) string {
+		t.Helper()
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+		}
+		return string(out)
+	}
+	consumer := deps("../../cmd/consumer")
+	for _, banned := range []string{"internal/pgcluster", "internal/bench", "internal/demo", "franz-go/pkg/kfake"} {
+		if strings.Contains(consumer, banned) {
+			t.Errorf("cmd/consumer links %s", banned)
+		}
+	}
+	if dev := deps("../../cmd/consumer-dev"); !strings.Contains(dev, "internal/bench") || !strings.Contains(dev, "internal/demo") {
+		t.Error("cmd/consumer-dev lacks the benchmark or the demo")
+	}
+	if root := deps("../.."); strings.Contains(root, "yaml") {
+		t.Error("the pgevents package pulls in a YAML package")
+	}
+}
