@@ -54,18 +54,12 @@ var unknownEventNames = []string{"fail", "skip"}
 
 // String returns the policy's configuration name: "fail" or "skip".
 func (p UnknownEventPolicy) String() string {
-	if p < 0 || int(p) >= len(unknownEventNames) {
-		return fmt.Sprintf("UnknownEventPolicy(%d)", int(p))
-	}
-	return unknownEventNames[p]
+	return nameOf(unknownEventNames, int(p), "UnknownEventPolicy")
 }
 
 // MarshalText returns the policy's configuration name.
 func (p UnknownEventPolicy) MarshalText() ([]byte, error) {
-	if p < 0 || int(p) >= len(unknownEventNames) {
-		return nil, fmt.Errorf("pgevents: unknown unknown-event policy %d", int(p))
-	}
-	return []byte(unknownEventNames[p]), nil
+	return marshalName(unknownEventNames, int(p), "UnknownEventPolicy")
 }
 
 // UnmarshalText sets the policy from its configuration name.
@@ -73,6 +67,23 @@ func (p *UnknownEventPolicy) UnmarshalText(text []byte) error {
 	i, err := lookupName(unknownEventNames, string(text))
 	*p = UnknownEventPolicy(i)
 	return err
+}
+
+// nameOf returns names[i], or the type and number of a value out of range.
+func nameOf(names []string, i int, typ string) string {
+	if i < 0 || i >= len(names) {
+		return fmt.Sprintf("%s(%d)", typ, i)
+	}
+	return names[i]
+}
+
+// marshalName returns names[i] as text, or an error for a value out of
+// range.
+func marshalName(names []string, i int, typ string) ([]byte, error) {
+	if i < 0 || i >= len(names) {
+		return nil, fmt.Errorf("pgevents: %s(%d) has no name", typ, i)
+	}
+	return []byte(names[i]), nil
 }
 
 // lookupName returns the index of name in names, or an error that lists
@@ -109,19 +120,11 @@ var policyNames = []string{"deadLetter", "parkHost", "halt"}
 
 // String returns the policy's configuration name: "deadLetter", "parkHost"
 // or "halt".
-func (p FailurePolicy) String() string {
-	if p < 0 || int(p) >= len(policyNames) {
-		return fmt.Sprintf("FailurePolicy(%d)", int(p))
-	}
-	return policyNames[p]
-}
+func (p FailurePolicy) String() string { return nameOf(policyNames, int(p), "FailurePolicy") }
 
 // MarshalText returns the policy's configuration name.
 func (p FailurePolicy) MarshalText() ([]byte, error) {
-	if p < 0 || int(p) >= len(policyNames) {
-		return nil, fmt.Errorf("pgevents: unknown failure policy %d", int(p))
-	}
-	return []byte(policyNames[p]), nil
+	return marshalName(policyNames, int(p), "FailurePolicy")
 }
 
 // UnmarshalText sets the policy from its configuration name.

@@ -1,6 +1,8 @@
 package config
 
 import (
+	httpsink "github.com/pgevents/pgevents/sink/http"
+
 	"fmt"
 	"maps"
 	"net"
@@ -280,12 +282,12 @@ func (h *Handler) httpProblems(path string, add func(key, format string, args ..
 	} else if u, err := url.Parse(h.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		add(path+"url", "must be an absolute http:// or https:// URL, got %q", h.URL)
 	}
-	if h.Method != "" && !isToken(h.Method) {
+	if h.Method != "" && !httpsink.IsToken(h.Method) {
 		add(path+"method", "must be an HTTP method, got %q", h.Method)
 	}
 	for _, name := range slices.Sorted(maps.Keys(h.Headers)) {
 		switch {
-		case !isToken(name) || strings.ContainsAny(h.Headers[name], "\r\n"):
+		case !httpsink.IsToken(name) || strings.ContainsAny(h.Headers[name], "\r\n"):
 			add(path+"headers."+name, "is not a valid header")
 		case strings.EqualFold(name, "Idempotency-Key"):
 			add(path+"headers."+name, "is set by the relay: the event_id")
@@ -308,20 +310,6 @@ func (t *TLS) problems(path string, add func(key, format string, args ...any)) {
 	if t != nil && (t.CertFile == "") != (t.KeyFile == "") {
 		add(path+"tls", "certFile and keyFile go together")
 	}
-}
-
-// isToken reports whether s is an HTTP token (a method or a header name).
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }
 
 // IsValidIdentifier reports whether s can be used unquoted as a PostgreSQL

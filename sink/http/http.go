@@ -169,12 +169,12 @@ func New(opts Options) (*Sink, error) {
 	if opts.Method == "" {
 		opts.Method = DefaultMethod
 	}
-	if !validToken(opts.Method) {
+	if !IsToken(opts.Method) {
 		return nil, &OptionError{"method", fmt.Sprintf("%q is not an HTTP method", opts.Method)}
 	}
 	header := nethttp.Header{}
 	for k, v := range opts.Headers {
-		if !validToken(k) || strings.ContainsAny(v, "\r\n") {
+		if !IsToken(k) || strings.ContainsAny(v, "\r\n") {
 			return nil, &OptionError{"headers", fmt.Sprintf("%q: %q is not a valid header", k, v)}
 		}
 		if nethttp.CanonicalHeaderKey(k) == "Idempotency-Key" {
@@ -233,8 +233,9 @@ func ValidURL(raw string) error {
 	return nil
 }
 
-// validToken reports whether s is an HTTP token (a method or header name).
-func validToken(s string) bool {
+// IsToken reports whether s is an HTTP token (RFC 9110): what a method or a
+// header name must be.
+func IsToken(s string) bool {
 	if s == "" {
 		return false
 	}
