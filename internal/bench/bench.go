@@ -1,3 +1,9 @@
+// Package bench is `consumer bench` (in cmd/consumer-dev): pgevents measured
+// on a real PostgreSQL with durable commits, each case on a fresh database,
+// side by side against a baseline in the same run, printed as one table.
+// BENCHMARKS.md says how each case measures, the last full run and what
+// bounds each figure. Its statements go through the schema package for
+// topics and segments, never through their table names.
 package bench
 
 import (

@@ -1,3 +1,9 @@
+// Package demo is `consumer demo` (in cmd/consumer-dev): producers append
+// events for many hosts at a steady rate while a consumer group handles
+// them (into a JSON file, or relayed to an in-process Kafka broker), on a
+// PostgreSQL it starts itself unless DATABASE_URL names one, printing
+// events/s, lag and latency every second; it stops by itself and checks
+// that every committed event was handled.
 package demo
 
 import (
