@@ -29,15 +29,6 @@ type Event = pgeventstype.Event
 // partition_id and a lower bound on c_offset, so it is answered from
 // outbox_message_t_partition_idx and touches only this partition's rows.
 const (
-	// appendSQL appends a JSON array of events to one topic in the caller's
-	// transaction; append_events reserves the offsets under the append
-	// lock (invariant 1) and returns them, here in one array, in the
-	// events' order.
-	appendSQL = `SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM {schema}append_events($1, $2) WITH ORDINALITY AS t(o, i)`
-
-	// appendOneSQL appends one event (append_event), without the JSON array.
-	appendOneSQL = `SELECT {schema}append_event($1, $2, $3, $4, $5, $6)`
-
 	// nextOffsetsSQL reads the next offset of every partition the topic has
 	// had, element p+1 for partition p: the offset the next append to it
 	// will get, never more than an offset an append in flight holds
@@ -200,30 +191,6 @@ ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 	positionSQL = `SELECT next_offset FROM {schema}consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 )
-
-// AppendSQL returns the statement, and its arguments, that appends the
-// events in eventsJSON, a JSON array of objects with keys host_id, user_id,
-// event_type, payload and metadata, to topic in the caller's transaction. It
-// returns one row: the offsets, in array order (bigint[]). The statement
-// names pgevents' functions after schema.Marker: run it through schema.SQL.
-func AppendSQL(topic int, eventsJSON []byte) (string, []any) {
-	return appendSQL, []any{topic, eventsJSON}
-}
-
-// AppendOneSQL returns the statement, and its arguments, that appends one
-// event with append_event. It returns one row: the offset. payload and
-// metadata are JSON or nil. Run the statement through schema.SQL.
-func AppendOneSQL(topic int, host, user, eventType string, payload, metadata []byte) (string, []any) {
-	return appendOneSQL, []any{topic, host, user, eventType, jsonArg(payload), jsonArg(metadata)}
-}
-
-// jsonArg passes JSON text as a jsonb argument, nil as NULL.
-func jsonArg(b []byte) any {
-	if b == nil {
-		return nil
-	}
-	return string(b)
-}
 
 // PartitionTable returns the name of the table that holds a partition of a
 // topic (see migration 0008): every statement that reads one partition's
