@@ -54,7 +54,7 @@ func ExampleConsumer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	pc.MaxConns = 12 // 8 partitions + 4
+	pc.MaxConns = int32(pgevents.PoolSize(8))
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		log.Fatal(err)

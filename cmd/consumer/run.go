@@ -132,9 +132,11 @@ func consumerConfig(cfg *config.Config, handlers *pgevents.Handlers, log *zerolo
 	}
 }
 
-// openPool connects to the configured database with room for one
-// connection per partition each group may serve plus each group's poller,
-// canary and leaser, and a spare; maxConns overrides that.
+// openPool connects to the configured database with room for what each
+// group's consumer needs (pgevents.PoolSize of the partitions it may serve:
+// a connection per partition, which a worker keeps while it owns the
+// partition, plus its poller, lease and subscription heartbeats,
+// maintenance and rechecks), and a spare; maxConns overrides that.
 func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Pool, error) {
 	pc, err := pgevents.ParsePoolConfig(cfg.DatabaseURL)
 	if err != nil {
@@ -147,14 +149,12 @@ func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Po
 	}
 	setTimeout("statement_timeout", cfg.StatementTimeoutMs)
 	setTimeout("idle_in_transaction_session_timeout", cfg.IdleInTransactionTimeoutMs)
-	// A batch connection per partition a group may serve, and for each
-	// group its poller, canary and leaser.
 	conns := 0
 	for _, g := range cfg.GroupConfigs() {
 		if g.PartitionID >= 0 {
-			conns += 1 + 3
+			conns += pgevents.PoolSize(1)
 		} else {
-			conns += g.TotalPartitions + 3
+			conns += pgevents.PoolSize(g.TotalPartitions)
 		}
 	}
 	pc.MaxConns = int32(conns + 1)
