@@ -73,7 +73,7 @@ func BenchmarkAppend100(b *testing.B) { benchmarkAppend(b, 100) }
 // Allocations are the whole process's per event, pgx's included.
 func BenchmarkConsume(b *testing.B) {
 	const partitions = 8
-	pool := benchPool(b, partitions, partitions+4)
+	pool := benchPool(b, partitions, PoolSize(partitions))
 	ctx := context.Background()
 	for i := 0; i < b.N; i += 100 {
 		appendBenchTx(b, pool, benchEvents(min(100, b.N-i), i))

@@ -102,6 +102,9 @@ func orDefault(d, def time.Duration) time.Duration {
 // PoolSize returns the connections a consumer needs to serve partitions
 // partitions without waiting for one: a batch connection per partition,
 // and one each for the poller, the lease heartbeat, the subscription
-// heartbeat and maintenance. The listener has a connection of its own,
-// outside the pool. Consumers sharing one pool need the sum of theirs.
-func PoolSize(partitions int) int { return partitions + 4 }
+// heartbeat, maintenance and the wake-up rechecks. The listener has a
+// connection of its own, outside the pool. Given a pool of at least that
+// many, each worker keeps its connection while it owns its partition, so
+// that its statements are prepared and planned once; with fewer, the
+// workers take turns. Consumers sharing one pool need the sum of theirs.
+func PoolSize(partitions int) int { return partitions + 5 }

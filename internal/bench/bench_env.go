@@ -310,7 +310,7 @@ func (d *benchDB) openConsumerPool(ctx context.Context, partitions int) (*pgxpoo
 	if err != nil {
 		return nil, err
 	}
-	return d.newPool(ctx, pc, "pgevents-consumer", partitions+4, nil)
+	return d.newPool(ctx, pc, "pgevents-consumer", pgevents.PoolSize(partitions), nil)
 }
 
 // close closes the database's pools and drops it.
