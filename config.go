@@ -287,8 +287,10 @@ func (c Config) WithDefaults() Config {
 // ConfigError is returned by NewConsumer for a Config field whose value
 // cannot be used; Field is the field's name.
 type ConfigError struct {
+	// Field names the Config field, as it is spelled in Go.
 	Field string
-	Msg   string
+	// Msg says what is wrong with its value.
+	Msg string
 }
 
 // Error names the field and what is wrong with it.
