@@ -1,6 +1,7 @@
 package pgevents
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -235,52 +236,22 @@ type Config struct {
 // WithDefaults returns c with every zero field set to its default (the
 // Default constants). ReplicaID and Observer are set by NewConsumer.
 func (c Config) WithDefaults() Config {
-	if c.TopicID == 0 {
-		c.TopicID = DefaultTopic
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.WaitPeriod == 0 {
-		c.WaitPeriod = DefaultWaitPeriod
-	}
-	if c.Channel == "" {
-		c.Channel = DefaultChannel
-	}
-	if c.RetryInitial == 0 {
-		c.RetryInitial = DefaultRetryInitial
-	}
-	if c.RetryMax == 0 {
-		c.RetryMax = DefaultRetryMax
-	}
+	c.TopicID = cmp.Or(c.TopicID, DefaultTopic)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.WaitPeriod = cmp.Or(c.WaitPeriod, DefaultWaitPeriod)
+	c.Channel = cmp.Or(c.Channel, DefaultChannel)
+	c.RetryInitial = cmp.Or(c.RetryInitial, DefaultRetryInitial)
+	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
 	c.RetryMax = max(c.RetryMax, c.RetryInitial)
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.MaxDeadLetters == 0 {
-		c.MaxDeadLetters = DefaultMaxDeadLetters
-	}
-	if c.DeadLetterWindow == 0 {
-		c.DeadLetterWindow = DefaultDeadLetterWindow
-	}
-	if c.HandlerTimeout == 0 {
-		c.HandlerTimeout = DefaultHandlerTimeout
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if c.LeaseDuration == 0 {
-		c.LeaseDuration = DefaultLeaseDuration
-	}
-	if c.StartFrom == "" {
-		c.StartFrom = DefaultStartFrom
-	}
-	if c.DeadAfter == 0 {
-		c.DeadAfter = DefaultDeadAfter
-	}
-	if c.MaintenanceInterval == 0 {
-		c.MaintenanceInterval = DefaultMaintenanceInterval
-	}
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.MaxDeadLetters = cmp.Or(c.MaxDeadLetters, DefaultMaxDeadLetters)
+	c.DeadLetterWindow = cmp.Or(c.DeadLetterWindow, DefaultDeadLetterWindow)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, DefaultHandlerTimeout)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLeaseDuration)
+	c.StartFrom = cmp.Or(c.StartFrom, DefaultStartFrom)
+	c.DeadAfter = cmp.Or(c.DeadAfter, DefaultDeadAfter)
+	c.MaintenanceInterval = cmp.Or(c.MaintenanceInterval, DefaultMaintenanceInterval)
 	return c
 }
 

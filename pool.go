@@ -1,6 +1,7 @@
 package pgevents
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"time"
@@ -76,8 +77,8 @@ func NewPoolConfig(url string, opts PoolOptions) (*pgxpool.Config, error) {
 		"jit": "off",
 	}
 	for param, d := range map[string]time.Duration{
-		"statement_timeout":                   orDefault(opts.StatementTimeout, DefaultStatementTimeout),
-		"idle_in_transaction_session_timeout": orDefault(opts.IdleInTransactionTimeout, DefaultIdleInTransactionTimeout),
+		"statement_timeout":                   cmp.Or(opts.StatementTimeout, DefaultStatementTimeout),
+		"idle_in_transaction_session_timeout": cmp.Or(opts.IdleInTransactionTimeout, DefaultIdleInTransactionTimeout),
 	} {
 		if d > 0 {
 			params[param] = strconv.FormatInt(d.Milliseconds(), 10)
@@ -89,14 +90,6 @@ func NewPoolConfig(url string, opts PoolOptions) (*pgxpool.Config, error) {
 		}
 	}
 	return pc, nil
-}
-
-// orDefault returns d, or def when d is zero.
-func orDefault(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }
 
 // PoolSize returns the connections a consumer needs to serve partitions

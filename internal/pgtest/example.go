@@ -55,8 +55,9 @@ func runExampleCleanups() {
 	exampleCleanups = nil
 }
 
-// exampleTB is the testing.TB of an example: Fatal panics, Cleanup defers to
-// the end of the test binary. Methods pgtest does not call panic (the
+// exampleTB is the testing.TB of an example: Fatal panics (failing the
+// example), Errorf (a cleanup's) prints, Cleanup defers to the end of the
+// test binary. Methods pgtest does not call panic (the
 // embedded interface is nil).
 type exampleTB struct {
 	testing.TB
