@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -279,8 +278,8 @@ func (h *Handler) kafkaProblems(path string, handlerTimeoutMs int, add func(key,
 func (h *Handler) httpProblems(path string, add func(key, format string, args ...any)) {
 	if h.URL == "" {
 		add(path+"url", "is required: the endpoint, http:// or https://")
-	} else if u, err := url.Parse(h.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		add(path+"url", "must be an absolute http:// or https:// URL, got %q", h.URL)
+	} else if err := httpsink.ValidURL(h.URL); err != nil {
+		add(path+"url", "%v", err)
 	}
 	if h.Method != "" && !httpsink.IsToken(h.Method) {
 		add(path+"method", "must be an HTTP method, got %q", h.Method)
