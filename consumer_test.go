@@ -365,6 +365,9 @@ func TestNoEmptyClaims(t *testing.T) {
 		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`))
 	}
 	waitHandled(t, pool, 20, 10*time.Second)
+	// The consumer counts a batch just after its COMMIT returns, which can
+	// be after the test sees the commit.
+	pgtest.WaitFor(t, 10*time.Second, "the consumer counted 20 events", func() bool { return c.Stats().Handled == 20 })
 	before := c.Stats()
 	// Stale notifications naming every partition and offsets already
 	// handled, and twenty poll periods with nothing new.

@@ -134,6 +134,7 @@ func TestIdleHandlersDoNotLivelock(t *testing.T) {
 			t.Fatalf("event %s called out %d times: batches are being replayed", id, n)
 		}
 	}
+	pgtest.WaitFor(t, 10*time.Second, "the consumer counted every event", func() bool { return c.Stats().Handled >= 30 })
 	if s := c.Stats(); s.Batches < 2 || s.Retries != 0 {
 		t.Fatalf("%d batches, %d retries: the batch should have been committed in parts before the server ended it", s.Batches, s.Retries)
 	}
