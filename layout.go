@@ -102,7 +102,7 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error 
 		}
 	}
 	lr.leaser, err = partition.NewLeaser(partition.LeaserConfig{
-		DB: c.pool, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: l.Partitions,
+		DB: c.pool, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: l.Partitions, Layout: l.Version,
 		Static: static, ReplicaID: c.replicaID, Lease: cfg.LeaseDuration,
 		Owner: lr, Logger: &c.log,
 	})

@@ -292,3 +292,41 @@ func TestSequenceTopic(t *testing.T) {
 		t.Fatal("no gap in the offsets: the test did not exercise the sequence allocation")
 	}
 }
+
+// TestConsumerTakesUpALostAcquisition: the statement that acquires a
+// replica's leases commits, but its answer never reaches the replica (a
+// deadline passed under load, a connection died). The database says the
+// replica owns the partitions; before the fix the replica renewed them at
+// every heartbeat without serving them, and nobody else could take them:
+// found by TestFailureModel as a group stuck with every partition at epoch
+// 0 (seed 1795521792761953940) and a partition nobody served (seed
+// 1795521797056921243). The interleaving is pinned with a proxy that lets
+// the acquisition through and drops its answer.
+func TestConsumerTakesUpALostAcquisition(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 4)
+	mustExec(t, pool, handledTable)
+	proxied, proxy := pgtest.ProxiedPool(t, pool)
+	lost := proxy.LoseAnswer("SKIP LOCKED")
+	c := startConsumer(t, proxied, Config{TotalPartitions: 4, BatchSize: 5, Handlers: recordingHandlers(),
+		WaitPeriod: 200 * time.Millisecond, LeaseDuration: 600 * time.Millisecond})
+	select {
+	case <-lost:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the acquisition was not sent")
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the acquisition committed", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM partition_leases WHERE group_id = 'g' AND owner = $1`, c.ReplicaID()) == 4
+	})
+	proxy.CloseAll()
+	var total int64
+	for i := range 10 {
+		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`), ev(fmt.Sprintf("h%d", i+10), "t", `{}`))
+		total += 2
+	}
+	waitHandled(t, pool, total, 15*time.Second)
+	checkHandled(t, pool)
+	if n := len(c.Partitions()); n != 4 {
+		t.Fatalf("the consumer serves %d partitions, want 4", n)
+	}
+}

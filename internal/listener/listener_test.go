@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,7 +104,7 @@ type env struct {
 	pool  *pgxpool.Pool // direct connections to the test database
 	sink  *recSink
 	l     *Listener
-	proxy *proxy // between the listener and the server, when asked for
+	proxy *pgtest.Proxy // between the listener and the server, when asked for
 }
 
 type envOptions struct {
@@ -137,7 +136,7 @@ func startEnv(t *testing.T, opts envOptions) *env {
 		if port == "" {
 			port = "5432"
 		}
-		e.proxy = startProxy(t, net.JoinHostPort(u.Hostname(), port))
+		e.proxy = pgtest.StartProxy(t, net.JoinHostPort(u.Hostname(), port))
 		u.Host = e.proxy.Addr()
 		listenURL = u.String()
 	}
@@ -361,168 +360,6 @@ func TestMalformedPayloadKeepsWatchdog(t *testing.T) {
 		t.Fatalf("froze %d connections, want 1", n)
 	}
 	e.sink.awaitConnected(t, 5*time.Second, 2)
-}
-
-// proxy forwards TCP connections to target. Freeze stops forwarding on the
-// connections open at the time, without closing them; SetRefuse makes it
-// close new connections at once.
-type proxy struct {
-	ln     net.Listener
-	target string
-
-	mu      sync.Mutex
-	conns   map[*proxyConn]struct{}
-	closed  bool
-	refuse  bool
-	refused int
-	wg      sync.WaitGroup
-}
-
-type proxyConn struct {
-	p              *proxy
-	client, server net.Conn
-	frozen         atomic.Bool
-	done           chan struct{}
-	once           sync.Once
-}
-
-func startProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target, conns: map[*proxyConn]struct{}{}}
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(p.Close)
-	return p
-}
-
-func (p *proxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) serve() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		refuse := p.refuse
-		if refuse {
-			p.refused++
-		}
-		p.mu.Unlock()
-		if refuse {
-			client.Close()
-			continue
-		}
-		server, err := net.DialTimeout("tcp", p.target, 10*time.Second)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		c := &proxyConn{p: p, client: client, server: server, done: make(chan struct{})}
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			client.Close()
-			server.Close()
-			return
-		}
-		p.conns[c] = struct{}{}
-		p.wg.Add(2)
-		p.mu.Unlock()
-		go c.pipe(server, client)
-		go c.pipe(client, server)
-	}
-}
-
-// pipe copies src to dst until either fails, or, once the connection is
-// frozen, holds whatever it reads (data, end of file or error) until the
-// connection is closed by the proxy.
-func (c *proxyConn) pipe(dst, src net.Conn) {
-	defer c.p.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if c.frozen.Load() {
-			<-c.done
-			return
-		}
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				c.close()
-				return
-			}
-		}
-		if err != nil {
-			c.close()
-			return
-		}
-	}
-}
-
-func (c *proxyConn) close() {
-	c.once.Do(func() {
-		close(c.done)
-		c.client.Close()
-		c.server.Close()
-		c.p.mu.Lock()
-		delete(c.p.conns, c)
-		c.p.mu.Unlock()
-	})
-}
-
-// Freeze stops forwarding on every open connection, in both directions,
-// without closing them, and returns how many it froze. New connections are
-// forwarded normally.
-func (p *proxy) Freeze() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.frozen.Store(true)
-	}
-	return len(p.conns)
-}
-
-// CloseAll closes every open connection.
-func (p *proxy) CloseAll() {
-	p.mu.Lock()
-	conns := make([]*proxyConn, 0, len(p.conns))
-	for c := range p.conns {
-		conns = append(conns, c)
-	}
-	p.mu.Unlock()
-	for _, c := range conns {
-		c.close()
-	}
-}
-
-// SetRefuse makes the proxy close new connections as soon as it accepts
-// them (refuse true), or forward them again.
-func (p *proxy) SetRefuse(refuse bool) {
-	p.mu.Lock()
-	p.refuse = refuse
-	p.mu.Unlock()
-}
-
-// Refused returns how many connections the proxy has refused.
-func (p *proxy) Refused() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.refused
-}
-
-// Close stops the proxy and closes its connections.
-func (p *proxy) Close() {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	p.ln.Close()
-	p.CloseAll()
-	p.wg.Wait()
 }
 
 // TestForeignPayloadsWakeQuietly: a trigger of another design on the same

@@ -2,6 +2,7 @@ package partition
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -44,8 +45,12 @@ WHERE group_id = $1 AND topic_id = $2 AND mode = 'auto' AND expires_at > clock_t
 ORDER BY replica_id`
 
 	// acquireSQL takes up to $5 free or expired leases among partitions $4,
-	// bumping their epoch. A live lease is never taken, and SKIP LOCKED
-	// keeps replicas that acquire at once from waiting on each other.
+	// bumping their epoch, while the group consumes layout $7 (0: any). A
+	// live lease is never taken, and SKIP LOCKED keeps replicas that
+	// acquire at once from waiting on each other. The layout check keeps a
+	// replica still running the layout its group just left (another
+	// replica switched) from taking the next layout's leases, which the
+	// switch freed, for workers that do not serve them.
 	//
 	// The acquisition commits synchronously (set_config(..., true) lasts
 	// until the statement's own transaction commits), although consumer
@@ -58,6 +63,7 @@ ORDER BY replica_id`
     SELECT partition_id, owner AS prev_owner FROM {schema}partition_leases
     WHERE group_id = $1 AND topic_id = $2 AND partition_id = ANY($4::integer[])
       AND (owner = '' OR expires_at <= clock_timestamp())
+      AND ($7 = 0 OR EXISTS (SELECT 1 FROM {schema}group_layouts g WHERE g.group_id = $1 AND g.topic_id = $2 AND g.version = $7))
     ORDER BY partition_id
     LIMIT $5
     FOR UPDATE SKIP LOCKED
@@ -129,6 +135,10 @@ type LeaserConfig struct {
 	Topic int
 	// Partitions is the topic's partition count.
 	Partitions int
+	// Layout is the version of the group's layout the replica consumes: it
+	// acquires leases only while the group consumes it (0: whatever the
+	// group's layout).
+	Layout int
 	// Static lists the partitions a static replica serves; nil means auto
 	// mode, where live replicas share every partition.
 	Static []int
@@ -155,6 +165,7 @@ type Leaser struct {
 	mu        sync.Mutex
 	held      map[int]int64 // partition → epoch
 	releasing map[int]bool
+	freeing   map[int]bool // Released is freeing the lease in the database
 	beats     int
 }
 
@@ -185,14 +196,19 @@ func NewLeaser(cfg LeaserConfig) (*Leaser, error) {
 		hostname:  host,
 		held:      map[int]int64{},
 		releasing: map[int]bool{},
+		freeing:   map[int]bool{},
 	}, nil
 }
 
-// NewReplicaID returns an id for this process: host name, process id and a
-// random suffix, so that a restarted process is a new replica.
+// NewReplicaID returns an id for a replica: host name, process id and a
+// random suffix, so that a restarted process is a new replica, and so are
+// two consumers of one group in one process (the suffix has 32 random bits;
+// the clock's low bits it used to take repeat).
 func NewReplicaID() string {
 	host, _ := os.Hostname()
-	return fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), time.Now().UnixNano()&0xffff)
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return fmt.Sprintf("%s-%d-%x", host, os.Getpid(), b)
 }
 
 // ReplicaID returns the replica's id.
@@ -264,6 +280,12 @@ func (l *Leaser) beat(ctx context.Context) error {
 		return fmt.Errorf("partition: heartbeat: %w", err)
 	}
 
+	// The database says what the replica owns: what it renewed. A lease held
+	// here and not renewed was taken over. A lease renewed and not held
+	// here is one whose acquisition committed while its answer was lost (a
+	// deadline, a dead connection): it is the replica's, under the epoch
+	// the database gave it, so the replica takes it up. Left alone, it
+	// would be renewed at every beat and served by nobody.
 	l.mu.Lock()
 	for p := range l.held {
 		if e, ok := renewed[p]; !ok || e != l.held[p] {
@@ -272,6 +294,14 @@ func (l *Leaser) beat(ctx context.Context) error {
 			l.log.Warn().Int("partition", p).Msg("partition lease lost to another replica")
 			l.cfg.Owner.Lost(p)
 		}
+	}
+	for p, e := range renewed {
+		if _, ok := l.held[p]; ok || l.freeing[p] {
+			continue
+		}
+		l.held[p] = e
+		l.log.Warn().Int("partition", p).Int64("epoch", e).Msg("holding a partition's lease without knowing it (an acquisition's answer was lost): taking it up")
+		l.cfg.Owner.Acquired(p, e)
 	}
 	held := len(l.held)
 	releasing := len(l.releasing)
@@ -298,7 +328,7 @@ func (l *Leaser) beat(ctx context.Context) error {
 
 // acquire takes up to n free or expired leases among want.
 func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
-	rows, err := l.cfg.DB.Query(ctx, schema.SQL(ctx, acquireSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, want, n, l.cfg.Lease.String())
+	rows, err := l.cfg.DB.Query(ctx, schema.SQL(ctx, acquireSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, want, n, l.cfg.Lease.String(), l.cfg.Layout)
 	if err != nil {
 		return fmt.Errorf("partition: acquire: %w", err)
 	}
@@ -362,11 +392,25 @@ func (l *Leaser) releaseSurplus(n int) {
 
 // Released frees partition p's lease once its worker has stopped, if the
 // replica still owns it with epoch.
+//
+// The lease is freed under the epoch the Leaser holds it with, whatever
+// the caller's (a worker that saw its lease lost passes 0). If freeing it
+// fails, the next heartbeat finds the lease still owned and takes it up
+// again.
 func (l *Leaser) Released(ctx context.Context, p int, epoch int64) error {
 	l.mu.Lock()
+	if e, ok := l.held[p]; ok {
+		epoch = e
+	}
 	delete(l.held, p)
 	delete(l.releasing, p)
+	l.freeing[p] = true
 	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.freeing, p)
+		l.mu.Unlock()
+	}()
 	if _, err := l.cfg.DB.Exec(ctx, schema.SQL(ctx, releaseSQL), l.cfg.Group, l.cfg.Topic, p, l.cfg.ReplicaID, epoch); err != nil {
 		return fmt.Errorf("partition: release %d: %w", p, err)
 	}

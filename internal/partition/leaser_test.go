@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
@@ -62,8 +64,9 @@ type replica struct {
 func startReplica(t *testing.T, pool *pgxpool.Pool, id string, static []int) *replica {
 	t.Helper()
 	r := &recorder{epochs: map[int]int64{}, lost: map[int]int{}}
+	logger := zerolog.New(zerolog.NewTestWriter(t))
 	l, err := NewLeaser(LeaserConfig{DB: pool, Group: "g", Topic: 1, Partitions: 4, Static: static,
-		ReplicaID: id, Lease: 300 * time.Millisecond, Owner: r})
+		ReplicaID: id, Lease: 300 * time.Millisecond, Owner: r, Logger: &logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,4 +149,112 @@ func TestStaticReplicaStandsBy(t *testing.T) {
 			t.Fatalf("static replica b holds partition %d it was not given", p)
 		}
 	}
+}
+
+// TestAcquisitionWhoseAnswerWasLost: the statement that acquires leases
+// commits on the server, but its answer never reaches the replica (its
+// deadline passed, the network dropped it): the database says the replica
+// owns the partitions, the replica does not know. Its next heartbeat finds
+// them among the leases it renews and takes them up. Before, the heartbeat
+// renewed them forever without serving them: nobody else could take them
+// and nobody handled their events (found by TestFailureModel: a group
+// stuck with every partition at epoch 0).
+func TestAcquisitionWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	pool := leasePool(t)
+	proxied, proxy := pgtest.ProxiedPool(t, pool)
+	lost := proxy.LoseAnswer("SKIP LOCKED")
+	a := startReplica(t, proxied, "a", nil)
+	t.Logf("started")
+	select {
+	case <-lost:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the acquisition was not sent")
+	}
+	owned := func() int64 {
+		var n int64
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM partition_leases WHERE group_id = 'g' AND owner = 'a'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the acquisition committed", func() bool { return owned() == 4 })
+	if n := len(a.held()); n != 0 {
+		t.Fatalf("the replica knows of %d partitions before the answer was lost", n)
+	}
+	proxy.CloseAll() // the replica's connection dies without the answer
+	pgtest.WaitFor(t, 10*time.Second, "a serves the 4 partitions it owns", func() bool { return len(a.held()) == 4 })
+	rows, err := pool.Query(context.Background(), `SELECT partition_id, epoch FROM partition_leases WHERE group_id = 'g' AND owner = 'a'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p int
+	var e int64
+	held := a.held()
+	if _, err := pgx.ForEachRow(rows, []any{&p, &e}, func() error {
+		if held[p] != e {
+			t.Errorf("partition %d: the replica serves it under epoch %d, the database says %d", p, held[p], e)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLeaserOfAnOldLayoutAcquiresNothing: a replica still running the
+// layout its group has just left (another replica switched the group) must
+// not take the new layout's leases, which the switch freed: its workers do
+// not serve them, and a replica of the new layout could not take them until
+// the old one let go.
+func TestLeaserOfAnOldLayoutAcquiresNothing(t *testing.T) {
+	t.Parallel()
+	pool := leasePool(t)
+	if _, err := pool.Exec(context.Background(), `UPDATE group_layouts SET version = version + 1 WHERE group_id = 'g'`); err != nil {
+		t.Fatal(err)
+	}
+	var layout int
+	if err := pool.QueryRow(context.Background(), `SELECT version FROM group_layouts WHERE group_id = 'g'`).Scan(&layout); err != nil {
+		t.Fatal(err)
+	}
+	run := func(id string, layout int) (*recorder, func()) {
+		r := &recorder{epochs: map[int]int64{}, lost: map[int]int{}}
+		l, err := NewLeaser(LeaserConfig{DB: pool, Group: "g", Topic: 1, Partitions: 4, Layout: layout,
+			ReplicaID: id, Lease: 300 * time.Millisecond, Owner: r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.l = l
+		ctx, cancel := context.WithCancel(pgtest.Context(context.Background()))
+		done := make(chan struct{})
+		go func() { defer close(done); _ = l.Run(ctx) }()
+		var once sync.Once
+		stop := func() { once.Do(func() { cancel(); <-done }) }
+		t.Cleanup(stop)
+		return r, stop
+	}
+	old, stopOld := run("old", layout-1)
+	owned := func(id string) int64 {
+		var n int64
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM partition_leases WHERE group_id = 'g' AND owner = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Several heartbeats (every 100 ms): nothing taken.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if n := owned("old"); n != 0 || len(old.held()) != 0 {
+			t.Fatalf("the replica of layout %d took %d leases of layout %d", layout-1, n, layout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A replica of the current layout takes its share (the old one is still
+	// live, and counted), and everything once the old one has gone.
+	cur, _ := run("cur", layout)
+	pgtest.WaitFor(t, 10*time.Second, "the replica of the current layout holds its share", func() bool { return len(cur.held()) == 2 })
+	if n := owned("old"); n != 0 {
+		t.Fatalf("the replica of layout %d took %d leases of layout %d", layout-1, n, layout)
+	}
+	stopOld()
+	pgtest.WaitFor(t, 10*time.Second, "the replica of the current layout holds every partition", func() bool { return len(cur.held()) == 4 })
 }
