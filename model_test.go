@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -32,16 +31,21 @@ import (
 // a model of what the guarantees allow.
 //
 //	go test -run TestFailureModel .                          # the short run of make test (about 40 s)
-//	go test -run TestFailureModel -model.soak 10m -timeout 30m .   # a soak: cases for 10 minutes
-//	go test -run TestFailureModel -model.seed 1234 -v .      # one case again, by its seed
+//	go test -run TestFailureModel -model.soak 30m -timeout 40m .   # a soak: cases for 30 minutes
+//	go test -run TestFailureModel -model.seed 1234 -model.load 20s -v .   # one case again
 //
-// A seed fixes a case: its configuration, every producer transaction and
-// event behaviour, and the operations and when they happen. Timing between
-// goroutines is the machine's, so a rerun explores the same case, not the
-// same interleaving.
+// A seed and a load (how long producers run: 8 s in the short run, 20 s in
+// a soak) fix a case: its configuration, every producer transaction and
+// event behaviour, and the operations and when they happen. A failing case
+// prints the command that reruns it. Timing between goroutines is the
+// machine's, so a rerun explores the same case, not the same interleaving;
+// a failure the model found becomes a focused test that pins the
+// interleaving (TestConsumerTakesUpALostAcquisition, say). A failing case
+// prints the tail of the consumers' log.
 var (
 	modelSeed = flag.Uint64("model.seed", 0, "run the failure-model case with this seed only")
 	modelSoak = flag.Duration("model.soak", 0, "run failure-model cases for this long (default: the short run)")
+	modelLoad = flag.Duration("model.load", 0, "how long a case's producers run (default: 8s, 20s in a soak); a rerun gives the failed case's")
 )
 
 // behaviour is what an event's handler does, until the event is fixed.
@@ -120,13 +124,16 @@ func drawCase(seed uint64, load time.Duration) modelCase {
 // the guarantees against a model; see the comment above for how to run it.
 func TestFailureModel(t *testing.T) {
 	t.Parallel()
-	if *modelSeed != 0 {
-		runModelCase(t, drawCase(*modelSeed, 8*time.Second))
-		return
-	}
 	budget, load := 25*time.Second, 8*time.Second
 	if *modelSoak > 0 {
 		budget, load = *modelSoak, 20*time.Second
+	}
+	if *modelLoad > 0 {
+		load = *modelLoad
+	}
+	if *modelSeed != 0 {
+		runModelCase(t, drawCase(*modelSeed, load))
+		return
 	}
 	start := time.Now()
 	base := uint64(start.UnixNano())
@@ -151,11 +158,12 @@ func TestFailureModel(t *testing.T) {
 // model is one case's world: the database, the consumers, what producers
 // committed and what the operator did.
 type model struct {
-	t    *testing.T
-	mc   modelCase
-	ctx  context.Context
-	pool *pgxpool.Pool // producers and checks
-	log  zerolog.Logger
+	t      *testing.T
+	mc     modelCase
+	ctx    context.Context
+	pool   *pgxpool.Pool // producers and checks
+	log    zerolog.Logger
+	logBuf *tailWriter
 
 	fixed atomic.Bool // a fix for every behaviour is deployed
 
@@ -200,7 +208,7 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 	t.Logf("case %s", mc)
 	defer func() {
 		if t.Failed() {
-			t.Logf("FAILED case %s\nrerun: go test -run 'TestFailureModel' -model.seed %d -v .", mc, mc.seed)
+			t.Logf("FAILED case %s\nrerun: go test -run 'TestFailureModel' -model.seed %d -model.load %s -v .", mc, mc.seed, mc.load)
 		}
 	}()
 	ctx := context.Background()
@@ -214,13 +222,18 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 		fixedKeys: map[string]bool{}, resolved: map[string]bool{}, discarded: map[string]bool{},
 		partitions: mc.partitions,
 	}
-	// Quiet: the case makes handlers fail on purpose. -v shows the log.
-	level := zerolog.Disabled
-	if testing.Verbose() {
-		level = zerolog.ErrorLevel
-	}
-	m.log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(level).
-		With().Timestamp().Uint64("seed", mc.seed).Logger()
+	// The consumers' log (info and above) is kept in memory and its tail
+	// printed when the case fails: the case makes handlers fail on purpose,
+	// so a passing case's log is noise.
+	m.logBuf = &tailWriter{max: 4000}
+	m.log = zerolog.New(zerolog.ConsoleWriter{Out: m.logBuf, NoColor: true, FormatTimestamp: func(any) string {
+		return time.Now().Format("15:04:05.000") // when the line is written, to the millisecond
+	}}).Level(zerolog.InfoLevel).With().Timestamp().Uint64("seed", mc.seed).Logger()
+	defer func() {
+		if t.Failed() {
+			t.Logf("the consumers' log, last %d lines:\n%s", m.logBuf.max, m.logBuf.String())
+		}
+	}()
 	// Small segments and immediate retention: segments go while the case
 	// runs, behind the ghost group.
 	pgtest.ResizeSegments(t, m.pool, 1, 1000)
@@ -252,18 +265,32 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 			}
 		}()
 	}
-	deadline := time.Now().Add(mc.load)
-	ghostStop := time.Now().Add(mc.load / 4)
-	for time.Now().Before(deadline) && !t.Failed() {
-		time.Sleep(time.Duration(200+r.IntN(500)) * time.Millisecond)
-		if ghost != nil && time.Now().After(ghostStop) {
+	// The operations and their times are drawn from the seed up front, each
+	// with a random stream of its own, so that a rerun of the seed (with the
+	// same -model.load) performs the same operations at the same times.
+	var schedule []time.Duration
+	for at := time.Duration(0); ; {
+		at += time.Duration(200+r.IntN(500)) * time.Millisecond
+		if at >= mc.load {
+			break
+		}
+		schedule = append(schedule, at)
+	}
+	began := time.Now()
+	for i, at := range schedule {
+		time.Sleep(time.Until(began.Add(at)))
+		if t.Failed() {
+			break
+		}
+		if ghost != nil && at >= mc.load/4 {
 			m.stop(ghost)
 			ghost = nil
 			m.op("ghost stopped")
 		}
-		m.operate(r)
+		m.operate(rand.New(rand.NewPCG(mc.seed, uint64(1000+i))))
 		ops++
 	}
+	time.Sleep(time.Until(began.Add(mc.load)))
 	stop.Store(true)
 	wg.Wait()
 	m.heal()
@@ -630,6 +657,14 @@ func (m *model) heal() {
 				(SELECT count(*) FROM partition_halts), (SELECT version FROM group_layouts WHERE group_id = 'main'),
 				(SELECT max(version) FROM topic_layouts), (SELECT string_agg(partition_id || ':' || next_offset, ' ' ORDER BY partition_id)
 				FROM consumer_offsets WHERE group_id = 'main'))`).Scan(&state)
+			var leases string
+			_ = m.pool.QueryRow(m.ctx, `SELECT format('leases %s; replicas %s',
+				(SELECT string_agg(format('%s/p%s owner %s epoch %s %s', group_id, partition_id, nullif(owner, ''), epoch,
+					CASE WHEN expires_at > clock_timestamp() THEN 'live' ELSE 'expired' END), ', ' ORDER BY group_id, partition_id)
+				 FROM partition_leases),
+				(SELECT string_agg(format('%s/%s %s', group_id, replica_id, CASE WHEN expires_at > clock_timestamp() THEN 'live' ELSE 'expired' END), ', ')
+				 FROM consumer_replicas))`).Scan(&leases)
+			state += "; " + leases
 			var activity string
 			_ = m.pool.QueryRow(m.ctx, `SELECT string_agg(format('%s %s %s/%s %s: %s', pid, application_name, wait_event_type, wait_event, state,
 				left(regexp_replace(query, '\s+', ' ', 'g'), 100)), E'\n') FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&activity)
@@ -637,8 +672,8 @@ func (m *model) heal() {
 			for _, mc := range append(m.consumers, ghost) {
 				if rt := mc.c.rt.Load(); rt != nil {
 					for p, w := range rt.workers {
-						workers = append(workers, fmt.Sprintf("%s p%d: epoch %d next %d highest %d halted %v limit %d",
-							mc.app, p, w.epoch.Load(), w.next.Load(), w.highest.Load(), w.halted.Load(), w.limit))
+						workers = append(workers, fmt.Sprintf("%s (%s, layout %d) p%d: epoch %d next %d highest %d halted %v limit %d",
+							mc.app, mc.c.ReplicaID(), rt.layout.Version, p, w.epoch.Load(), w.next.Load(), w.highest.Load(), w.halted.Load(), w.limit))
 					}
 				} else {
 					workers = append(workers, mc.app+": no layout run")
@@ -768,4 +803,37 @@ func (m *model) check() {
 	slices.Sort(keys)
 	t.Logf("%d committed events (%s), %d handled by main, %d discarded, ghost skipped %d; at most %d calls of one event; operations: %s",
 		len(m.committed), strings.Join(keys, " "), len(seen["main"]), len(m.discarded), skipped, worst, strings.Join(m.opsDone, "; "))
+}
+
+// tailWriter keeps the last max lines written to it.
+type tailWriter struct {
+	mu    sync.Mutex
+	max   int
+	lines []string
+	part  []byte
+}
+
+func (w *tailWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.part = append(w.part, b...)
+	for {
+		i := slices.Index(w.part, '\n')
+		if i < 0 {
+			break
+		}
+		w.lines = append(w.lines, string(w.part[:i]))
+		w.part = w.part[i+1:]
+	}
+	if n := len(w.lines) - w.max; n > w.max {
+		w.lines = slices.Delete(w.lines, 0, n)
+	}
+	return len(b), nil
+}
+
+// String returns the lines kept.
+func (w *tailWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.lines[max(0, len(w.lines)-w.max):], "\n")
 }
