@@ -355,7 +355,9 @@ func TestHandlerCannotCommitConsumerTransaction(t *testing.T) {
 // TestNoEmptyClaims: a claim locks the offsets row and writes WAL even when
 // nothing follows, so a worker must know of work before it claims. Polls
 // with nothing to do, and notifications for events already handled, claim
-// nothing.
+// nothing; a notification naming an offset above the log (anyone may send
+// one) costs its partition one empty claim, no more, and leaves the worker
+// where it was.
 func TestNoEmptyClaims(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, 4)
@@ -371,8 +373,9 @@ func TestNoEmptyClaims(t *testing.T) {
 	before := c.Stats()
 	// Stale notifications naming every partition and offsets already
 	// handled, and twenty poll periods with nothing new.
+	channel := topicChannel(t, pool)
 	for range 20 {
-		mustExec(t, pool, `SELECT pg_notify('event_channel', '1:0/1,1/2,2/3,3/4')`)
+		mustExec(t, pool, `SELECT pg_notify($1, '1:0/1,1/2,2/3,3/4')`, channel)
 	}
 	start := c.polls.Load()
 	pgtest.WaitFor(t, 10*time.Second, "twenty polls", func() bool { return c.polls.Load() >= start+20 })
@@ -380,6 +383,32 @@ func TestNoEmptyClaims(t *testing.T) {
 		t.Fatalf("idle consumer claimed: %d empty claims, %d batches (before: %d, %d)",
 			after.EmptyClaims, after.Batches, before.EmptyClaims, before.Batches)
 	}
+	// Offsets above the log, every partition named in ten notifications:
+	// at most one empty claim per partition and notification (a hint that
+	// arrives during the claim it caused costs none), then nothing more
+	// through twenty polls.
+	for range 10 {
+		mustExec(t, pool, `SELECT pg_notify($1, '1:0/1000,1/1000,2/1000,3/1000')`, channel)
+	}
+	pgtest.WaitFor(t, 10*time.Second, "an empty claim per partition", func() bool { return c.Stats().EmptyClaims >= before.EmptyClaims+4 })
+	start = c.polls.Load()
+	pgtest.WaitFor(t, 10*time.Second, "twenty polls", func() bool { return c.polls.Load() >= start+20 })
+	mid := c.Stats()
+	if n := mid.EmptyClaims - before.EmptyClaims; n < 4 || n > 40 || mid.Batches != before.Batches {
+		t.Fatalf("after hints above the log: %d empty claims, %d batches (before: %d, %d); want 4 to 40 more empty claims, no batch",
+			mid.EmptyClaims, mid.Batches, before.EmptyClaims, before.Batches)
+	}
+	start = c.polls.Load()
+	pgtest.WaitFor(t, 10*time.Second, "twenty more polls", func() bool { return c.polls.Load() >= start+20 })
+	if after := c.Stats(); after.EmptyClaims != mid.EmptyClaims {
+		t.Fatalf("the workers went on claiming after the hints: %d empty claims, then %d", mid.EmptyClaims, after.EmptyClaims)
+	}
+	// And the workers are where the database says: new events are handled.
+	for i := range 8 {
+		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`))
+	}
+	waitHandled(t, pool, 28, 10*time.Second)
+	checkHandled(t, pool)
 }
 
 // TestTwoWorkersRaceForOneOffsetsRow: two workers of one partition, both

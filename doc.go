@@ -98,8 +98,12 @@
 //     partition-local slice of one producer transaction) in the same
 //     transaction that moves the offset past it. See [Classify].
 //
-// Notifications are hints and may be lost; polling is the truth. See the
-// listener package for how the listening connection is kept healthy.
+// Notifications are hints and may be lost; polling is the truth. Anyone
+// who can connect may notify a topic's channel, with any payload: a
+// notification may make a worker look sooner, never move its position or a
+// bound it trusts past what the database shows. A claim that finds nothing
+// leaves the worker where the database says it is. See the listener package
+// for how the listening connection is kept healthy.
 //
 // # Effects outside PostgreSQL
 //

@@ -45,10 +45,17 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	}()
 	evs := cl.Events
 	if len(evs) == 0 {
-		// The position is past everything known: another process of the
-		// group handled it. Remember that instead of claiming again.
+		// Nothing at or after the position: another process of the group
+		// handled it, or a hint (a notification's payload, which anyone can
+		// send) named an offset the log does not hold. The worker takes its
+		// position from the database and forgets the hint it claimed on, so
+		// that it claims again only on news of an offset at or after the
+		// position (a hint that arrived meanwhile stays). A hint never moves
+		// the position: one that named an offset above the log costs this
+		// one empty claim, and the events appended later are handled.
 		w.c.empty.Add(1)
-		w.next.Store(max(w.next.Load(), known+1))
+		w.next.Store(cl.Next)
+		w.highest.CompareAndSwap(known, cl.Next-1)
 		if !w.lr.final() {
 			w.c.pollNow(WakePoll) // finished below the cut? the group may move on
 		}

@@ -31,4 +31,11 @@
 //     nobody listened.
 //   - Workers still poll on their own schedule: a wake-up is an optimisation,
 //     never the only way to find work.
+//
+// A notification is also untrusted: anyone who can connect may notify the
+// channel, with any payload, and another installation in the same database
+// may share it. The Sink takes a payload as "look at these partitions",
+// never as "these offsets exist": a worker claims on it and believes only
+// what the claim finds. SetChannel moves a running listener to another
+// channel, when the topic's channel changes.
 package listener

@@ -345,6 +345,10 @@ type Claimed struct {
 	// Parked maps the partition's parked hosts to the dead letter they wait
 	// behind, when Claim.Parked was set; it is read under the lock.
 	Parked map[string]int64
+	// Next is the group's position in the partition, read under the lock,
+	// when the claim found no event (0 otherwise): the worker's position
+	// comes from the database, never from what a notification said.
+	Next int64
 }
 
 // BatchApplicationName is the application_name of a batch transaction of
@@ -430,6 +434,14 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 	if !held {
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
 		return Claimed{Events: out.Events[:len(buf)]}, ErrLeaseLost
+	}
+	if len(out.Events) == len(buf) {
+		// Nothing at or after the position: say where the position is. A
+		// round trip of its own, but only for an empty claim, which is
+		// rare (a worker claims when it knows of work).
+		if err := out.Tx.QueryRow(ctx, schema.SQL(ctx, positionSQL), c.Group, c.Topic, c.Partition).Scan(&out.Next); err != nil {
+			return fail(err)
+		}
 	}
 	return out, nil
 }
