@@ -22,7 +22,6 @@ import (
 const (
 	DefaultBatchSize           = 100
 	DefaultWaitPeriod          = 10 * time.Second
-	DefaultChannel             = "event_channel"
 	DefaultRetryInitial        = 100 * time.Millisecond
 	DefaultRetryMax            = 30 * time.Second
 	DefaultMaxAttempts         = 5
@@ -168,9 +167,12 @@ type Config struct {
 	// WaitPeriod is how often every partition is polled for events whose
 	// notification was lost; default DefaultWaitPeriod (10 s).
 	WaitPeriod time.Duration
-	// Channel is the notification channel the consumer listens on; default
-	// DefaultChannel ("event_channel"). It must be the topic's (schema.SetChannel): Run
-	// refuses to start otherwise (*ChannelMismatchError).
+	// Channel is the notification channel the consumer listens on. Default
+	// "": the topic's (recorded when the topic was created, see
+	// schema.ChannelFor, and changed by schema.SetChannel). When set, it must
+	// be the topic's: Run refuses to start otherwise
+	// (*ChannelMismatchError). A running consumer follows a change of the
+	// topic's channel either way.
 	Channel string
 	// UnknownEventType is the policy for events without a handler; default
 	// UnknownEventFail.
@@ -239,7 +241,6 @@ func (c Config) WithDefaults() Config {
 	c.TopicID = cmp.Or(c.TopicID, DefaultTopic)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.WaitPeriod = cmp.Or(c.WaitPeriod, DefaultWaitPeriod)
-	c.Channel = cmp.Or(c.Channel, DefaultChannel)
 	c.RetryInitial = cmp.Or(c.RetryInitial, DefaultRetryInitial)
 	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
 	c.RetryMax = max(c.RetryMax, c.RetryInitial)

@@ -16,7 +16,7 @@ import (
 func TestWithDefaults(t *testing.T) {
 	c := Config{}.WithDefaults()
 	want := Config{
-		TopicID: DefaultTopic, BatchSize: DefaultBatchSize, WaitPeriod: DefaultWaitPeriod, Channel: DefaultChannel,
+		TopicID: DefaultTopic, BatchSize: DefaultBatchSize, WaitPeriod: DefaultWaitPeriod,
 		RetryInitial: DefaultRetryInitial, RetryMax: DefaultRetryMax, MaxAttempts: DefaultMaxAttempts,
 		MaxDeadLetters: DefaultMaxDeadLetters, DeadLetterWindow: DefaultDeadLetterWindow,
 		HandlerTimeout: DefaultHandlerTimeout, ShutdownTimeout: DefaultShutdownTimeout,

@@ -255,9 +255,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.wakeAlways.Store(topic.Wake == schema.WakeAlways)
 	c.topicScope = topic.Scope != schema.ScopePartition
-	if topic.Channel != c.cfg.Channel {
+	if c.cfg.Channel != "" && topic.Channel != c.cfg.Channel {
 		return &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
 	}
+	c.warnSharedChannel(ctx, topic.Channel)
 	var idleMs int64
 	if err := c.pool.QueryRow(ctx, idleTimeoutSQL).Scan(&idleMs); err != nil {
 		return fmt.Errorf("pgevents: read idle_in_transaction_session_timeout: %w", err)
@@ -289,7 +290,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	ln, err := listener.New(listener.Config{
 		ConnConfig: c.pool.Config().ConnConfig,
-		Channel:    c.cfg.Channel,
+		Channel:    topic.Channel,
 		Notify: func(ctx context.Context, channel, payload string) error {
 			_, err := c.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, channel, payload)
 			return err
@@ -463,13 +464,26 @@ func (c *Consumer) rechecks(ctx context.Context) error {
 // consumers to poll at once), appends notify only partitions whose worker
 // announced that it waits, and no worker has: every worker is woken to run
 // the wake-up protocol, so that no event appended since waits for the poll.
+//
+// It also follows a change of the topic's channel (schema.SetChannel, which
+// notifies the old channel so that consumers poll at once): the listener
+// listens on the new channel, and polls once it does.
 func (c *Consumer) refreshWake(ctx context.Context, rt *layoutRun) {
-	wake, err := schema.TopicWake(ctx, c.pool, c.cfg.TopicID)
+	wake, channel, err := schema.TopicWake(ctx, c.pool, c.cfg.TopicID)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn().Err(err).Msg("could not read the topic's wake-up mode")
 		}
 		return
+	}
+	if ln := c.ln.Load(); ln != nil && ln.Channel() != channel {
+		ev := c.log.Info()
+		if c.cfg.Channel != "" {
+			ev = c.log.Warn().Str("configured", c.cfg.Channel)
+		}
+		ev.Str("from", ln.Channel()).Str("to", channel).Msg("the topic's channel changed: listening on the new one (set channel in the configuration, or leave it unset, before the next start)")
+		ln.SetChannel(channel)
+		c.warnSharedChannel(ctx, channel)
 	}
 	always := wake == schema.WakeAlways
 	if c.wakeAlways.Swap(always) && !always {
@@ -479,6 +493,22 @@ func (c *Consumer) refreshWake(ctx context.Context, rt *layoutRun) {
 				w.signal()
 			}
 		}
+	}
+}
+
+// warnSharedChannel logs the topics of other pgevents installations of
+// the database (schema key) that notify channel too: their appends wake
+// this consumer to look for nothing. A notification is only a hint, so
+// nothing is lost or skipped; see schema.ChannelFor.
+func (c *Consumer) warnSharedChannel(ctx context.Context, channel string) {
+	users, err := schema.ChannelUsers(ctx, c.pool, channel)
+	if err != nil {
+		c.log.Debug().Err(err).Msg("could not look for other installations on the channel")
+		return
+	}
+	for _, u := range users {
+		c.log.Warn().Str("channel", channel).Str("other_schema", u.Schema).Int("other_topic", u.Topic).
+			Msg("another pgevents installation in this database notifies the same channel: its appends wake this consumer for nothing; give one of them another channel (key channel)")
 	}
 }
 

@@ -433,30 +433,38 @@ func TestMaintainWithoutConsumer(t *testing.T) {
 }
 
 // TestTopicChannel (defect 9): the channel is the topic's: appends notify
-// it, a consumer configured with it is woken at once, and a consumer
-// configured with another one refuses to start.
+// it, a consumer without a channel configured listens there and is woken at
+// once, and a consumer configured with another one refuses to start.
 func TestTopicChannel(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
+	ctx := pgtest.Context(context.Background())
 	pool := newTopic(t, 1)
 	mustExec(t, pool, handledTable)
 	if err := schema.SetChannel(ctx, pool, 1, "portal_events"); err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewConsumer(consumerPool(t, pool, 1), Config{GroupID: "g", TotalPartitions: 1, Handlers: recordingHandlers(), Schema: pgtest.Schema()})
+	c, err := NewConsumer(consumerPool(t, pool, 1), Config{GroupID: "g", TotalPartitions: 1, Channel: "event_channel", Handlers: recordingHandlers(), Schema: pgtest.Schema()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	var mismatch *ChannelMismatchError
-	if err := c.Run(ctx); !errors.As(err, &mismatch) || mismatch.Recorded != "portal_events" {
-		t.Fatalf("Run with the default channel = %v, want a ChannelMismatchError naming portal_events", err)
+	if err := c.Run(rctx); !errors.As(err, &mismatch) || mismatch.Recorded != "portal_events" {
+		t.Fatalf("Run with another channel = %v, want a ChannelMismatchError naming portal_events", err)
 	}
-	// With the topic's channel and a poll period of a minute, only a
-	// notification on that channel can wake the consumer in time.
-	startConsumer(t, pool, Config{TotalPartitions: 1, Channel: "portal_events", WaitPeriod: time.Minute, Handlers: recordingHandlers()})
+	// Without a channel, and with the topic's, and a poll period of a
+	// minute, only a notification on the topic's channel can wake the
+	// consumers in time.
+	for i, channel := range []string{"", "portal_events"} {
+		group := fmt.Sprintf("g%d", i)
+		hs := &Handlers{}
+		hs.HandleAll(SQLHandler(group, recordSQL))
+		startConsumer(t, pool, Config{GroupID: group, TotalPartitions: 1, Channel: channel, WaitPeriod: time.Minute, Handlers: hs})
+	}
 	time.Sleep(100 * time.Millisecond) // past the first poll
 	appendTx(t, pool, ev("a", "t", `{}`))
-	waitHandled(t, pool, 1, 5*time.Second)
+	waitHandled(t, pool, 2, 5*time.Second)
 }
 
 // TestUnitBudgetEndsWithTheUnit (defect 10): a unit that finishes just

@@ -50,7 +50,8 @@ type Options struct {
 	// default schema.DefaultSegmentSize.
 	SegmentSize int
 	// Channel is the NOTIFY channel of a topic adopt creates; default
-	// "event_channel".
+	// schema.ChannelFor the schema pgevents was named in ("event_channel"
+	// when none was named).
 	Channel string
 	// Map replaces the default source of a column of pgevents' log by an
 	// SQL expression over a row o of the old outbox: keys event_id,
@@ -166,9 +167,6 @@ func (o *Options) defaults() {
 	}
 	if o.SegmentSize <= 0 {
 		o.SegmentSize = schema.DefaultSegmentSize
-	}
-	if o.Channel == "" {
-		o.Channel = schema.DefaultChannel
 	}
 }
 
@@ -378,6 +376,9 @@ func (p *Plan) expr(col string) string {
 // again under its locks.
 func Inspect(ctx context.Context, db DB, opts Options) (*Plan, error) {
 	opts.defaults()
+	if opts.Channel == "" {
+		opts.Channel = schema.ChannelFor(schema.Name(ctx))
+	}
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}

@@ -31,7 +31,6 @@ func Default() Config {
 		TotalPartitions:   DefaultTotalPartitions,
 		PartitionID:       -1,
 		WaitPeriodMs:      ms(pgevents.DefaultWaitPeriod),
-		Channel:           pgevents.DefaultChannel,
 		LogLevel:          "info",
 		LogFormat:         "auto",
 		UnknownEventType:  pgevents.UnknownEventFail.String(),

@@ -17,6 +17,7 @@ var readmeDefaults = map[string]string{
 	"groupId":     "required",
 	"databaseUrl": "—",
 	"schema":      "first schema of the search_path",
+	"channel":     "the topic's",
 	"handlers":    "—",
 	"maxConns":    fmt.Sprintf("partitions + %d per group", pgevents.PoolSize(0)),
 }

@@ -97,7 +97,7 @@ func (c *Config) problems() []*Error {
 		}
 	}
 	positiveMillis("waitPeriodMs", c.WaitPeriodMs)
-	if !IsValidIdentifier(c.Channel) {
+	if c.Channel != "" && !IsValidIdentifier(c.Channel) {
 		add("channel", "must be a lowercase PostgreSQL identifier ([a-z_][a-z0-9_]*, at most %d bytes, not a reserved word), got %q", maxIdentifierLen, c.Channel)
 	}
 	oneOf("logLevel", c.LogLevel, logLevels)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -66,6 +67,11 @@ type TopicSpec struct {
 	// Scope is the offset scope, ScopeTopic (the default) or
 	// ScopePartition. It is chosen when the topic is created.
 	Scope string
+	// Channel is the NOTIFY channel of the topic's wake-ups; default
+	// ChannelFor the schema of the context, so that two installations in
+	// one database never share one. It is used when the topic is created;
+	// SetChannel changes it later.
+	Channel string
 }
 
 // SetWake sets a topic's wake-up mode (WakeWaiting or WakeAlways). When it
@@ -79,31 +85,123 @@ func SetWake(ctx context.Context, db DB, id int, wake string) error {
 	return nil
 }
 
-// TopicWake returns a topic's wake-up mode, WakeWaiting or WakeAlways, or
-// an error wrapping ErrTopicNotFound.
-func TopicWake(ctx context.Context, db DB, id int) (string, error) {
-	var wake string
-	err := db.QueryRow(ctx, SQL(ctx, wakeSQL), id).Scan(&wake)
+// TopicWake returns a topic's wake-up mode, WakeWaiting or WakeAlways, and
+// its channel, or an error wrapping ErrTopicNotFound.
+func TopicWake(ctx context.Context, db DB, id int) (wake, channel string, err error) {
+	err = db.QueryRow(ctx, SQL(ctx, wakeSQL), id).Scan(&wake, &channel)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("schema: topic %d: %w", id, ErrTopicNotFound)
+		return "", "", fmt.Errorf("schema: topic %d: %w", id, ErrTopicNotFound)
 	}
 	if err != nil {
-		return "", fmt.Errorf("schema: read wake-up mode of topic %d: %w", id, err)
+		return "", "", fmt.Errorf("schema: read wake-up mode of topic %d: %w", id, err)
 	}
-	return wake, nil
+	return wake, channel, nil
 }
 
-// DefaultChannel is the NOTIFY channel of a topic unless SetChannel says
-// otherwise.
+// DefaultChannel is the NOTIFY channel of the topics of an installation in
+// the first schema of the search_path (no schema name), the seed design's
+// channel; see ChannelFor.
 const DefaultChannel = "event_channel"
 
+// ChannelFor returns the NOTIFY channel that topics created in schema name
+// get unless told otherwise: DefaultChannel without a name, and
+// "event_channel_<name>" with one (shortened with a hash of the name when
+// that would pass the 63 bytes of an identifier). A channel is database-wide,
+// not per schema: two installations in one database on one channel would
+// wake each other's consumers for nothing (a notification is only ever a
+// hint, so nothing is lost or skipped, but every append of one makes the
+// other's workers look).
+func ChannelFor(name string) string {
+	if name == "" {
+		return DefaultChannel
+	}
+	const maxIdent = 63
+	c := DefaultChannel + "_" + name
+	if len(c) <= maxIdent {
+		return c
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	suffix := fmt.Sprintf("_%08x", h.Sum32())
+	return c[:maxIdent-len(suffix)] + suffix
+}
+
+// setChannelSQL changes a topic's channel and, when it changed, notifies
+// the old channel for every partition of the topic ("*"), at commit: the
+// running consumers, listening there, look at once, find the new channel
+// and listen on it (and find what was appended meanwhile).
+const setChannelSQL = `WITH old AS (
+    SELECT channel FROM {schema}log_counter WHERE topic_id = $1 AND channel <> $2 FOR NO KEY UPDATE
+), u AS (
+    UPDATE {schema}log_counter c SET channel = $2 FROM old WHERE c.topic_id = $1 RETURNING old.channel
+)
+SELECT pg_notify(u.channel, $1::integer || ':*') FROM u`
+
 // SetChannel sets the NOTIFY channel on which the topic's appends wake
-// consumers. Consumers configured with another channel refuse to start.
+// consumers. Running consumers follow: they are told on the old channel and
+// listen on the new one at once. A consumer configured explicitly with
+// another channel refuses to start (see pgevents.Config.Channel).
 func SetChannel(ctx context.Context, db DB, id int, channel string) error {
-	if _, err := db.Exec(ctx, SQL(ctx, `UPDATE {schema}log_counter SET channel = $2 WHERE topic_id = $1 AND channel <> $2`), id, channel); err != nil {
+	if _, err := db.Exec(ctx, SQL(ctx, setChannelSQL), id, channel); err != nil {
 		return fmt.Errorf("schema: set channel of topic %d: %w", id, err)
 	}
 	return nil
+}
+
+// installationsSQL lists the other pgevents installations of the database
+// that the caller may read: the schemas, other than the one of ctx, holding
+// a log_counter with a channel column.
+const installationsSQL = `SELECT n.nspname::text
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = 'log_counter' AND c.relkind IN ('r', 'p')
+  AND c.oid <> '{schema}log_counter'::regclass
+  AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'channel' AND NOT a.attisdropped)
+  AND has_table_privilege(c.oid, 'SELECT')
+ORDER BY 1`
+
+// ChannelUser is a topic of another pgevents installation of the database
+// that notifies a channel.
+type ChannelUser struct {
+	// Schema is the schema of the other installation.
+	Schema string
+	// Topic is its topic's id.
+	Topic int
+}
+
+// String returns "topic N of the installation in schema S".
+func (u ChannelUser) String() string {
+	return fmt.Sprintf("topic %d of the pgevents installation in schema %s", u.Topic, u.Schema)
+}
+
+// ChannelUsers returns the topics of the other pgevents installations in the
+// database (other schemas, as far as the caller may read them) whose appends
+// notify channel. Such a topic wakes this installation's consumers on the
+// channel for nothing: see ChannelFor.
+func ChannelUsers(ctx context.Context, db DB, channel string) ([]ChannelUser, error) {
+	rows, err := db.Query(ctx, SQL(ctx, installationsSQL))
+	if err != nil {
+		return nil, fmt.Errorf("schema: other installations: %w", err)
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("schema: other installations: %w", err)
+	}
+	var out []ChannelUser
+	for _, s := range schemas {
+		rows, err := db.Query(ctx, `SELECT topic_id FROM `+pgx.Identifier{s, "log_counter"}.Sanitize()+` WHERE channel = $1 ORDER BY 1`, channel)
+		if err != nil {
+			return nil, fmt.Errorf("schema: topics of schema %s: %w", s, err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			return nil, fmt.Errorf("schema: topics of schema %s: %w", s, err)
+		}
+		for _, id := range ids {
+			out = append(out, ChannelUser{Schema: s, Topic: int(id)})
+		}
+	}
+	return out, nil
 }
 
 // Offset allocations of a topic; see migration 0006.
@@ -133,7 +231,7 @@ func SetAllocation(ctx context.Context, db DB, id int, allocation string) error 
 // count sends hosts to other partitions (invariant 5).
 const (
 	createTopicSQL = `WITH t AS (
-    INSERT INTO {schema}log_counter (topic_id, total_partitions, segment_size, offset_scope) VALUES ($1, $2, $3, $4)
+    INSERT INTO {schema}log_counter (topic_id, total_partitions, segment_size, offset_scope, channel) VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (topic_id) DO NOTHING
     RETURNING topic_id, total_partitions
 ), r AS (
@@ -152,9 +250,9 @@ SELECT topic_id, 1, total_partitions, 1 FROM t`
 )
 SELECT pg_notify(u.channel, $1::integer || ':*') FROM u WHERE $2 = 'waiting'`
 
-	// wakeSQL reads a topic's wake-up mode alone (LookupTopic may wait for
-	// appends in flight).
-	wakeSQL = `SELECT wake FROM {schema}log_counter WHERE topic_id = $1`
+	// wakeSQL reads a topic's wake-up mode and channel alone (LookupTopic
+	// may wait for appends in flight).
+	wakeSQL = `SELECT wake, channel FROM {schema}log_counter WHERE topic_id = $1`
 
 	lookupTopicSQL = `SELECT topic_id, total_partitions, coalesce({schema}topic_next_offset(topic_id), 0), segment_size, allocation, channel,
        offset_scope, wake
@@ -196,7 +294,10 @@ func EnsureTopicSpec(ctx context.Context, db DB, spec TopicSpec) (Topic, bool, e
 	if spec.Scope == "" {
 		spec.Scope = ScopeTopic
 	}
-	tag, err := db.Exec(ctx, SQL(ctx, createTopicSQL), spec.ID, spec.Partitions, spec.SegmentSize, spec.Scope)
+	if spec.Channel == "" {
+		spec.Channel = ChannelFor(Name(ctx))
+	}
+	tag, err := db.Exec(ctx, SQL(ctx, createTopicSQL), spec.ID, spec.Partitions, spec.SegmentSize, spec.Scope, spec.Channel)
 	if err != nil {
 		return Topic{}, false, fmt.Errorf("schema: create topic %d: %w", spec.ID, err)
 	}

@@ -75,8 +75,21 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err := schema.SetAllocation(ctx, conn, g.TopicID, g.OffsetAllocation); err != nil {
 			return err
 		}
-		if err := schema.SetChannel(ctx, conn, g.TopicID, g.Channel); err != nil {
-			return err
+		if g.Channel != "" {
+			// A channel two installations share wakes each one's consumers
+			// for the other's appends; by default they never do (see
+			// schema.ChannelFor), so one set by hand is checked.
+			users, err := schema.ChannelUsers(ctx, conn, g.Channel)
+			if err != nil {
+				return err
+			}
+			if len(users) > 0 {
+				return &config.Error{File: *path, Key: "channel",
+					Msg: fmt.Sprintf("channel %q is notified by %s already; two installations on one channel wake each other's consumers for nothing: choose another channel, or leave channel unset", g.Channel, users[0])}
+			}
+			if err := schema.SetChannel(ctx, conn, g.TopicID, g.Channel); err != nil {
+				return err
+			}
 		}
 		if topic.Partitions != g.TotalPartitions {
 			return &config.Error{File: *path, Key: "totalPartitions",

@@ -472,3 +472,33 @@ func TestDemoAsRootInPrivateDir(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrateChannelOfAnotherInstallation: two installations in one
+// database (the schema key) get channels of their own by default; a
+// channel set by hand that another installation's topics notify is refused
+// with exit status 2, naming the key.
+func TestMigrateChannelOfAnotherInstallation(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDB(t)
+	base := "groupId: g\ntotalPartitions: 2\nhandlers:\n  - eventType: \"*\"\n    type: log\n"
+	for _, s := range []string{"inst_a", "inst_b"} {
+		if code, out := runOnce(t, url, "migrate", "--config", writeConfig(t, base+"schema: "+s+"\n")); code != 0 {
+			t.Fatalf("migrate %s: exit %d\n%s", s, code, out)
+		}
+	}
+	pool := pgtest.Pool(t, url)
+	var a, b string
+	if err := pool.QueryRow(context.Background(), `SELECT (SELECT channel FROM inst_a.log_counter), (SELECT channel FROM inst_b.log_counter)`).Scan(&a, &b); err != nil {
+		t.Fatal(err)
+	}
+	if a != "event_channel_inst_a" || b != "event_channel_inst_b" {
+		t.Fatalf("channels %q and %q, want event_channel_inst_a and event_channel_inst_b", a, b)
+	}
+	code, out := runOnce(t, url, "migrate", "--config", writeConfig(t, base+"schema: inst_a\nchannel: event_channel_inst_b\n"))
+	if code != 2 || !strings.Contains(out, "channel") || !strings.Contains(out, "inst_b") {
+		t.Fatalf("migrate with another installation's channel: exit %d, want 2 naming the key and the other schema\n%s", code, out)
+	}
+	if err := pool.QueryRow(context.Background(), `SELECT channel FROM inst_a.log_counter`).Scan(&a); err != nil || a != "event_channel_inst_a" {
+		t.Fatalf("the refused migrate changed the channel to %q (%v)", a, err)
+	}
+}

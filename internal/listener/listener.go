@@ -41,8 +41,9 @@ type Config struct {
 	// ConnConfig is the configuration the listening connection is dialled
 	// with; required. It is copied, and its DialFunc replaced by netconn.Dial.
 	ConnConfig *pgx.ConnConfig
-	// Channel is the notification channel of the append trigger; default
-	// "event_channel".
+	// Channel is the notification channel the topic's appends notify;
+	// default "event_channel". SetChannel changes it while the listener
+	// runs.
 	Channel string
 	// CanaryInterval is how often a canary notification is sent; default 1 s.
 	CanaryInterval time.Duration
@@ -66,6 +67,10 @@ type Listener struct {
 
 	mu      sync.Mutex
 	conn    *pgx.Conn // current listening connection, nil while disconnected
+	channel string    // the channel listened on; guarded by mu
+	// restart ends the current listening connection's run, so that Run
+	// listens again on the channel SetChannel set; guarded by mu.
+	restart context.CancelFunc
 	lastRx  atomic.Int64
 	connect atomic.Int64 // successful connects, including the first
 	ready   atomic.Bool
@@ -106,7 +111,30 @@ func New(cfg Config) (*Listener, error) {
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return nil, fmt.Errorf("listener: nonce: %w", err)
 	}
-	return &Listener{cfg: cfg, canary: "pgevents_canary_" + hex.EncodeToString(nonce[:])}, nil
+	return &Listener{cfg: cfg, channel: cfg.Channel, canary: "pgevents_canary_" + hex.EncodeToString(nonce[:])}, nil
+}
+
+// Channel returns the channel the listener listens on.
+func (l *Listener) Channel() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.channel
+}
+
+// SetChannel makes the listener listen on channel instead: it drops the
+// listening connection and connects again, LISTENing on channel, after
+// which Sink.Connected is called as after any reconnect, so that events
+// committed meanwhile are looked for. It never blocks.
+func (l *Listener) SetChannel(channel string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if channel == l.channel {
+		return
+	}
+	l.channel = channel
+	if l.restart != nil {
+		l.restart()
+	}
 }
 
 // Ready reports whether the listening connection is up with LISTEN in place.
@@ -119,27 +147,44 @@ func (l *Listener) Connects() int64 { return l.connect.Load() }
 // Run listens until ctx is cancelled, reconnecting as needed, and returns
 // nil then.
 func (l *Listener) Run(ctx context.Context) error {
-	pl := &pgxlisten.Listener{
-		Connect:        l.dial,
-		LogError:       l.logError,
-		ReconnectDelay: -1, // no fixed delay: dial backs off while failing
-	}
-	pl.Handle(l.cfg.Channel, l)
-	pl.Handle(l.canary, pgxlisten.HandlerFunc(func(context.Context, *pgconn.Notification, *pgx.Conn) error {
-		l.lastRx.Store(time.Now().UnixNano())
-		return nil
-	}))
-
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		err := pl.Listen(gctx)
-		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			return nil
-		}
-		return err
-	})
+	g.Go(func() error { return l.listen(gctx) })
 	g.Go(func() error { return l.watch(gctx) })
 	return g.Wait()
+}
+
+// listen runs pgxlisten on the current channel until ctx is cancelled, and
+// again on the new channel whenever SetChannel changes it.
+func (l *Listener) listen(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		channel := l.channel
+		lctx, cancel := context.WithCancel(ctx)
+		l.restart = cancel
+		l.mu.Unlock()
+		pl := &pgxlisten.Listener{
+			Connect:        l.dial,
+			LogError:       l.logError,
+			ReconnectDelay: -1, // no fixed delay: dial backs off while failing
+		}
+		pl.Handle(channel, l)
+		pl.Handle(l.canary, pgxlisten.HandlerFunc(func(context.Context, *pgconn.Notification, *pgx.Conn) error {
+			l.lastRx.Store(time.Now().UnixNano())
+			return nil
+		}))
+		err := pl.Listen(lctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case lctx.Err() != nil:
+			l.setConn(nil)
+			l.lastConnect = time.Time{} // not a quick death: connect at once
+			l.cfg.Logger.Info().Str("from", channel).Str("to", l.Channel()).Msg("listener: listening on the topic's new channel")
+		default:
+			return err
+		}
+	}
 }
 
 // dial is pgxlisten's Connect: it backs off while dialling fails, and when
