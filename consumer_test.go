@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
@@ -456,18 +457,101 @@ func TestRunRefusesPartitionMismatch(t *testing.T) {
 	}
 }
 
+// TestNewGroupStartsAtFirstRetainedEvent: retention removes a topic's
+// oldest segments, as far in each partition as the groups let it (an older
+// group still needs the second half of partition 1). A new group placed at
+// "earliest" starts at the first retained event of every partition: it
+// handles every event retained or appended since, exactly once, and
+// nothing before; and it is told of no skipped events, since it never had
+// them.
 func TestNewGroupStartsAtFirstRetainedEvent(t *testing.T) {
 	t.Parallel()
+	ctx := pgtest.Context(context.Background())
 	pool := newTopic(t, 2)
 	mustExec(t, pool, handledTable)
-	for i := range 5 {
-		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`))
+	pgtest.ResizeSegments(t, pool, 1, 1000) // the smallest segments allowed
+	mustExec(t, pool, `UPDATE topic_retention SET retention = '1 millisecond', zero_subscription_retention = '1 millisecond'`)
+	// Three hosts in each partition.
+	var hosts []string
+	for i, n := 0, [2]int{}; n[0] < 3 || n[1] < 3; i++ {
+		h := fmt.Sprintf("h%d", i)
+		if p := queryInt(t, pool, `SELECT event_partition($1, 2)`, h); n[p] < 3 {
+			n[p]++
+			hosts = append(hosts, h)
+		}
 	}
-	// Retention removed the first two events.
-	mustExec(t, pool, `DELETE FROM outbox_message_t WHERE event_id IN (SELECT event_id FROM outbox_message_t ORDER BY created_at LIMIT 2)`)
-	startConsumer(t, pool, Config{TotalPartitions: 2, Handlers: recordingHandlers()})
-	waitHandled(t, pool, 3, 10*time.Second)
-	checkHandled(t, pool) // exactly the 3 retained ones
+	appendSome := func(txs int) {
+		for i := range txs {
+			evs := make([]Event, 5)
+			for k := range evs {
+				evs[k] = ev(hosts[(i*5+k)%len(hosts)], "t", `{}`)
+			}
+			appendTx(t, pool, evs...)
+		}
+	}
+	// 4,500 events, 2,250 per partition: several segments in each, under
+	// either offset scope.
+	for range 45 {
+		mustExec(t, pool, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', ($1::text[])[1 + i % 6], 'event_type', 't'))
+			FROM generate_series(1, 100) i))`, hosts)
+	}
+	// Group older has handled partition 0 and half of partition 1.
+	if _, _, err := offsets.Subscribe(ctx, pool, "older", 1, offsets.Start{Kind: "earliest"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `UPDATE consumer_offsets SET next_offset = CASE partition_id
+		WHEN 0 THEN (SELECT max(c_offset) + 1 FROM outbox_message_t WHERE partition_id = 0)
+		ELSE (SELECT c_offset FROM outbox_message_t WHERE partition_id = 1 ORDER BY c_offset OFFSET 1125 LIMIT 1) END
+		WHERE group_id = 'older'`)
+	firstAppended := firstOffsets(t, pool)
+	// Retention, as consumers run it, until it has nothing more to remove.
+	pgtest.WaitFor(t, 20*time.Second, "retention removed all it may", func() bool {
+		m, err := Maintain(ctx, pool, 1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Ran && len(m.Retention.Removed) == 0 && m.Retention.Blocked != "" &&
+			!strings.Contains(m.Retention.Blocked, "lock was busy")
+	})
+	first := firstOffsets(t, pool)
+	if first[0] <= firstAppended[0] || first[1] <= firstAppended[1] || first[1] >= first[0] {
+		t.Fatalf("first offsets %v before retention, %v after: the test needs retention to remove events in both partitions, more in partition 0",
+			firstAppended, first)
+	}
+	appendSome(2) // after retention, before the group starts
+	c := startConsumer(t, pool, Config{TotalPartitions: 2, Handlers: recordingHandlers()})
+	appendSome(2) // after the group started
+	pgtest.WaitFor(t, 10*time.Second, "the group caught up", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM outbox_message_t m WHERE NOT EXISTS (SELECT 1 FROM consumer_offsets o
+			WHERE o.group_id = 'g' AND o.partition_id = m.partition_id AND o.next_offset > m.c_offset)`) == 0
+	})
+	n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`)
+	for p := range 2 {
+		var firstHandled, lowest int64
+		if err := pool.QueryRow(ctx, `SELECT (SELECT c_offset FROM handled WHERE partition_id = $1 ORDER BY seq LIMIT 1),
+			(SELECT min(c_offset) FROM handled WHERE partition_id = $1)`, p).Scan(&firstHandled, &lowest); err != nil {
+			t.Fatal(err)
+		}
+		if firstHandled != first[p] || lowest != first[p] {
+			t.Errorf("partition %d: the group began at offset %d (lowest handled %d), want the first retained event, %d",
+				p, firstHandled, lowest, first[p])
+		}
+	}
+	checkHandled(t, pool) // every retained or later event exactly once, nothing else
+	if k := queryInt(t, pool, `SELECT count(*) FROM retention_skips WHERE group_id = 'g'`); k != 0 || c.Stats().Skipped != 0 {
+		t.Errorf("the new group was told of skipped events: %d records, %d events", k, c.Stats().Skipped)
+	}
+	t.Logf("first retained offsets %v (first appended %v), %d events handled", first, firstAppended, n)
+}
+
+// firstOffsets returns the lowest offset in partitions 0 and 1 of topic 1.
+func firstOffsets(t *testing.T, pool *pgxpool.Pool) [2]int64 {
+	t.Helper()
+	var out [2]int64
+	for p := range out {
+		out[p] = queryInt(t, pool, `SELECT coalesce(min(c_offset), 0) FROM outbox_message_t WHERE topic_id = 1 AND partition_id = $1`, p)
+	}
+	return out
 }
 
 func TestHandlerCannotCommitConsumerTransaction(t *testing.T) {
