@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
@@ -251,18 +253,157 @@ func TestTransientFailureRetriesWithoutDeadLetter(t *testing.T) {
 }
 
 // TestTwoConsumersOnePartitionDoNotInterleave: two consumers of one group
-// serving the same partitions handle every event exactly once, in order.
+// serve one partition at the same time, while producers append
+// transactions of several events over several hosts. Their batches never
+// interleave: each consumer transaction handles a contiguous run of
+// offsets, starts where the one committed before it ended (it saw that
+// commit), and the runs follow each other in the order the handlers ran,
+// so every event is handled exactly once, in offset order.
+//
+// A partition's lease gives it to one consumer at a time, which would keep
+// the two apart whatever their batches do. So both are given the lease
+// under one fencing token (one replica id, and the lease's epoch handed to
+// the second consumer's worker), which is more than any handover allows
+// (there the old owner's batch can no longer commit): both claim batches
+// whenever they hear of events, both can commit, and only the claim's lock
+// on the group's position orders their batches.
 func TestTwoConsumersOnePartitionDoNotInterleave(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 2)
+	ctx := context.Background()
+	pool := newTopic(t, 1)
 	mustExec(t, pool, handledTable)
-	startConsumer(t, pool, Config{TotalPartitions: 2, BatchSize: 5, Handlers: recordingHandlers()})
-	startConsumer(t, pool, Config{TotalPartitions: 2, BatchSize: 5, Handlers: recordingHandlers()})
-	for i := range 100 {
-		appendTx(t, pool, ev(fmt.Sprintf("h%d", i%7), "t", `{}`), ev(fmt.Sprintf("h%d", i%7), "t", `{}`))
+	// Which consumer handled the event, and the group's position that the
+	// handler's statement saw: the offset its batch started at, once the
+	// batch before it committed.
+	mustExec(t, pool, `ALTER TABLE public.handled ADD COLUMN consumer text NOT NULL, ADD COLUMN position_seen bigint NOT NULL`)
+	offsetsTable := "consumer_offsets"
+	if s := pgtest.Schema(); s != "" {
+		offsetsTable = pgx.Identifier{s, offsetsTable}.Sanitize()
 	}
-	waitHandled(t, pool, 200, 30*time.Second)
+	handlers := func(name string) *Handlers {
+		hs := &Handlers{}
+		hs.HandleAll(SQLHandler("g", `INSERT INTO handled (c_offset, host_id, partition_id, transaction_id, consumer, position_seen)
+			VALUES (@c_offset, @host_id, @partition_id, @transaction_id, '`+name+`',
+			        (SELECT next_offset FROM `+offsetsTable+`
+			         WHERE group_id = @group_id AND topic_id = @topic_id AND partition_id = @partition_id))`))
+		return hs
+	}
+	cfg := func(name string) Config {
+		return Config{TotalPartitions: 1, BatchSize: 5, ReplicaID: "one-replica", Handlers: handlers(name)}
+	}
+	a := startConsumer(t, pool, cfg("a"))
+	pgtest.WaitFor(t, 10*time.Second, "consumer a holds the partition", func() bool { return fmt.Sprint(a.Partitions()) == "[0]" })
+	b := startConsumer(t, pool, cfg("b"))
+	pgtest.WaitFor(t, 10*time.Second, "consumer b runs its layout", func() bool { return b.rt.Load() != nil })
+	epoch := queryInt(t, pool, `SELECT epoch FROM partition_leases WHERE group_id = 'g' AND partition_id = 0 AND owner = 'one-replica'`)
+	b.rt.Load().Acquired(0, epoch)
+
+	var committed atomic.Int64
+	var wg sync.WaitGroup
+	for p := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(p), 17))
+			for i := range 80 {
+				evs := make([]Event, 2+rng.IntN(4))
+				for k := range evs {
+					evs[k] = ev(fmt.Sprintf("h%d", rng.IntN(6)), "t", fmt.Sprintf(`{"p":%d,"i":%d}`, p, i))
+				}
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := Append(ctx, tx, evs...); err != nil {
+					_ = tx.Rollback(ctx)
+					t.Error(err)
+					return
+				}
+				if i%5 == 4 { // rolled back: leaves no gap
+					_ = tx.Rollback(ctx)
+					continue
+				}
+				if err := tx.Commit(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				committed.Add(int64(len(evs)))
+			}
+		}()
+	}
+	wg.Wait()
+	n := committed.Load()
+	pgtest.WaitFor(t, 30*time.Second, "the group's position past every event", func() bool {
+		return queryInt(t, pool, `SELECT next_offset FROM consumer_offsets WHERE group_id = 'g'`) == n+1
+	})
+
+	// In the order the handlers ran, the offsets are 1, 2, ..., n: every
+	// event once, none handled before an earlier one.
+	if bad := queryInt(t, pool, `SELECT count(*) FROM (SELECT c_offset, row_number() OVER (ORDER BY seq) AS rn FROM handled) x
+		WHERE c_offset <> rn`); bad != 0 {
+		t.Errorf("%d of %d handled events are out of place in handling order (want offsets 1 to %d in order)", bad, n, n)
+	}
+	// Each consumer transaction: one consumer, a contiguous run of offsets,
+	// its rows not interleaved with another transaction's, starting where
+	// the transaction before it ended, and starting from the position that
+	// transaction committed.
+	type run struct {
+		tx                int64
+		consumer          string
+		lo, hi, n, lastHi int64
+		firstSeq, lastSeq int64
+		seenLo, seenHi    int64
+		consumers         int64
+	}
+	rows, err := pool.Query(ctx, `SELECT consumer_tx, min(consumer), min(c_offset), max(c_offset), count(*),
+		coalesce(lag(max(c_offset)) OVER (ORDER BY min(seq)), 0), min(seq), max(seq), min(position_seen), max(position_seen), count(DISTINCT consumer)
+		FROM handled GROUP BY consumer_tx ORDER BY min(seq)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (run, error) {
+		var x run
+		err := r.Scan(&x.tx, &x.consumer, &x.lo, &x.hi, &x.n, &x.lastHi, &x.firstSeq, &x.lastSeq, &x.seenLo, &x.seenHi, &x.consumers)
+		return x, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[string]int{}
+	var prevSeq int64
+	var problems []string
+	fail := func(format string, args ...any) {
+		if len(problems) < 10 {
+			problems = append(problems, fmt.Sprintf(format, args...))
+		}
+	}
+	for _, r := range runs {
+		by[r.consumer]++
+		switch {
+		case r.consumers != 1:
+			fail("consumer transaction %d was handled by %d consumers", r.tx, r.consumers)
+		case r.hi-r.lo+1 != r.n:
+			fail("consumer transaction %d (consumer %s) handled %d events over offsets %d-%d: not contiguous", r.tx, r.consumer, r.n, r.lo, r.hi)
+		case r.firstSeq <= prevSeq:
+			fail("consumer transaction %d (consumer %s) handled events while the one before it did", r.tx, r.consumer)
+		case r.lo != r.lastHi+1:
+			fail("consumer transaction %d (consumer %s) started at offset %d, after a transaction that ended at %d", r.tx, r.consumer, r.lo, r.lastHi)
+		case r.seenLo != r.lo || r.seenHi != r.lo:
+			fail("consumer transaction %d (consumer %s) started at offset %d while its handlers saw the committed position at %d to %d",
+				r.tx, r.consumer, r.lo, r.seenLo, r.seenHi)
+		}
+		prevSeq = r.lastSeq
+	}
+	if len(problems) > 0 {
+		t.Fatalf("batches interleaved (first %d problems):\n  %s", len(problems), strings.Join(problems, "\n  "))
+	}
+	// Two consumers served the partition, or the test proved nothing.
+	if by["a"] == 0 || by["b"] == 0 {
+		t.Fatalf("consumer transactions by consumer: %v; want both consumers to have handled batches", by)
+	}
 	checkHandled(t, pool)
+	t.Logf("%d events in %d consumer transactions: %v", n, len(runs), by)
 }
 
 // TestLargeTransactionBoundedMemory: a producer transaction 100 times the
@@ -316,18 +457,101 @@ func TestRunRefusesPartitionMismatch(t *testing.T) {
 	}
 }
 
+// TestNewGroupStartsAtFirstRetainedEvent: retention removes a topic's
+// oldest segments, as far in each partition as the groups let it (an older
+// group still needs the second half of partition 1). A new group placed at
+// "earliest" starts at the first retained event of every partition: it
+// handles every event retained or appended since, exactly once, and
+// nothing before; and it is told of no skipped events, since it never had
+// them.
 func TestNewGroupStartsAtFirstRetainedEvent(t *testing.T) {
 	t.Parallel()
+	ctx := pgtest.Context(context.Background())
 	pool := newTopic(t, 2)
 	mustExec(t, pool, handledTable)
-	for i := range 5 {
-		appendTx(t, pool, ev(fmt.Sprintf("h%d", i), "t", `{}`))
+	pgtest.ResizeSegments(t, pool, 1, 1000) // the smallest segments allowed
+	mustExec(t, pool, `UPDATE topic_retention SET retention = '1 millisecond', zero_subscription_retention = '1 millisecond'`)
+	// Three hosts in each partition.
+	var hosts []string
+	for i, n := 0, [2]int{}; n[0] < 3 || n[1] < 3; i++ {
+		h := fmt.Sprintf("h%d", i)
+		if p := queryInt(t, pool, `SELECT event_partition($1, 2)`, h); n[p] < 3 {
+			n[p]++
+			hosts = append(hosts, h)
+		}
 	}
-	// Retention removed the first two events.
-	mustExec(t, pool, `DELETE FROM outbox_message_t WHERE event_id IN (SELECT event_id FROM outbox_message_t ORDER BY created_at LIMIT 2)`)
-	startConsumer(t, pool, Config{TotalPartitions: 2, Handlers: recordingHandlers()})
-	waitHandled(t, pool, 3, 10*time.Second)
-	checkHandled(t, pool) // exactly the 3 retained ones
+	appendSome := func(txs int) {
+		for i := range txs {
+			evs := make([]Event, 5)
+			for k := range evs {
+				evs[k] = ev(hosts[(i*5+k)%len(hosts)], "t", `{}`)
+			}
+			appendTx(t, pool, evs...)
+		}
+	}
+	// 4,500 events, 2,250 per partition: several segments in each, under
+	// either offset scope.
+	for range 45 {
+		mustExec(t, pool, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', ($1::text[])[1 + i % 6], 'event_type', 't'))
+			FROM generate_series(1, 100) i))`, hosts)
+	}
+	// Group older has handled partition 0 and half of partition 1.
+	if _, _, err := offsets.Subscribe(ctx, pool, "older", 1, offsets.Start{Kind: "earliest"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `UPDATE consumer_offsets SET next_offset = CASE partition_id
+		WHEN 0 THEN (SELECT max(c_offset) + 1 FROM outbox_message_t WHERE partition_id = 0)
+		ELSE (SELECT c_offset FROM outbox_message_t WHERE partition_id = 1 ORDER BY c_offset OFFSET 1125 LIMIT 1) END
+		WHERE group_id = 'older'`)
+	firstAppended := firstOffsets(t, pool)
+	// Retention, as consumers run it, until it has nothing more to remove.
+	pgtest.WaitFor(t, 20*time.Second, "retention removed all it may", func() bool {
+		m, err := Maintain(ctx, pool, 1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Ran && len(m.Retention.Removed) == 0 && m.Retention.Blocked != "" &&
+			!strings.Contains(m.Retention.Blocked, "lock was busy")
+	})
+	first := firstOffsets(t, pool)
+	if first[0] <= firstAppended[0] || first[1] <= firstAppended[1] || first[1] >= first[0] {
+		t.Fatalf("first offsets %v before retention, %v after: the test needs retention to remove events in both partitions, more in partition 0",
+			firstAppended, first)
+	}
+	appendSome(2) // after retention, before the group starts
+	c := startConsumer(t, pool, Config{TotalPartitions: 2, Handlers: recordingHandlers()})
+	appendSome(2) // after the group started
+	pgtest.WaitFor(t, 10*time.Second, "the group caught up", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM outbox_message_t m WHERE NOT EXISTS (SELECT 1 FROM consumer_offsets o
+			WHERE o.group_id = 'g' AND o.partition_id = m.partition_id AND o.next_offset > m.c_offset)`) == 0
+	})
+	n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`)
+	for p := range 2 {
+		var firstHandled, lowest int64
+		if err := pool.QueryRow(ctx, `SELECT (SELECT c_offset FROM handled WHERE partition_id = $1 ORDER BY seq LIMIT 1),
+			(SELECT min(c_offset) FROM handled WHERE partition_id = $1)`, p).Scan(&firstHandled, &lowest); err != nil {
+			t.Fatal(err)
+		}
+		if firstHandled != first[p] || lowest != first[p] {
+			t.Errorf("partition %d: the group began at offset %d (lowest handled %d), want the first retained event, %d",
+				p, firstHandled, lowest, first[p])
+		}
+	}
+	checkHandled(t, pool) // every retained or later event exactly once, nothing else
+	if k := queryInt(t, pool, `SELECT count(*) FROM retention_skips WHERE group_id = 'g'`); k != 0 || c.Stats().Skipped != 0 {
+		t.Errorf("the new group was told of skipped events: %d records, %d events", k, c.Stats().Skipped)
+	}
+	t.Logf("first retained offsets %v (first appended %v), %d events handled", first, firstAppended, n)
+}
+
+// firstOffsets returns the lowest offset in partitions 0 and 1 of topic 1.
+func firstOffsets(t *testing.T, pool *pgxpool.Pool) [2]int64 {
+	t.Helper()
+	var out [2]int64
+	for p := range out {
+		out[p] = queryInt(t, pool, `SELECT coalesce(min(c_offset), 0) FROM outbox_message_t WHERE topic_id = 1 AND partition_id = $1`, p)
+	}
+	return out
 }
 
 func TestHandlerCannotCommitConsumerTransaction(t *testing.T) {

@@ -70,6 +70,20 @@ func WithSchema(ctx context.Context, name string) context.Context {
 // append: the lock is held for the server's work and the commit only.
 // Append checks HostID, EventType and that Payload and Metadata are valid
 // JSON before any round trip.
+//
+// Under offset scope 'partition', one call locks the partitions its events
+// fall in, in ascending partition order, so transactions that each append
+// to a topic with one call cannot deadlock on each other. A transaction
+// that calls Append more than once for a topic locks partitions in the
+// order of its calls, and two such transactions can deadlock: one appends
+// for a host of partition 1, then for one of partition 2, while the other
+// appends for partition 2, then 1. PostgreSQL then ends one of them with
+// SQLSTATE 40P01 (deadlock_detected), after deadlock_timeout (1 s by
+// default): its Append returns an error wrapping a *pgconn.PgError with
+// Code "40P01" ("append: ERROR: deadlock detected (SQLSTATE 40P01)"),
+// which Classify classes ClassTransient, and its transaction is aborted.
+// Append all of a transaction's events of a topic in one call; otherwise
+// roll back and run the whole transaction again on 40P01.
 func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 	stmts, err := planAppend(events)
 	if err != nil {
@@ -96,6 +110,13 @@ func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 // round trip, begin tx on a connection of your own (pool.Acquire, then
 // conn.Begin) and release the connection once AppendCommit returned: the
 // pool takes it back as it is idle, or closes it if it is not.
+//
+// AppendCommit appends with one call, which under offset scope 'partition'
+// locks the partitions in ascending order, as Append does. After an earlier
+// Append for the same topic in tx it can deadlock with another transaction
+// (see Append): it then returns an error wrapping a *pgconn.PgError with
+// Code "40P01" (ClassTransient), with tx rolled back; run the transaction
+// again.
 func AppendCommit(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 	stmts, err := planAppend(events)
 	if err != nil {

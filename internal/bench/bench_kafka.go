@@ -22,10 +22,18 @@ import (
 // memory, with nothing else to do. The ratio relay / bare producer is what
 // the relay's consumer work (claim, fetch, commit per batch, waiting for
 // every batch's acknowledgements before the next) leaves of the producer's
-// rate on this machine.
+// rate on this machine. A second relay sends each event to the topic of
+// its user ("bench.{user_id}", 5 topics), so that a host's events switch
+// topic at random: the relay then holds a host's record back until the
+// host's earlier records to other topics are acknowledged, and the ratio
+// to the first relay is what keeping a host's order across topics costs.
 func benchKafka(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	n := benchPick(e, int64(200_000), int64(30_000))
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(12, "bench"))
+	topics := []string{"bench"}
+	for _, u := range benchUserNames {
+		topics = append(topics, "bench."+u)
+	}
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(12, topics...))
 	if err != nil {
 		return nil, err
 	}
@@ -40,6 +48,11 @@ func benchKafka(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		return nil, err
 	}
 	defer relay.Close()
+	perUser, err := kafka.New(kafka.Options{Brokers: kc.ListenAddrs(), Topic: "bench.{user_id}"})
+	if err != nil {
+		return nil, err
+	}
+	defer perUser.Close()
 	recs, err := benchKafkaRecords(ctx, bl, relay)
 	if err != nil {
 		return nil, err
@@ -47,6 +60,7 @@ func benchKafka(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 
 	batchSizes := []int{100, 1000}
 	rates := make([][]float64, len(batchSizes))
+	users := make([][]float64, len(batchSizes))
 	noop := make([][]float64, len(batchSizes))
 	var bare []float64
 	for rep := range e.reps {
@@ -65,6 +79,13 @@ func benchKafka(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 			}
 			rates[i] = append(rates[i], r)
 			e.logf("kafka: relay, batchSize %d, rep %d: %.0f events/s", b, rep+1, r)
+			hs = &pgevents.Handlers{}
+			hs.HandleAll(perUser)
+			if r, err = benchKafkaDrain(ctx, bl, fmt.Sprintf("users-b%d-r%d", b, rep), b, hs); err != nil {
+				return nil, err
+			}
+			users[i] = append(users[i], r)
+			e.logf("kafka: relay to a topic per user, batchSize %d, rep %d: %.0f events/s", b, rep+1, r)
 			if r, err = benchKafkaDrain(ctx, bl, fmt.Sprintf("noop-b%d-r%d", b, rep), b, benchNoopHandlers()); err != nil {
 				return nil, err
 			}
@@ -76,14 +97,20 @@ func benchKafka(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		noted("one client, idempotent, acks=all, everything produced then flushed; kfake, 1 broker, 12 partitions")}
 	for i, b := range batchSizes {
 		ratio := make([]float64, len(rates[i]))
+		userRatio := make([]float64, len(rates[i]))
 		for k := range ratio {
 			ratio[k] = rates[i][k] / bare[k]
+			userRatio[k] = users[i][k] / rates[i][k]
 		}
 		out = append(out,
 			newBenchResult("kafka", fmt.Sprintf("relay %d events, 8 partitions, batchSize %d", n, b), "events/s", rates[i]).
 				noted("one consumer process; each batch's records produced together, its offset committed after all are acknowledged"),
 			newBenchResult("kafka", fmt.Sprintf("relay / bare producer, batchSize %d", b), "ratio", ratio).
 				noted("same records, same run"),
+			newBenchResult("kafka", fmt.Sprintf("relay to a topic per user (5), batchSize %d", b), "events/s", users[i]).
+				noted("a host's events switch topic at random; a host's record waits for its earlier records to other topics"),
+			newBenchResult("kafka", fmt.Sprintf("topic per user / one topic, batchSize %d", b), "ratio", userRatio).
+				noted("what keeping a host's order across topics costs; same run"),
 			newBenchResult("kafka", fmt.Sprintf("no-op handler, same backlog, batchSize %d", b), "events/s", noop[i]).
 				noted("the consumer alone: what the relay's rate is bounded by on the PostgreSQL side"))
 	}

@@ -15,18 +15,53 @@ import (
 
 // flusher holds one attempt at a batch: the records it buffered on the
 // partition's client, and those that failed.
+//
+// # Order across Kafka topics
+//
+// The producer keeps the order of the records of one Kafka partition, and
+// only of those: records to different topics (or partitions) are sent, and
+// retried, independently. When the topic template can send a host's
+// events to several topics, a host's record therefore waits until the
+// host's earlier records to other topics are acknowledged: it goes in a
+// later wave. A record is in wave w when its host switched topic w times
+// among its records of the attempt so far (since the last complete flush);
+// Flush sends wave 0, waits for its acknowledgements, then sends wave 1,
+// and so on, and sends no later wave once a record failed. A host's
+// records to one topic stay in one wave, so they travel together; hosts
+// whose records all go to one topic (always so for a template that uses
+// no field but host_id and partition_id) only ever use wave 0, where
+// records are produced as Handle adds them, as before.
 type flusher struct {
 	s       *Sink
 	p       *part
 	started bool
 
-	buffered int                  // records buffered since the last flush
-	stopped  *pgevents.EventError // a failure an early flush found
+	buffered  int                  // records added since the last complete flush
+	unflushed int                  // records produced on the client since its last Flush
+	stopped   *pgevents.EventError // a failure an early flush found
+
+	hosts map[string]hostWave // per host, its last record's topic and wave; nil unless the topic varies within a host
+	waves [][]waitingRecord   // the records of waves 1, 2, ... not produced yet
 
 	mu      sync.Mutex
 	pending int           // records produced and not yet finished
 	idle    chan struct{} // closed when pending drops to 0, if set
 	failed  []failedRecord
+}
+
+// hostWave is where a host's last record of the attempt went: its topic
+// and its wave.
+type hostWave struct {
+	topic string
+	wave  int
+}
+
+// waitingRecord is a record of a later wave, produced once the waves
+// before it are acknowledged.
+type waitingRecord struct {
+	offset int64
+	id     string
+	rec    *kgo.Record
 }
 
 // failedRecord is a record whose delivery failed.
@@ -77,11 +112,43 @@ func (f *flusher) add(ctx context.Context, ev *pgevents.Event) error {
 		}
 	}
 	f.buffered++
+	if w := f.wave(ev.HostID, rec.Topic); w > 0 {
+		for len(f.waves) < w {
+			f.waves = append(f.waves, nil)
+		}
+		f.waves[w-1] = append(f.waves[w-1], waitingRecord{offset: ev.Offset, id: ev.EventID, rec: rec})
+		return nil
+	}
+	f.produce(ev.Offset, ev.EventID, rec)
+	return nil
+}
+
+// wave returns the wave of a record of host to topic (see flusher), and
+// records it as the host's last.
+func (f *flusher) wave(host, topic string) int {
+	if !f.s.topicPerEvent {
+		return 0
+	}
+	if f.hosts == nil {
+		f.hosts = map[string]hostWave{}
+	}
+	h, ok := f.hosts[host]
+	if ok && h.topic != topic {
+		h.wave++
+	}
+	h.topic = topic
+	f.hosts[host] = h
+	return h.wave
+}
+
+// produce hands the record of the event at offset, with id, to the
+// partition's client, which sends it at the next Flush.
+func (f *flusher) produce(offset int64, id string, rec *kgo.Record) {
+	f.unflushed++
 	f.mu.Lock()
 	f.pending++
 	f.mu.Unlock()
 	start := time.Now()
-	offset, id := ev.Offset, ev.EventID
 	// Never cancelled: a record's context that ends fails every record
 	// buffered after it in its Kafka partition. Deliveries are bounded by
 	// the delivery timeout, the wait for them by Flush's context.
@@ -103,11 +170,15 @@ func (f *flusher) add(ctx context.Context, ev *pgevents.Event) error {
 			f.idle = nil
 		}
 	})
-	return nil
 }
 
-// Flush sends the buffered records and waits for all of them, then
-// reports the earliest failure.
+// Flush sends the buffered records and waits for all of them, wave after
+// wave (see flusher), then reports the earliest failure. Once a wave has a
+// failure, the later waves are not sent: their records may follow a host's
+// record that failed. The failure reported is the earliest among the
+// records sent; a record of a later wave with a lower offset was not sent,
+// and goes in the attempt the consumer makes next (a retry, or the batch
+// without the blamed unit), whose flush precedes any commit.
 func (f *flusher) Flush(ctx context.Context) error {
 	if f.stopped != nil {
 		return f.stopped
@@ -115,16 +186,33 @@ func (f *flusher) Flush(ctx context.Context) error {
 	if f.p == nil {
 		return pgevents.Retryable(errClosed)
 	}
-	if f.buffered > 0 {
-		if err := f.p.cl.Flush(ctx); err != nil {
+	for {
+		if f.unflushed > 0 {
+			if err := f.p.cl.Flush(ctx); err != nil {
+				return f.unfinished(ctx, err)
+			}
+			f.unflushed = 0
+		}
+		if err := f.wait(ctx); err != nil {
 			return f.unfinished(ctx, err)
 		}
-		f.buffered = 0
+		if err := f.resolve(ctx); err != nil {
+			return err
+		}
+		if len(f.waves) == 0 {
+			break
+		}
+		for _, w := range f.waves[0] {
+			f.produce(w.offset, w.id, w.rec)
+		}
+		f.waves = f.waves[1:]
 	}
-	if err := f.wait(ctx); err != nil {
-		return f.unfinished(ctx, err)
-	}
-	return f.resolve(ctx)
+	// Every record added so far is acknowledged: a host's next record may
+	// go to any topic at once.
+	f.buffered = 0
+	f.waves = nil
+	clear(f.hosts)
+	return nil
 }
 
 // unfinished is the error of a flush whose context ended.

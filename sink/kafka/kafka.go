@@ -34,6 +34,21 @@
 // failed: per-key order never breaks, across failures and retries included.
 // A batch larger than 10,000 records is flushed every 10,000.
 //
+// The producer keeps that order within a Kafka partition only: records to
+// different topics are sent, and retried, independently. When the topic
+// template can send a host's events to several topics (it uses a field
+// other than host_id, partition_id and topic_id, as "portal.{event_type}"
+// does), a host's record is therefore sent only once the host's earlier
+// records, to other topics, are acknowledged: a flush sends the batch's
+// records in waves, a host's record one wave after its previous record
+// when that went to another topic, and stops at the first wave with a
+// failure. So a host's order holds across topics: when a consumer of one
+// topic sees a host's record, every earlier record of the host is in Kafka.
+// It costs a round trip to the brokers per change of topic within a host in
+// a batch (the most of any host), nothing where a host's events all go to
+// one topic. A key not derived from host_id spreads a host over a topic's
+// Kafka partitions, where its order is kept per partition only.
+//
 // # Guarantees and failures
 //
 // At least once into Kafka, never reordered per key: the consumer's offset
@@ -123,7 +138,8 @@ type Options struct {
 	Brokers []string
 	// Topic is the topic records go to, a template over the event's fields
 	// such as "portal.{event_type}" (see internal/tmpl for the fields);
-	// required.
+	// required. A host's records keep their order across the topics it
+	// renders (see the package documentation).
 	Topic string
 	// Key is the record key: a template, or a bare field name; default
 	// "host_id". A key not derived from host_id spreads a host over Kafka
@@ -189,11 +205,15 @@ func (e *OptionError) Unwrap() error { return ErrInvalidOptions }
 // Sink is the Kafka relay handler. Register it for the event types to
 // relay; Close it after the consumer stopped.
 type Sink struct {
-	opts    Options
-	topic   *tmpl.Template
-	key     *tmpl.Template
-	base    []kgo.Opt
-	metrics *sink.Recorder // for events handled outside a batch
+	opts  Options
+	topic *tmpl.Template
+	// topicPerEvent says that the topic template uses a field that can
+	// change within a host, so that a host's records can go to several
+	// topics (see flusher).
+	topicPerEvent bool
+	key           *tmpl.Template
+	base          []kgo.Opt
+	metrics       *sink.Recorder // for events handled outside a batch
 
 	mu     sync.Mutex
 	parts  map[sink.PartKey]*part
@@ -282,8 +302,8 @@ func New(opts Options) (*Sink, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	cl.Close()
-	return &Sink{opts: opts, topic: topic, key: key, base: base, parts: map[sink.PartKey]*part{},
-		metrics: opts.Metrics.For("", opts.Name, "kafka")}, nil
+	return &Sink{opts: opts, topic: topic, topicPerEvent: variesWithinHost(topic), key: key, base: base,
+		parts: map[sink.PartKey]*part{}, metrics: opts.Metrics.For("", opts.Name, "kafka")}, nil
 }
 
 func (s *SASL) mechanism() (sasl.Mechanism, error) {
@@ -465,6 +485,18 @@ func encodedSize(rec *kgo.Record) int {
 		n += varint + len(h.Key) + varint + len(h.Value)
 	}
 	return n
+}
+
+// variesWithinHost reports whether t uses a field that can differ between
+// two events of one host: any field but host_id, partition_id (a host's
+// partition) and topic_id (the consumer's topic).
+func variesWithinHost(t *tmpl.Template) bool {
+	for _, f := range []string{"event_type", "user_id", "event_id", "transaction_id", "c_offset"} {
+		if t.Uses(f) {
+			return true
+		}
+	}
+	return false
 }
 
 // fieldValue returns an event's field as a template renders it.

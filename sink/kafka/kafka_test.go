@@ -427,3 +427,79 @@ func TestFailedAttemptSendsNothing(t *testing.T) {
 		t.Fatalf("%d duplicates: the failed attempt's records were sent", d.Duplicates)
 	}
 }
+
+// TestHostOrderAcrossTopics: a topic template that sends a host's events
+// to several Kafka topics ("ev.{event_type}") keeps the host's order across
+// them. While topic ev.a refuses every record (NOT_ENOUGH_REPLICAS, a
+// transient failure), its records are retried and no later record of a
+// host waiting on one of them reaches ev.b, although ev.b works: a record
+// of a host is written only once the host's earlier records are
+// acknowledged, whatever their topic. Afterwards every event is delivered,
+// in order per host in each topic, and the hosts whose events all go to
+// ev.b were never held up.
+func TestHostOrderAcrossTopics(t *testing.T) {
+	t.Parallel()
+	c := cluster(t, 2, []string{"ev.a", "ev.b"})
+	pool := pgtest.TopicPool(t, 2)
+	// The producer refreshes its metadata after a refused record at most
+	// every 100 ms, not 5 s, so that each attempt fails after about the
+	// delivery timeout and the outage ends quickly once the fault goes.
+	s := relay(t, c, kafka.Options{Topic: "ev.{event_type}", DeliveryTimeout: time.Second,
+		ClientOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond)}})
+	cfg := fastRetry(2, handleAll(s))
+	cfg.MaxAttempts = 2 // a failure of unknown class would be dead-lettered: the outage's must be transient
+	fault := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "ev.a", Err: kerr.NotEnoughReplicas, Count: -1})
+	e := func(host, typ string) pgevents.Event {
+		return pgevents.Event{HostID: host, EventType: typ, Payload: []byte(`{}`)}
+	}
+	// Hosts m0 to m5 go to both topics, in transactions that switch topic
+	// within a host and across them; hosts b0 to b5 go to ev.b only.
+	for i := range 6 {
+		m, b := fmt.Sprintf("m%d", i), fmt.Sprintf("b%d", i)
+		sinktest.AppendTx(t, pool, e(m, "b"), e(b, "b"), e(m, "a"), e(m, "b"), e(b, "b"))
+		sinktest.AppendTx(t, pool, e(m, "b"), e(m, "a"), e(b, "b"))
+		sinktest.AppendTx(t, pool, e(b, "b"), e(m, "a"), e(m, "a"), e(m, "b"))
+	}
+	cons := sinktest.StartConsumer(t, pool, cfg)
+	pgtest.WaitFor(t, 30*time.Second, "batches failing on ev.a", func() bool { return cons.Stats().Retries >= 4 })
+
+	log := sinktest.Log(t, pool)
+	firstA := map[string]int64{} // per host, the offset of its first event to ev.a
+	for _, ev := range log {
+		if f, ok := firstA[ev.HostID]; ev.EventType == "a" && (!ok || ev.Offset < f) {
+			firstA[ev.HostID] = ev.Offset
+		}
+	}
+	got := map[string]bool{}
+	for _, r := range sinktest.ReadTopic(t, c.ListenAddrs(), "ev.a", 2) {
+		t.Fatalf("record %s in ev.a while it refuses every record", r.Headers["event_id"])
+	}
+	for _, r := range sinktest.ReadTopic(t, c.ListenAddrs(), "ev.b", 2) {
+		ev := log[r.Headers["event_id"]]
+		got[ev.EventID] = true
+		if f, ok := firstA[ev.HostID]; ok && ev.Offset > f {
+			t.Fatalf("host %s: event at offset %d reached ev.b while its event at offset %d has not reached ev.a", ev.HostID, ev.Offset, f)
+		}
+	}
+	// Every event that waits for nothing in ev.a went through meanwhile.
+	for _, ev := range log {
+		if f, ok := firstA[ev.HostID]; ev.EventType == "b" && (!ok || ev.Offset < f) && !got[ev.EventID] {
+			t.Fatalf("host %s: event at offset %d, which waits for no record of ev.a, did not reach ev.b during the outage", ev.HostID, ev.Offset)
+		}
+	}
+
+	fault.Remove()
+	sinktest.WaitCaughtUp(t, pool, "g", 30*time.Second)
+	if dls := sinktest.DeadLetters(t, pool, "g"); len(dls) != 0 {
+		t.Fatalf("%d dead letters, first: %s", len(dls), dls[0].Error)
+	}
+	for _, topic := range []string{"a", "b"} {
+		part := map[string]sinktest.LogEvent{}
+		for id, ev := range log {
+			if ev.EventType == topic {
+				part[id] = ev
+			}
+		}
+		sinktest.CheckRecords(t, sinktest.ReadTopic(t, c.ListenAddrs(), "ev."+topic, 2), part, nil)
+	}
+}
