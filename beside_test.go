@@ -55,9 +55,9 @@ func TestBesideSeedTables(t *testing.T) {
 	if publicTables != 4 {
 		t.Fatalf("public holds %d tables after migrate, want the seed's 4", publicTables)
 	}
-	if n := queryInt(t, app, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN
-		('log_counter', 'outbox_message_t', 'consumer_offsets', 'dead_letter_queue')`, name); n != 4 {
-		t.Fatalf("schema %s holds %d of pgevents' tables of the seed's names, want 4", name, n)
+	if n := queryInt(t, app, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname IN ('log_counter', 'outbox_message_t', 'consumer_offsets', 'dead_letter_queue')`, name); n != 4 {
+		t.Fatalf("schema %s holds %d of pgevents' tables and views of the seed's names, want 4", name, n)
 	}
 
 	mustExec(t, app, handledTable)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -105,19 +103,12 @@ type Consumer struct {
 	kick       chan WakeSource // asks the poller to poll now
 	replicaID  string
 	clockSkew  atomic.Int64 // database clock minus local clock, ns
-	// wakeAlways says that every append to the topic notifies, so workers
-	// need not announce that they wait (schema.WakeAlways). The poller
-	// reads the topic's mode again at every poll (refreshWake).
+	// wakeAlways says that every append to the topic notifies
+	// (schema.WakeAlways), so the watcher need not read the tails. The
+	// poller reads the topic's mode again at every poll (refreshWake).
 	wakeAlways atomic.Bool
-	// topicScope says that the topic's offsets are scoped to the topic, so
-	// that idle workers are rechecked after the appends in flight
-	// (offsets.Recheck, by rechecks).
-	topicScope bool
-	// idle holds the workers that went idle and await a recheck; nudge
-	// tells rechecks that some do.
-	idleMu sync.Mutex
-	idle   []*worker
-	nudge  chan struct{}
+	// watch finds new events between notifications (watcher.go).
+	watch *watcher
 	// idleCut is how long a batch may go without a statement of its own
 	// before it stops taking units and commits, so that the server's
 	// idle_in_transaction_session_timeout never ends it; 0: no limit.
@@ -153,16 +144,17 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if cfg.Logger != nil {
 		log = *cfg.Logger
 	}
-	return &Consumer{
+	c := &Consumer{
 		pool:      pool,
 		cfg:       cfg,
 		log:       log.With().Str("group", cfg.GroupID).Int("topic", cfg.TopicID).Logger(),
 		static:    static,
 		start:     start,
 		kick:      make(chan WakeSource, 1),
-		nudge:     make(chan struct{}, 1),
 		replicaID: cfg.ReplicaID,
-	}, nil
+	}
+	c.watch = newWatcher(c)
+	return c, nil
 }
 
 // Stats are counters of a consumer since it started.
@@ -254,7 +246,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
 	}
 	c.wakeAlways.Store(topic.Wake == schema.WakeAlways)
-	c.topicScope = topic.Scope != schema.ScopePartition
 	if c.cfg.Channel != "" && topic.Channel != c.cfg.Channel {
 		return &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
 	}
@@ -314,7 +305,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ln.Run(gctx) })
 	g.Go(func() error { return c.poll(gctx) })
-	g.Go(func() error { return c.rechecks(gctx) })
+	g.Go(func() error { return c.watch.run(gctx) })
 	g.Go(func() error { return c.consume(gctx, batchCtx) })
 	g.Go(func() error { return c.subscription(gctx) })
 	g.Go(func() error { return c.maintain(gctx) })
@@ -393,77 +384,11 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	}
 }
 
-// awaitRecheck asks rechecks to run the rest of the wake-up protocol for
-// w, which found nothing more to do and sleeps. It never blocks.
-func (c *Consumer) awaitRecheck(w *worker) {
-	c.idleMu.Lock()
-	c.idle = append(c.idle, w)
-	c.idleMu.Unlock()
-	select {
-	case c.nudge <- struct{}{}:
-	default:
-	}
-}
-
-// rechecks runs, under scope 'topic', the steps of the wake-up protocol
-// that wait for the appends in flight and look for events once more
-// (offsets.Recheck), for every worker that went idle since the last
-// round, in one round trip, and wakes those that have work. Idle workers
-// thus never wait for another partition's append to commit, and the
-// topic's counter row is locked once per round, not once per idle worker.
-func (c *Consumer) rechecks(ctx context.Context) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-c.nudge:
-		}
-		c.idleMu.Lock()
-		ws := c.idle
-		c.idle = nil
-		c.idleMu.Unlock()
-		// By layout: a layout switch may leave workers of the old one.
-		for len(ws) > 0 {
-			lr := ws[0].lr
-			var parts []int
-			var sqls []*offsets.PartitionSQL
-			var mine []*worker
-			rest := ws[:0]
-			for _, w := range ws {
-				if w.lr != lr {
-					rest = append(rest, w)
-					continue
-				}
-				if !slices.Contains(parts, w.partition) {
-					parts, sqls = append(parts, w.partition), append(sqls, w.sql)
-				}
-				mine = append(mine, w)
-			}
-			ws = rest
-			work, err := offsets.Recheck(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, parts, sqls, lr.layout.Version)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				c.log.Warn().Err(err).Msg("could not look for events after the appends in flight; they may wait for the poll")
-				continue
-			}
-			for _, wk := range work {
-				for _, w := range mine {
-					if w.partition == wk.Partition && w.hint(wk.MaxOffset) {
-						c.cfg.Observer.Woken(w.partition, WakePoll)
-					}
-				}
-			}
-		}
-	}
-}
-
 // refreshWake reads the topic's wake-up mode. When it changed from
 // 'always' to 'waiting' (schema.SetWake, which notifies the topic's
-// consumers to poll at once), appends notify only partitions whose worker
-// announced that it waits, and no worker has: every worker is woken to run
-// the wake-up protocol, so that no event appended since waits for the poll.
+// consumers to poll at once), appends notify only partitions a consumer
+// sleeps on, and the watcher, which did not read the tails under 'always',
+// reads them again: no event appended since waits for the poll.
 //
 // It also follows a change of the topic's channel (schema.SetChannel, which
 // notifies the old channel so that consumers poll at once): the listener
@@ -487,12 +412,8 @@ func (c *Consumer) refreshWake(ctx context.Context, rt *layoutRun) {
 	}
 	always := wake == schema.WakeAlways
 	if c.wakeAlways.Swap(always) && !always {
-		c.log.Info().Msg("the topic's wake-up mode is now 'waiting': workers announce when they wait")
-		for _, w := range rt.workers {
-			if w != nil {
-				w.signal()
-			}
-		}
+		c.log.Info().Msg("the topic's wake-up mode is now 'waiting': appends notify only partitions a consumer sleeps on")
+		c.watch.wakeAll()
 	}
 }
 
@@ -522,6 +443,7 @@ func (s *sink) Notify(topic, p int, maxOffset int64) {
 	}
 	if p < 0 {
 		c.pollNow(WakePoll)
+		c.watch.wakeAll()
 		return
 	}
 	if rt := c.rt.Load(); rt != nil {
@@ -529,6 +451,9 @@ func (s *sink) Notify(topic, p int, maxOffset int64) {
 			c.cfg.Observer.Woken(p, WakeNotify)
 		}
 	}
+	// Events flow again in the partition: the watcher reads its tail, and
+	// appends stop notifying it.
+	c.watch.wake(p)
 }
 
 func (s *sink) Connected() {
@@ -541,4 +466,5 @@ func (s *sink) Connected() {
 	}
 	c.cfg.Observer.ListenerConnected(reconnect)
 	c.pollNow(WakeReconnect)
+	c.watch.wakeAll()
 }

@@ -10,58 +10,61 @@
 // once, in SQL, at append, and stored; a partition's rows are stored
 // together, in a table of their own split into segments of offsets.
 //
-// Offsets come from a counter, in one of two scopes chosen per topic:
+// Offsets are allocated per topic in one of two scopes, chosen when the
+// topic is created:
 //
-//   - scope topic (the default, the seed design's): one counter per topic.
-//     An append reserves offsets by updating it and holds its lock until the
-//     transaction ends, so offsets are gapless and commit-ordered across the
-//     topic, and every producer of the topic waits for the one before it to
-//     commit (allocation 'sequence' trades gaplessness for immunity to long
-//     open snapshots);
-//   - scope partition: one counter per partition, locked in ascending order
-//     by a transaction that appends to several, so offsets are gapless and
-//     commit-ordered per partition, as in Kafka, and producers of different
-//     partitions never wait for each other.
+//   - scope topic (the default, the seed design's): one sequence for the
+//     topic. An append takes the topic's append lock (an advisory lock),
+//     reads the topic's tail (the highest offset committed) and writes the
+//     offsets after it, holding the lock until the transaction ends, so
+//     offsets are gapless and commit-ordered across the topic, and every
+//     producer of the topic waits for the one before it to commit
+//     (allocation 'sequence' draws them from a sequence instead: gaps for
+//     rollbacks);
+//   - scope partition: one sequence per partition, under the partition's
+//     append lock, taken in ascending order by a call that appends to
+//     several, so offsets are gapless and commit-ordered per partition, as
+//     in Kafka, and producers of different partitions never wait for each
+//     other.
 //
-// Either way a visible offset implies that every lower offset of its
-// sequence is committed or rolled back along with its reservation, and the
-// events of one producer transaction in one partition are contiguous.
-// Append as late in the transaction as possible, in READ COMMITTED
-// (REPEATABLE READ producers get serialization failures), to several topics
-// in a fixed order, and never under two-phase commit (NOTIFY forbids
-// PREPARE TRANSACTION).
+// The tails are rows of partition_tails, inserted by each append call and
+// never updated: no row is updated per append, so a snapshot held open
+// elsewhere (a report, pg_dump) does not slow appends down (an updated row
+// keeps every version while such a snapshot lives, and each lookup walks
+// them). A visible offset implies that every lower offset of its sequence
+// is committed or rolled back (and then taken again by the next append),
+// and the events of one producer transaction in one partition are
+// contiguous. Append as late in the transaction as possible, in READ
+// COMMITTED (others are refused: the tail must be read after the lock), to
+// several topics in a fixed order, with one call per topic (two calls can
+// lock partitions out of order and deadlock, see Append), and never under
+// two-phase commit (NOTIFY forbids PREPARE TRANSACTION).
 //
 // # Wake-ups
 //
 // A notification at commit takes a database-wide lock held until the
 // commit's WAL flush, so notifying transactions commit one after another.
-// Appends therefore notify only partitions whose worker may be waiting: a
-// worker that finds nothing more to do sets its partition's waiting flag
-// (partition_counters.waiting), and the next append to the partition sends
-// one notification and clears the flag. Producers of busy partitions send
-// none. The race between an append that read the flag clear and a worker
-// that sets it is closed by the worker, which, before it sleeps,
+// Producers therefore notify only partitions a consumer sleeps on, and
+// while events flow nobody sleeps: each consumer reads the tails of its
+// partitions every fraction of a millisecond (one statement for all of
+// them, not one per worker) and hints the workers of the partitions whose
+// tail moved. A partition quiet for a while (five of its mean gaps between
+// events, from 50 ms to 2 s) goes to sleep: the consumer takes its sleep
+// key, an advisory lock, shared, on a connection it keeps, and stops
+// reading its tail. An append tries to take the sleep key of each partition
+// it writes, exclusive: if it can, nobody sleeps there, it holds the key to
+// commit and sends nothing; if it cannot, it notifies once per call. A
+// notification (or the listener's reconnect, or a lease acquired) wakes the
+// partition: the consumer releases its key and reads its tail again.
 //
-//  1. sets the flag and commits: appends that read it later notify;
-//  2. waits for every append in flight that read the flag before step 1:
-//     each holds its append lock (the topic's counter row or advisory
-//     lock, or under scope partition the partition's counter row) until
-//     it ends;
-//  3. looks for events once more: what such an append committed is
-//     visible.
-//
-// Under scope partition the flag is a column of the partition's counter
-// row, so setting it waits for the append holding the row: steps 1 and 3
-// take one round trip. Under scope topic the lock is the topic's, held by
-// whichever append runs, for any partition: the worker runs steps 1 and 3
-// and sleeps, and one goroutine of the consumer runs steps 2 and 3 for
-// every worker that went idle meanwhile (a share lock on the counter row,
-// released at once, then one look at all their partitions), waking those
-// that have work. A worker thus never sits out another partition's commit,
-// and a notification that arrives meanwhile is taken at once.
-//
-// So no event waits for the poll: it is announced, or found in step 3.
-// Polling every WaitPeriod stays as the safety net for lost notifications.
+// The race between an append that found nobody asleep and a consumer
+// going to sleep is closed by the key itself: the append holds it from its
+// check to its commit, so the consumer takes it only after that append
+// committed, and reads the tail once more, in a statement of its own, after
+// taking it. So no event waits for the poll: it is found in a tail, or
+// announced. An idle consumer, asleep on every partition, runs no
+// statement but its heartbeats and its poll every WaitPeriod, which stays
+// as the safety net for lost notifications.
 //
 // # Consuming
 //
@@ -71,12 +74,14 @@
 // partition, on a poll every WaitPeriod, or after the listener reconnects,
 // and then, in one transaction:
 //
-//  1. locks the group's consumer_offsets row for the partition and reads up
-//     to BatchSize events from its next_offset;
+//  1. takes the group's position lock of the partition (an advisory lock)
+//     and reads up to BatchSize events from the group's position there;
 //  2. extends the batch to the end of the producer transaction of its last
 //     event, reading further chunks so that memory stays bounded;
 //  3. runs the registered [Handler] of each event with that transaction;
-//  4. sets next_offset past the last event and commits.
+//  4. records the position past the last event (a new row of
+//     consumer_positions: positions, too, are never updated) and commits,
+//     in one round trip.
 //
 // # Guarantees
 //

@@ -203,7 +203,8 @@ func (lr *layoutRun) Acquired(p int, epoch int64) {
 		w.next.Store(0) // another replica moved the position: ask the database
 		w.epoch.Store(epoch)
 		lr.c.pollNow(WakePoll)
-		w.signal() // caught up or not, the worker announces that it waits
+		lr.c.watch.wake(p) // read its tail from now on
+		w.signal()
 	}
 }
 
@@ -211,6 +212,7 @@ func (lr *layoutRun) Acquired(p int, epoch int64) {
 func (lr *layoutRun) Lost(p int) {
 	if w := lr.workers[p]; w != nil {
 		w.lost()
+		lr.c.watch.poke() // stop watching it
 	}
 }
 

@@ -40,13 +40,25 @@ type Maintenance struct {
 	SegmentsCreated int
 	// DeadGroups lists the groups whose subscription became DEAD.
 	DeadGroups []string
+	// Pruned counts the rows deleted from partition_tails and
+	// consumer_positions: all but the newest of each partition, which are
+	// what appends and batches read.
+	Pruned int64
 	// Retention is what retention found and removed.
 	Retention pgeventstype.Retention
 }
 
+// The topic's maintenance lock, a session lock of this installation (one
+// process at a time maintains a topic; the others skip the pass).
+const (
+	maintenanceLockSQL   = `SELECT pg_try_advisory_lock({schema}lock_key('maintenance', $1::integer::text))`
+	maintenanceUnlockSQL = `SELECT pg_advisory_unlock({schema}lock_key('maintenance', $1::integer::text))`
+)
+
 // Maintain runs one pass of a topic's maintenance: it creates the log's
 // next segments (and moves rows that landed in the DEFAULT partition into
-// theirs), marks the groups without a live replica DEAD and applies
+// theirs), marks the groups without a live replica DEAD, prunes the tails
+// and positions that appends and batches left behind, and applies
 // retention. It holds an advisory lock so that one process at a time does
 // it for a topic; the others skip the pass (Ran false).
 //
@@ -66,13 +78,13 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, topic int, logger *zerolo
 	}
 	defer conn.Release()
 	var locked bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('pgevents.maintenance'), $1)`, topic).Scan(&locked); err != nil {
+	if err := conn.QueryRow(ctx, schema.SQL(ctx, maintenanceLockSQL), topic).Scan(&locked); err != nil {
 		return out, fmt.Errorf("pgevents: maintenance lock: %w", err)
 	}
 	if !locked {
 		return out, nil
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtext('pgevents.maintenance'), $1)`, topic) //nolint:errcheck
+	defer conn.Exec(context.WithoutCancel(ctx), schema.SQL(ctx, maintenanceUnlockSQL), topic) //nolint:errcheck
 	out.Ran = true
 	if out.SegmentsCreated, err = schema.EnsureSegments(ctx, conn, topic); err != nil {
 		log.Warn().Err(err).Msg("could not create the log's next segments; events go to the DEFAULT partition meanwhile")
@@ -84,6 +96,9 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, topic int, logger *zerolo
 	}
 	for _, g := range out.DeadGroups {
 		log.Warn().Str("dead_group", g).Msg("group has no live replica: subscription DEAD, it no longer holds back retention")
+	}
+	if out.Pruned, err = offsets.PruneHistory(ctx, conn, topic); err != nil {
+		log.Warn().Err(err).Msg("could not prune the tails and positions appends and batches left behind")
 	}
 	if out.Retention, err = offsets.ApplyRetention(ctx, conn, topic); err != nil {
 		return out, fmt.Errorf("pgevents: retention of topic %d: %w", topic, err)

@@ -34,6 +34,9 @@ const (
 	WakePoll
 	// WakeReconnect is the poll run after the listener (re)connected.
 	WakeReconnect
+	// WakeTail is the watcher finding a new event in the partition's tail,
+	// while events flow (no notification is sent then).
+	WakeTail
 )
 
 // String returns the source's metric label.
@@ -43,6 +46,8 @@ func (s WakeSource) String() string {
 		return "poll"
 	case WakeReconnect:
 		return "reconnect"
+	case WakeTail:
+		return "tail"
 	}
 	return "notify"
 }

@@ -26,22 +26,32 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	known := w.highest.Load()
 	start := time.Now()
 	w.last = batchShape{}
+	conn, pinned, err := w.batchConn(ctx)
+	if err != nil {
+		return false, fmt.Errorf("connection: %w", err)
+	}
+	if !pinned {
+		defer conn.Release() // after the transaction ended (deferred below)
+	}
 	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 		Limit: w.limit + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
-		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql}.Do(ctx, w.db(ctx), w.buf[:0])
+		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql}.Do(ctx, conn, w.buf[:0])
 	w.buf = cl.Events
 	if err != nil {
 		return false, err
 	}
 	tx := cl.Tx
-	ended := false // Commit was called: the connection went back to the pool
+	ended := false // CommitBatch committed tx: nothing to roll back
 	defer func() {
-		if err != nil && !ended {
+		if ended {
+			return
+		}
+		if err != nil {
 			// A connection that is gone tells that the server ended the
 			// session (or the network did): decide shrinks the batch.
 			w.last.lost = tx.Conn().IsClosed()
 		}
-		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the error is the batch's
 	}()
 	evs := cl.Events
 	if len(evs) == 0 {
@@ -107,19 +117,15 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	if err := st.flush(); err != nil {
 		return false, err
 	}
-	if err := offsets.Commit(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.c.replicaID, epoch); err != nil {
-		return false, err
-	}
-	if w.haltRecord {
-		if err := offsets.Unhalt(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition); err != nil {
+	// The position, the halt record and COMMIT in one round trip.
+	if err := offsets.CommitBatch(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.c.replicaID, epoch, w.haltRecord); err != nil {
+		if errors.Is(err, offsets.ErrLeaseLost) {
 			return false, err
 		}
+		w.last.lost = sessionEnded(err)
+		return false, err
 	}
 	ended = true
-	if err := tx.Commit(ctx); err != nil {
-		w.last.lost = sessionEnded(err)
-		return false, fmt.Errorf("commit: %w", err)
-	}
 	committed = true
 	w.committed(&st, start)
 	if !more && !w.lr.final() {

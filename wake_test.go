@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/schema"
@@ -115,12 +116,24 @@ func TestNoEventWaitsForThePoll(t *testing.T) {
 	}
 }
 
-// TestIdleWorkerWaitsForAppendsInFlight plays the race the wake-up protocol
-// closes, step by step: an append reads "not waiting" while the partition's
-// worker is busy, and commits only after the worker has gone idle. The
-// worker must wait for that append before its last look, or the event
-// would wait for the poll (an hour here).
-func TestIdleWorkerWaitsForAppendsInFlight(t *testing.T) {
+// sleepers returns how many sessions sleep on partition p of topic 1: hold
+// its sleep key shared.
+func sleepers(t *testing.T, pool *pgxpool.Pool, p int) int64 {
+	t.Helper()
+	return queryInt(t, pool, `SELECT count(*) FROM pg_locks l, (SELECT lock_key('sleep', '1/' || $1::int) AS k) s
+		WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock' AND l.granted AND l.objsubid = 1
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND l.classid = ((s.k >> 32) & 4294967295)::oid AND l.objid = (s.k & 4294967295)::oid`, p)
+}
+
+// TestSleepWaitsForAppendsInFlight plays the race the wake-up protocol
+// closes, step by step: an append finds nobody asleep on its partition (it
+// takes the partition's sleep key and holds it to commit, and sends no
+// notification), and commits only after the consumer wanted to go to
+// sleep there. The consumer cannot take the key until that append
+// commits, so it stays awake, reading the partition's tail, and finds the
+// event: it does not wait for the poll (an hour here).
+func TestSleepWaitsForAppendsInFlight(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{schema.AllocationCounter, schema.AllocationSequence, schema.ScopePartition} {
 		t.Run(mode, func(t *testing.T) {
@@ -137,24 +150,15 @@ func TestIdleWorkerWaitsForAppendsInFlight(t *testing.T) {
 				}
 			}
 			mustExec(t, pool, handledTable)
-			release := make(chan struct{})
-			record := SQLHandler("g", recordSQL)
-			hs := &Handlers{}
-			hs.HandleAll(HandlerFunc(func(ctx context.Context, tx pgx.Tx, ev *Event) error {
-				if ev.EventType == "hold" {
-					<-release // the worker stays busy until the test says
-				}
-				return record.Handle(ctx, tx, ev)
-			}))
-			startConsumer(t, pool, Config{TotalPartitions: 1, WaitPeriod: time.Hour, Handlers: hs})
-			waiting := func() bool {
-				return queryInt(t, pool, `SELECT count(*) FROM partition_counters WHERE topic_id = 1 AND waiting`) == 1
-			}
-			pgtest.WaitFor(t, 10*time.Second, "the idle worker announced", waiting)
-			// The worker wakes for this one and stays busy with it.
-			appendTx(t, pool, ev("a", "hold", `{}`))
-			pgtest.WaitFor(t, 10*time.Second, "the worker busy, the flag cleared", func() bool { return !waiting() })
-			// An append reads "not waiting" and stays in flight.
+			startConsumer(t, pool, Config{TotalPartitions: 1, WaitPeriod: time.Hour, Handlers: recordingHandlers()})
+			pgtest.WaitFor(t, 10*time.Second, "the consumer asleep on the idle partition", func() bool { return sleepers(t, pool, 0) == 1 })
+			// The consumer wakes for this one (a notification), handles it,
+			// and, the partition quiet, wants to sleep again.
+			appendTx(t, pool, ev("a", "t", `{}`))
+			waitHandled(t, pool, 1, 10*time.Second)
+			pgtest.WaitFor(t, 10*time.Second, "the consumer awake", func() bool { return sleepers(t, pool, 0) == 0 })
+			// An append finds nobody asleep, and stays in flight longer than
+			// the consumer's quiet period.
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -163,17 +167,19 @@ func TestIdleWorkerWaitsForAppendsInFlight(t *testing.T) {
 			if _, err := Append(ctx, tx, ev("a", "t", `{}`)); err != nil {
 				t.Fatal(err)
 			}
-			// The worker finishes, goes idle, announces it, and waits for
-			// the append in flight before its last look.
-			close(release)
-			pgtest.WaitFor(t, 10*time.Second, "the worker waiting for the append in flight", func() bool {
-				return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
-					WHERE datname = current_database() AND wait_event_type = 'Lock' AND application_name = 'pgevents-consumer'`) > 0
-			})
+			deadline := time.Now().Add(3 * quietMin)
+			for time.Now().Before(deadline) {
+				if n := sleepers(t, pool, 0); n != 0 {
+					t.Fatal("the consumer went to sleep while an append that notifies nobody was in flight")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
 			waitHandled(t, pool, 2, 5*time.Second)
+			// And once the partition is quiet, the consumer sleeps on it.
+			pgtest.WaitFor(t, 10*time.Second, "the consumer asleep again", func() bool { return sleepers(t, pool, 0) == 1 })
 		})
 	}
 }

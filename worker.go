@@ -160,26 +160,28 @@ func (w *worker) hint(max int64) bool {
 	}
 }
 
-// db returns what the worker's statements run on: its pinned connection
-// (acquired now if need be, and replaced when it broke or was left in a
-// transaction), or the pool when connections are not pinned or none could
-// be had.
-func (w *worker) db(ctx context.Context) offsets.Batcher {
+// batchConn returns the connection a batch runs on, and whether it is the
+// worker's own (pinned: kept while it owns the partition, replaced when it
+// broke or was left in a transaction) rather than acquired for this batch,
+// which the caller releases when the batch ends. A batch ends its
+// transaction itself (offsets.CommitBatch, or a rollback), so it needs a
+// connection of its own, not the pool's transaction wrapper.
+func (w *worker) batchConn(ctx context.Context) (*pgxpool.Conn, bool, error) {
 	if w.conn != nil {
 		if pc := w.conn.Conn().PgConn(); !pc.IsClosed() && pc.TxStatus() == 'I' {
-			return w.conn
+			return w.conn, true, nil
 		}
 		w.unpin()
 	}
-	if !w.lr.pin {
-		return w.c.pool
-	}
 	conn, err := w.c.pool.Acquire(ctx)
 	if err != nil {
-		return w.c.pool
+		return nil, false, err
+	}
+	if !w.lr.pin {
+		return conn, false, nil
 	}
 	w.conn = conn
-	return conn
+	return conn, true, nil
 }
 
 // unpin gives the worker's connection back to the pool, which closes it
@@ -208,9 +210,10 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				epoch := w.epoch.Swap(0)
 				w.releasing.Store(false)
 				if err := w.lr.leaser.Released(ctx, w.partition, epoch); err != nil {
-					w.log.Warn().Err(err).Msg("could not release the partition's lease; it will expire")
+					w.log.Warn().Err(err).Msg("could not release the partition's lease; the next heartbeat finds it")
 				}
 				w.unpin()
+				w.c.watch.poke() // stop watching it
 				break
 			}
 			epoch := w.epoch.Load()
@@ -222,9 +225,8 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				break
 			}
 			if w.highest.Load() < w.next.Load() {
-				// Caught up: announce that the worker waits, and look once
-				// more (the wake-up protocol) before sleeping.
-				w.idle(ctx)
+				// Caught up: sleep until a hint (the watcher, a
+				// notification, a poll) says there is more.
 				break
 			}
 			if w.halted.Load() {
@@ -251,34 +253,6 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				w.hint(w.next.Load())
 			}
 		}
-	}
-}
-
-// idle runs the wake-up protocol before the worker sleeps (see
-// offsets.Idle): appends to the partition notify it from now on, and what
-// they committed before is found now, or, under scope 'topic', by the
-// recheck it asks for once the appends in flight have ended. It hints the
-// worker when there is work after all. A failure is logged; the poll is the
-// safety net.
-func (w *worker) idle(ctx context.Context) {
-	if w.c.wakeAlways.Load() {
-		return // every append notifies
-	}
-	max, err := offsets.Idle(ctx, w.db(ctx), w.sql, w.c.cfg.GroupID, w.c.cfg.TopicID, w.partition, w.lr.layout.Version)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.log.Warn().Err(err).Msg("could not announce that the worker waits; events may wait for the poll")
-		}
-		return
-	}
-	if max >= 0 {
-		if w.hint(max) {
-			w.c.cfg.Observer.Woken(w.partition, WakePoll)
-		}
-		return
-	}
-	if w.c.topicScope {
-		w.c.awaitRecheck(w)
 	}
 }
 

@@ -588,7 +588,7 @@ func (p *Plan) checkSQL(n names, adoptions bool) string {
     SELECT (SELECT lc.total_partitions FROM ` + n.s + `log_counter lc WHERE lc.topic_id = ` + T + `) AS partitions,
            (SELECT lc.offset_scope FROM ` + n.s + `log_counter lc WHERE lc.topic_id = ` + T + `) AS scope,
            EXISTS (SELECT 1 FROM ` + n.s + `outbox_message_t m WHERE m.topic_id = ` + T + `)
-             OR coalesce((SELECT lc.next_offset FROM ` + n.s + `log_counter lc WHERE lc.topic_id = ` + T + `), 1) <> 1 AS has_events,
+             OR EXISTS (SELECT 1 FROM ` + n.s + `partition_tails t WHERE t.topic_id = ` + T + `) AS has_events,
            EXISTS (SELECT 1 FROM ` + n.s + `consumer_offsets x WHERE x.topic_id = ` + T + `)
              OR EXISTS (SELECT 1 FROM ` + n.s + `subscriptions x WHERE x.topic_id = ` + T + `) AS has_groups,
            ` + adopted + ` AS adopted_at,

@@ -284,7 +284,7 @@ func TestAdoptResumesEveryGroup(t *testing.T) {
 		t.Fatalf("copied %d events, want %d", res.Copied, copies)
 	}
 	checkCopy(t, s)
-	if n := s.int(`SELECT next_offset FROM pgevents.log_counter WHERE topic_id = 1`); n != oldNext {
+	if n := s.int(`SELECT pgevents.topic_next_offset(1)`); n != oldNext {
 		t.Fatalf("the topic's counter is at %d, want the old next_offset %d", n, oldNext)
 	}
 	if n := s.int(`SELECT count(*) FROM pgevents.consumer_offsets o JOIN public.consumer_offsets c
@@ -674,7 +674,7 @@ func TestAdoptScript(t *testing.T) {
 		t.Fatalf("running the script: %v", err)
 	}
 	checkCopy(t, s)
-	if n, want := s.int(`SELECT next_offset FROM pgevents.log_counter WHERE topic_id = 1`), s.int(`SELECT next_offset FROM public.log_counter`); n != want {
+	if n, want := s.int(`SELECT pgevents.topic_next_offset(1)`), s.int(`SELECT next_offset FROM public.log_counter`); n != want {
 		t.Fatalf("counter at %d, want %d", n, want)
 	}
 	if n := s.int(`SELECT count(*) FROM pgevents.consumer_offsets`); n != 2*partitions {

@@ -119,11 +119,15 @@ $lock$;
     -- beyond the counter, created before the copy: nothing lands in a
     -- DEFAULT partition. ensure_outbox_segments creates them from the
     -- counter on, so the counter starts at the first offset.
-    PERFORM pg_advisory_xact_lock(hashtext('pgevents.schema.segments'));
+    PERFORM pg_advisory_xact_lock(%[1]slock_key('segments', ''));
     v_lo := coalesce(v_plan.lo, v_plan.next);
-    UPDATE %[1]slog_counter SET next_offset = v_lo WHERE topic_id = %[2]s;
+    IF v_lo > 1 THEN
+        INSERT INTO %[1]spartition_tails VALUES (%[2]s, -1, v_lo - 1);
+    END IF;
     PERFORM %[1]sensure_outbox_segments(%[2]s, ((v_plan.next - 1) / %[3]d - (v_lo - 1) / %[3]d + %[4]d)::integer);
-    UPDATE %[1]slog_counter SET next_offset = v_plan.next WHERE topic_id = %[2]s;
+    IF v_plan.next > 1 THEN
+        INSERT INTO %[1]spartition_tails VALUES (%[2]s, -1, v_plan.next - 1) ON CONFLICT DO NOTHING;
+    END IF;
 `, n.s, T, o.SegmentSize, schema.SegmentsAhead)
 	w("    -- The events that have an offset, with it.\n")
 	w("    INSERT INTO %soutbox_message_t\n        (c_offset, topic_id, partition_id, event_id, host_id, user_id, transaction_id, event_type, payload, metadata, created_at)\n", n.s)
@@ -133,6 +137,11 @@ $lock$;
 		p.expr("payload"), indent(p.expr("metadata"), "           "), p.expr("created_at"))
 	w("      FROM %s o\n     WHERE o.c_offset IS NOT NULL\n     ORDER BY 3, 1;\n", n.outbox)
 	w("    GET DIAGNOSTICS v_copied = ROW_COUNT;\n")
+	w(`    -- Each partition's tail, which consumers read.
+    INSERT INTO %[1]spartition_tails
+    SELECT %[2]s, m.partition_id, max(m.c_offset) FROM %[1]soutbox_message_t m WHERE m.topic_id = %[2]s GROUP BY 1, 2
+    ON CONFLICT DO NOTHING;
+`, n.s, T)
 	w(`    -- Nothing in a DEFAULT partition.
     SELECT count(*) INTO v_left FROM %[1]soutbox_message_t_default d WHERE d.topic_id = %[2]s;
     FOR v_i IN 0 .. %[3]s - 1 LOOP
@@ -148,7 +157,7 @@ $lock$;
     SELECT DISTINCT g.group_id, %[2]s FROM %[3]s g WHERE g.topic_id = %[4]d;
     INSERT INTO %[1]sgroup_layouts (group_id, topic_id, version)
     SELECT DISTINCT g.group_id, %[2]s, 1 FROM %[3]s g WHERE g.topic_id = %[4]d;
-    INSERT INTO %[1]sconsumer_offsets (group_id, topic_id, partition_id, next_offset)
+    INSERT INTO %[1]sconsumer_positions (group_id, topic_id, partition_id, next_offset)
     SELECT g.group_id, %[2]s, g.partition_id, g.next_offset FROM %[3]s g WHERE g.topic_id = %[4]d;
     IF v_lo > 1 THEN
         UPDATE %[1]stopic_retention SET removed_below = v_lo WHERE topic_id = %[2]s;
@@ -180,7 +189,9 @@ $lock$;
 // in the order of their old offsets, mapped as the adoption maps them (the
 // transaction is the inserting one), with the wake-up an append sends.
 // Like append_events under offset scope 'topic', it reserves the offsets
-// under the topic's append lock (reserve_offsets), held to commit: the old
+// under the topic's append lock (reserve_offsets), held to commit, and
+// records the partitions' tails and notifies the partitions a consumer
+// sleeps on (wake_partitions): the old
 // producers hold their counter's lock from before, so pgevents' offsets
 // follow the old ones' order, and are the same while every append comes
 // through the bridge.
@@ -221,10 +232,7 @@ BEGIN
     )
     SELECT array_agg(x.p ORDER BY x.p), array_agg(x.m ORDER BY x.p) INTO v_parts, v_maxes
       FROM (SELECT ins.partition_id AS p, max(ins.c_offset) AS m FROM ins GROUP BY 1) x;
-    IF v_t.wake = 'always' OR EXISTS (SELECT 1 FROM ` + n.s + `partition_counters pc
-                                       WHERE pc.topic_id = ` + T + ` AND pc.partition_id = ANY (v_parts) AND pc.waiting) THEN
-        PERFORM ` + n.s + `wake_partitions(` + T + `, v_t.channel, v_t.wake, v_parts, v_maxes);
-    END IF;
+    PERFORM ` + n.s + `wake_partitions(` + T + `, v_t.channel, v_t.wake, v_parts, v_maxes);
     RETURN NULL;
 END;
 $bridge$`

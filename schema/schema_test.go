@@ -205,8 +205,8 @@ func TestAppendRejectsMissingKeys(t *testing.T) {
 	}
 	// Nothing was appended, and no offset was consumed.
 	var next int64
-	if err := pool.QueryRow(ctx, `SELECT next_offset FROM log_counter WHERE topic_id = 1`).Scan(&next); err != nil || next != 1 {
-		t.Fatalf("counter at %d (%v) after rejected appends, want 1", next, err)
+	if err := pool.QueryRow(ctx, `SELECT topic_next_offset(1)`).Scan(&next); err != nil || next != 1 {
+		t.Fatalf("next offset %d (%v) after rejected appends, want 1", next, err)
 	}
 }
 
@@ -311,13 +311,16 @@ func TestOffsetsGaplessContiguousAndCommitOrdered(t *testing.T) {
 	if nonContiguous != 0 {
 		t.Fatalf("%d transactions have non-contiguous offsets", nonContiguous)
 	}
-	var counter int64
-	if err := pool.QueryRow(ctx, `SELECT next_offset FROM log_counter WHERE topic_id = 1`).Scan(&counter); err != nil || counter != count+1 {
-		t.Fatalf("counter %d (%v), want %d: rolled-back reservations must not leave gaps", counter, err, count+1)
+	var next int64
+	if err := pool.QueryRow(ctx, `SELECT topic_next_offset(1)`).Scan(&next); err != nil || next != count+1 {
+		t.Fatalf("next offset %d (%v), want %d: rolled-back reservations must not leave gaps", next, err, count+1)
 	}
 }
 
-func TestNotifyNamesWaitingPartitionsOncePerStatement(t *testing.T) {
+// TestNotifySleepingPartitionsOncePerStatement: an append notifies, once per
+// statement, the partitions it wrote where a consumer sleeps, and only
+// those; under wake 'always', every partition it wrote.
+func TestNotifySleepingPartitionsOncePerStatement(t *testing.T) {
 	t.Parallel()
 	for _, scope := range []string{schema.ScopeTopic, schema.ScopePartition} {
 		t.Run(scope, func(t *testing.T) {
@@ -374,16 +377,46 @@ func TestNotifyNamesWaitingPartitionsOncePerStatement(t *testing.T) {
 					t.Fatalf("an unexpected notification %q", extra.Payload)
 				}
 			}
-			// No worker waits: appends send nothing.
+			// Nobody sleeps: appends send nothing.
 			expect(appendAll())
-			// The workers of partitions 1 and 3 wait: one notification names
-			// them, and clears their flags, so the next append sends nothing.
-			mustExec(t, pool, `UPDATE partition_counters SET waiting = true WHERE topic_id = 5 AND partition_id IN (1, 3)`)
-			expect(appendAll(1, 3))
-			if n := queryInt(t, pool, `SELECT count(*) FROM partition_counters WHERE waiting`); n != 0 {
-				t.Fatalf("%d waiting flags left after the notification", n)
+			// A consumer sleeps on partitions 1 and 3 (it holds their sleep
+			// keys shared on its session): every append names them, once per
+			// statement, until it wakes.
+			sleeper, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
 			}
+			defer sleeper.Close(ctx)
+			mustExec(t, sleeper, `SELECT pg_advisory_lock_shared(lock_key('sleep', '5/' || p)) FROM unnest('{1,3}'::int[]) p`)
+			expect(appendAll(1, 3))
+			expect(appendAll(1, 3))
+			mustExec(t, sleeper, `SELECT pg_advisory_unlock_shared(lock_key('sleep', '5/' || p)) FROM unnest('{1,3}'::int[]) p`)
 			expect(appendAll())
+			// An append in flight holds the keys of the partitions it wrote,
+			// and a consumer cannot go to sleep on them until it commits:
+			// then what it wrote is visible (the race the protocol closes).
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `SELECT append_event(5, 'h1', 'u', 't', '{}')`); err != nil {
+				t.Fatal(err)
+			}
+			var p int
+			if err := tx.QueryRow(ctx, `SELECT event_partition('h1', 4)`).Scan(&p); err != nil {
+				t.Fatal(err)
+			}
+			var got bool
+			if err := sleeper.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared(lock_key('sleep', '5/' || $1::int))`, p).Scan(&got); err != nil || got {
+				t.Fatalf("a consumer went to sleep on partition %d while an append was in flight there (%v)", p, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := sleeper.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared(lock_key('sleep', '5/' || $1::int))`, p).Scan(&got); err != nil || !got {
+				t.Fatalf("a consumer cannot sleep on partition %d after the append committed (%v)", p, err)
+			}
+			mustExec(t, sleeper, `SELECT pg_advisory_unlock_all()`)
 			// Wake-ups always: every append names every partition it wrote.
 			if err := schema.SetWake(ctx, pool, 5, schema.WakeAlways); err != nil {
 				t.Fatal(err)
@@ -716,7 +749,7 @@ func TestPlacingAGroupDoesNotDeadlockWithMaintenance(t *testing.T) {
 	pgtest.WaitFor(t, 5*time.Second, "maintenance waiting for the append lock", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) > 0
 	})
-	if _, err := tx.Exec(ctx, `INSERT INTO consumer_offsets (group_id, topic_id, partition_id, next_offset) VALUES ('g', 1, 0, 1)`); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO consumer_positions (group_id, topic_id, partition_id, next_offset) VALUES ('g', 1, 0, 1)`); err != nil {
 		t.Fatalf("placing a group while maintenance waits: %v", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -124,7 +124,7 @@ func TestKafkaRelayAcceptance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lock.Exec(ctx, `LOCK TABLE consumer_offsets IN SHARE MODE`); err != nil {
+	if _, err := lock.Exec(ctx, `LOCK TABLE consumer_positions IN SHARE MODE`); err != nil {
 		t.Fatal(err)
 	}
 	defer lock.Rollback(ctx) //nolint:errcheck // on failure
@@ -133,7 +133,7 @@ func TestKafkaRelayAcceptance(t *testing.T) {
 	victim := -1
 	pgtest.WaitFor(t, 20*time.Second, "a process waiting to commit a relayed batch", func() bool {
 		rows, err := pool.Query(ctx, `SELECT application_name FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE consumer_offsets%'`)
+			WHERE wait_event_type = 'Lock' AND query LIKE '%commit_position%'`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,6 +155,11 @@ func TestKafkaRelayAcceptance(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-procs[victim].done
+	// The machine went with the process: its sessions end too. (A session
+	// of a process killed alone would still run the COMMIT the batch sent
+	// with its position, once the lock is released.)
+	eventtest.Exec(t, pool, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1`,
+		fmt.Sprintf("%%-%d-%%", procs[victim].cmd.Process.Pid))
 	if err := lock.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,9 @@ import (
 )
 
 // Dead letters, parked hosts and halts. Every statement that changes them
-// for a partition runs in a transaction holding that partition's
-// consumer_offsets row lock (a worker's batch, or the dead-letter admin after
-// LockPosition), so the worker and the admin never race.
+// for a partition runs in a transaction holding that partition's position
+// lock (a worker's batch, or the dead-letter admin after LockPosition), so
+// the worker and the admin never race.
 const (
 	// writeDeadLetterSQL records a unit that failed permanently, copying its
 	// events from the log, in the transaction that moves the group's
@@ -65,10 +65,6 @@ DO UPDATE SET c_offset = excluded.c_offset, reason = excluded.reason, halted_at 
 
 	unhaltSQL = `DELETE FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 
-	// lockPositionSQL takes a partition's lock for the dead-letter admin.
-	lockPositionSQL = `SELECT next_offset FROM {schema}consumer_offsets
-WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 FOR UPDATE`
-
 	deadLetterColumns = `id, group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
        event_ids::text[], host_ids, error, attempts, first_failed_at, last_failed_at, parked_hosts, created_at,
        (SELECT count(*) FROM {schema}parked_events p WHERE p.dead_letter_id = d.id)`
@@ -92,10 +88,10 @@ FROM {schema}dead_letter_queue d WHERE id = $1`
 
 	layoutPartitionsSQL = `SELECT total_partitions FROM {schema}topic_layouts WHERE topic_id = $1 AND version = $2`
 
-	// lockGroupPositionsSQL takes every partition's lock of the group, in
-	// ascending order (a worker holds one at a time, so no deadlock).
-	lockGroupPositionsSQL = `SELECT partition_id FROM {schema}consumer_offsets
-WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
+	// lockGroupPositionsSQL takes every partition's position lock of the
+	// group, in ascending order (a worker holds one at a time, so no
+	// deadlock).
+	lockGroupPositionsSQL = `SELECT count(*) FROM {schema}lock_group_positions($1, $2)`
 
 	// groupParkedSQL lists the group's parked events in the order they were
 	// parked, which is each host's order.
@@ -202,15 +198,17 @@ func Unhalt(ctx context.Context, q Querier, group string, topic, partition int) 
 // LockPosition locks the group's position in a partition for the rest of
 // tx, as a worker's claim does, and returns it.
 func LockPosition(ctx context.Context, tx pgx.Tx, group string, topic, partition int) (int64, error) {
-	var next int64
-	err := tx.QueryRow(ctx, schema.SQL(ctx, lockPositionSQL), group, topic, partition).Scan(&next)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, ErrNoPosition
-	}
-	if err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionSQL), group, topic, partition); err != nil {
 		return 0, fmt.Errorf("offsets: lock position: %w", err)
 	}
-	return next, nil
+	var next *int64
+	if err := tx.QueryRow(ctx, schema.SQL(ctx, positionSQL), group, topic, partition).Scan(&next); err != nil {
+		return 0, fmt.Errorf("offsets: lock position: %w", err)
+	}
+	if next == nil {
+		return 0, ErrNoPosition
+	}
+	return *next, nil
 }
 
 func scanDeadLetter(row pgx.Row, withEvents bool) (DeadLetter, error) {

@@ -57,9 +57,9 @@ WHERE g.group_id = $1 AND g.topic_id = $2`
 	switchLockSQL = `SELECT version FROM {schema}group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
 
 	// lockPositionsSQL waits for the group's batches in flight and keeps
-	// new ones out until the switch commits.
-	lockPositionsSQL = `SELECT partition_id FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2
-ORDER BY partition_id FOR UPDATE`
+	// new ones out until the switch commits (the position locks of every
+	// partition the group has a position in, ascending).
+	lockPositionsSQL = `SELECT count(*) FROM {schema}lock_group_positions($1, $2)`
 
 	// layoutDoneSQL says whether every partition of the group has handled
 	// every event of layout $3, up to the partition's cut.
@@ -77,14 +77,10 @@ ORDER BY partition_id FOR UPDATE`
 	// partition (a dead letter's unit may now span partitions: resolving it
 	// locks every partition of the group), and the group's version bumped.
 	switchSQL = `WITH drop_pos AS (
-    DELETE FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
-), move_pos AS (
-    UPDATE {schema}consumer_offsets SET next_offset = {schema}layout_start($2, $4, partition_id), updated_at = now()
-    WHERE group_id = $1 AND topic_id = $2 AND partition_id < $3
-), add_pos AS (
-    INSERT INTO {schema}consumer_offsets (group_id, topic_id, partition_id, next_offset)
+    DELETE FROM {schema}consumer_positions WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
+), set_pos AS (
+    INSERT INTO {schema}consumer_positions (group_id, topic_id, partition_id, next_offset)
     SELECT $1, $2, p, {schema}layout_start($2, $4, p) FROM generate_series(0, $3 - 1) AS p
-    ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING
 ), top_epoch AS (
     SELECT coalesce(max(epoch), 0) AS e FROM {schema}partition_leases WHERE group_id = $1 AND topic_id = $2
 ), drop_leases AS (

@@ -44,12 +44,10 @@ FROM {schema}partition_counters pc WHERE pc.topic_id = $1`
 
 	// initSQL creates a group's positions for the partitions of its layout
 	// that have none (a group from before subscriptions): at the partition's
-	// first offset in the layout. An existing position is never moved.
-	initSQL = `INSERT INTO {schema}consumer_offsets (group_id, topic_id, partition_id, next_offset)
-SELECT $1, $2, p.partition_id, {schema}layout_start($2, g.version, p.partition_id)
-FROM unnest($3::integer[]) AS p(partition_id)
-JOIN {schema}group_layouts g ON g.group_id = $1 AND g.topic_id = $2
-ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
+	// first offset in the layout. An existing position is never moved: each
+	// partition's position lock is taken first, so that a batch of another
+	// replica that commits meanwhile is seen, not overwritten.
+	initSQL = `SELECT {schema}init_positions($1, $2, $3::integer[])`
 
 	// pendingSQL finds, without locking anything, the partitions among $3
 	// whose log holds an offset at or above the group's next_offset (and
@@ -71,7 +69,7 @@ SELECT -1, 0, 0, clock_timestamp()`
 	eventColumns = `m.c_offset, m.topic_id, m.partition_id, m.event_id, m.host_id, m.user_id,
        m.transaction_id, m.event_type, m.payload, m.metadata, m.created_at`
 
-	// pendingCut, claimCut and idleCut are layout_cut(topic, version,
+	// pendingCut and claimCut are layout_cut(topic, version,
 	// partition) (migration 0008) written out in the statements that use
 	// them, or the largest offset when no layout follows: the partition's
 	// first offset in layout version + 1. The statements a worker runs for
@@ -81,35 +79,40 @@ SELECT -1, 0, 0, clock_timestamp()`
 	// (measured: a large share of the claim's server time).
 	pendingCut = cutHead + `o.partition_id` + cutMid + `$2 AND l.version = $4` + cutTail
 	claimCut   = cutHead + `$3` + cutMid + `$2 AND l.version = $5` + cutTail
-	idleCut    = cutHead + `$3` + cutMid + `$2 AND l.version = $4` + cutTail
 	cutHead    = `coalesce((SELECT CASE WHEN l.from_offsets IS NULL THEN l.from_offset ELSE coalesce(l.from_offsets[`
 	cutMid     = ` + 1], 1) END
              FROM {schema}topic_layouts l WHERE l.topic_id = `
 	cutTail = ` + 1), 9223372036854775807)`
 
-	// claimSQL locks the group's position in the partition and, in the same
-	// round trip, reads up to $4 events from it. The lock is held until the
-	// batch transaction ends and orders batches (invariants 2 and 3): a
-	// second claimer waits here and then reads the advanced position.
+	// lockPositionSQL takes the group's position lock of the partition for
+	// the rest of the batch transaction (invariants 2 and 3): a second
+	// claimer of the partition waits here, and then reads the position the
+	// first one committed. An advisory lock writes nothing, so a claim that
+	// finds nothing costs no WAL.
+	lockPositionSQL = `SELECT {schema}lock_position($1, $2, $3)`
+
+	// positionExpr is the group's position in the partition: the newest row
+	// of consumer_positions, read from the index's end whatever older rows
+	// an open snapshot keeps.
+	positionExpr = `(SELECT o.next_offset FROM {schema}consumer_positions o
+    WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3 ORDER BY o.seq DESC LIMIT 1)`
+
+	// claimSQL reads up to $4 events from the group's position in the
+	// partition, under the position lock.
 	//
 	// Events stop at the end of the partition in the claimer's layout $5:
 	// its first offset in the next layout, read in the same statement, so in
 	// the same snapshot as the events. A repartition records the next layout
-	// under the topic's append lock, so an event past the cut is never
+	// under the topic's append locks, so an event past the cut is never
 	// visible to a claim that does not see the cut.
 	//
 	// %[1]s is the partition's table (PartitionTable): the statement's plan,
 	// even a generic one, touches only that partition's tables, so a batch
 	// locks nothing of other partitions (retention drops their segments
 	// meanwhile), and no routing through the log's partitions is paid.
-	claimSQL = `WITH o AS (
-    SELECT next_offset FROM {schema}consumer_offsets
-    WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
-    FOR UPDATE
-)
-SELECT ` + eventColumns + `
+	claimSQL = `SELECT ` + eventColumns + `
 FROM {schema}%[1]s m
-WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= (SELECT next_offset FROM o)
+WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= ` + positionExpr + `
   AND m.c_offset < ` + claimCut + `
 ORDER BY m.c_offset
 LIMIT $4`
@@ -125,17 +128,14 @@ LIMIT $4`
 
 	// commitSQL moves the group's position past the batch, in the batch's
 	// transaction (invariant 3), if the batch's replica still owns the
-	// partition's lease with the epoch it claimed under: a replica that
-	// lost the lease while it was frozen or cut off updates nothing and
-	// rolls back. The lease row is not locked: a takeover that commits
-	// after this check cannot have handled anything yet, since its claim
-	// waits for this transaction's lock on the offsets row. The update is
-	// HOT: no index covers next_offset or updated_at.
-	commitSQL = `UPDATE {schema}consumer_offsets SET next_offset = $4, updated_at = now()
-WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
-  AND EXISTS (SELECT 1 FROM {schema}partition_leases l
-              WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = $3
-                AND l.owner = $5 AND l.epoch = $6)`
+	// partition's lease with the epoch it claimed under (commit_position
+	// raises SQLSTATE PGL01 otherwise), and clears the partition's halt
+	// record when asked. CommitBatch sends it with COMMIT in one round trip:
+	// an error aborts the transaction, and the COMMIT behind it rolls back.
+	// The lease row is not locked: a takeover that commits after this check
+	// cannot have handled anything yet, since its claim waits for this
+	// transaction's position lock.
+	commitSQL = `SELECT {schema}commit_position($1, $2, $3, $4, $5, $6, $7)`
 
 	// batchNameSQL names the batch's owner in application_name for the rest
 	// of the batch transaction, so that a replica taking the partition over
@@ -178,7 +178,8 @@ WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
 
 	// leaseHeldSQL says, in the claim's round trip, whether the replica
 	// still owns the lease, so that a replica that lost it stops before
-	// running handlers.
+	// running handlers. The lease row changes only when its owner does, so
+	// the lookup does not grow with a heartbeat's versions.
 	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM {schema}partition_leases
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5)`
 
@@ -188,9 +189,12 @@ SELECT $1, $2, p FROM unnest($3::integer[]) AS p
 ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 
 	// positionSQL reads a group's position in a partition.
-	positionSQL = `SELECT next_offset FROM {schema}consumer_offsets
-WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
+	positionSQL = `SELECT ` + positionExpr
 )
+
+// LeaseLostCode is the SQLSTATE commit_position raises when the batch's
+// replica no longer owns the partition's lease with the batch's epoch.
+const LeaseLostCode = "PGL01"
 
 // PartitionTable returns the name of the table that holds a partition of a
 // topic (see migration 0008): every statement that reads one partition's
@@ -203,7 +207,7 @@ func PartitionTable(topic, partition int) string {
 // PartitionSQL holds the statements of one partition, with its table's
 // name in them; make them once per partition with ForPartition.
 type PartitionSQL struct {
-	claim, fetch, deadLetter, park, idleCheck string
+	claim, fetch, deadLetter, park string
 }
 
 // ForPartition returns the statements of a partition of topic.
@@ -214,7 +218,6 @@ func ForPartition(topic, partition int) *PartitionSQL {
 		fetch:      fmt.Sprintf(fetchSQL, t),
 		deadLetter: fmt.Sprintf(writeDeadLetterSQL, t),
 		park:       fmt.Sprintf(parkEventsSQL, t),
-		idleCheck:  fmt.Sprintf(idleCheckSQL, t),
 	}
 }
 
@@ -376,6 +379,7 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(batchNameSQL, BatchApplicationName(c.Owner))
+	b.Queue(schema.SQL(ctx, lockPositionSQL), c.Group, c.Topic, c.Partition)
 	b.Queue(schema.SQL(ctx, leaseHeldSQL), c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
 	b.Queue(schema.SQL(ctx, c.SQL.claim), c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
 	if c.Parked {
@@ -389,11 +393,10 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
 		return Claimed{Events: out.Events}, fmt.Errorf("offsets: claim: %w", err)
 	}
-	if _, err := br.Exec(); err != nil {
-		return fail(err)
-	}
-	if _, err := br.Exec(); err != nil {
-		return fail(err)
+	for range 3 { // BEGIN, the batch's name, the position lock
+		if _, err := br.Exec(); err != nil {
+			return fail(err)
+		}
 	}
 	var held bool
 	if err := br.QueryRow().Scan(&held); err != nil {
@@ -439,9 +442,14 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 		// Nothing at or after the position: say where the position is. A
 		// round trip of its own, but only for an empty claim, which is
 		// rare (a worker claims when it knows of work).
-		if err := out.Tx.QueryRow(ctx, schema.SQL(ctx, positionSQL), c.Group, c.Topic, c.Partition).Scan(&out.Next); err != nil {
+		var next *int64
+		if err := out.Tx.QueryRow(ctx, schema.SQL(ctx, positionSQL), c.Group, c.Topic, c.Partition).Scan(&next); err != nil {
 			return fail(err)
 		}
+		if next == nil {
+			return fail(fmt.Errorf("group %q has no position in partition %d: %w", c.Group, c.Partition, ErrNoPosition))
+		}
+		out.Next = *next
 	}
 	return out, nil
 }
@@ -457,16 +465,34 @@ func Fetch(ctx context.Context, q Querier, ps *PartitionSQL, topic, partition in
 	return scanEvents(rows, buf, "fetch")
 }
 
-// Commit sets the group's position in the partition to next, in tx, if
-// owner still holds the partition's lease with epoch; otherwise it returns
-// ErrLeaseLost and the caller must roll back.
-func Commit(ctx context.Context, tx pgx.Tx, group string, topic, partition int, next int64, owner string, epoch int64) error {
-	tag, err := tx.Exec(ctx, schema.SQL(ctx, commitSQL), group, topic, partition, next, owner, epoch)
+// CommitBatch sets the group's position in the partition to next and
+// commits tx, in one round trip, if owner still holds the partition's lease
+// with epoch; unhalt also clears the partition's halt record. When the
+// lease is lost it returns ErrLeaseLost, with tx aborted: the caller rolls
+// it back. Once CommitBatch returned nil, tx is committed although the
+// pgx.Tx does not know it: do not call its Commit or Rollback.
+func CommitBatch(ctx context.Context, tx pgx.Tx, group string, topic, partition int, next int64, owner string, epoch int64, unhalt bool) error {
+	var b pgx.Batch
+	b.Queue(schema.SQL(ctx, commitSQL), group, topic, partition, next, owner, epoch, unhalt)
+	b.Queue("COMMIT")
+	br := tx.Conn().SendBatch(ctx, &b)
+	_, err := br.Exec()
+	if err == nil {
+		var tag pgconn.CommandTag
+		tag, err = br.Exec()
+		if err == nil && tag.String() != "COMMIT" {
+			err = fmt.Errorf("the transaction rolled back (%s)", tag)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == LeaseLostCode {
+		return ErrLeaseLost
+	}
 	if err != nil {
 		return fmt.Errorf("offsets: commit: %w", err)
-	}
-	if tag.RowsAffected() != 1 {
-		return ErrLeaseLost
 	}
 	return nil
 }

@@ -113,7 +113,12 @@ func TestClaimOrdersCompetingClaimers(t *testing.T) {
 		t.Fatal(err)
 	}
 	ps := ForPartition(1, 0)
-	c1, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4, Layout: 1, SQL: ps}.Do(ctx, pool, nil)
+	conn1, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn1.Release()
+	c1, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 4, Layout: 1, SQL: ps}.Do(ctx, conn1, nil)
 	tx1, evs1 := c1.Tx, c1.Events
 	if err != nil || len(evs1) != 4 || evs1[0].Offset != 1 {
 		t.Fatalf("first claim: %d events from %v, %v", len(evs1), evs1, err)
@@ -136,10 +141,7 @@ func TestClaimOrdersCompetingClaimers(t *testing.T) {
 			AND wait_event_type = 'Lock'`).Scan(&waiting)
 		return waiting == 1
 	})
-	if err := Commit(ctx, tx1, "g", 1, 0, evs1[3].Offset+1, "", 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx1.Commit(ctx); err != nil {
+	if err := CommitBatch(ctx, tx1, "g", 1, 0, evs1[3].Offset+1, "", 0, false); err != nil {
 		t.Fatal(err)
 	}
 	evs2 := <-second
@@ -152,17 +154,27 @@ func TestCommitWithoutLeaseFails(t *testing.T) {
 	t.Parallel()
 	ctx, url := setup(t, 1)
 	pool := pgtest.Pool(t, url)
-	tx, err := pool.Begin(ctx)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	if err := Commit(ctx, tx, "nobody", 1, 0, 5, "me", 1); !errors.Is(err, ErrLeaseLost) {
-		t.Fatalf("Commit without a position or lease = %v, want ErrLeaseLost", err)
+	if err := CommitBatch(ctx, tx, "nobody", 1, 0, 5, "me", 1, false); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("CommitBatch without a position or lease = %v, want ErrLeaseLost", err)
+	}
+	_ = tx.Rollback(ctx)
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM consumer_positions`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d positions written without a lease (%v)", n, err)
 	}
 }
 
-// TestStatementsUseGenericPlans: the claim, the idle check and the poll run
+// TestStatementsUseGenericPlans: the claim and the poll run
 // on their generic plans from the first execution (a custom plan of the
 // claim, which PostgreSQL tries for the first five executions and whenever
 // it looks cheaper, read and sorted the partition's whole backlog for every
@@ -219,16 +231,12 @@ func TestStatementsUseGenericPlans(t *testing.T) {
 		if err := cl.Tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Idle(ctx, conn, ps, "g", 1, 0, 1); err != nil {
-			t.Fatal(err)
-		}
 		if _, _, err := Pending(ctx, conn, "g", 1, []int{0}, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, s := range []struct{ name, like string }{
-		{"claim", "%FOR UPDATE%LIMIT%"},
-		{"idle check", "SELECT max(m.c_offset)%"},
+		{"claim", "%consumer_positions o%LIMIT $4"},
 		{"poll", "%CROSS JOIN LATERAL%"},
 	} {
 		var custom, generic int64

@@ -101,8 +101,8 @@ type Pool interface {
 // while a segment goes either sees the segment gone or holds the watermark
 // below it.
 const (
-	retentionLockSQL       = `SELECT pg_advisory_xact_lock(hashtext('pgevents.retention'), $1)`
-	retentionLockSharedSQL = `SELECT pg_advisory_xact_lock_shared(hashtext('pgevents.retention'), $1)`
+	retentionLockSQL       = `SELECT pg_advisory_xact_lock({schema}lock_key('retention', $1::integer::text))`
+	retentionLockSharedSQL = `SELECT pg_advisory_xact_lock_shared({schema}lock_key('retention', $1::integer::text))`
 )
 
 // ApplyRetention removes, partition by partition, the oldest segments that
@@ -205,7 +205,7 @@ func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment
 	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '100ms'`); err != nil {
 		return fail(err)
 	}
-	if _, err := tx.Exec(ctx, retentionLockSQL, topic); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, retentionLockSQL), topic); err != nil {
 		return fail(err)
 	}
 	name := schema.Ident(ctx, seg.Name)

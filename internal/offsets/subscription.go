@@ -137,8 +137,10 @@ WHERE group_id = $1 AND topic_id = $2 AND expires_at > clock_timestamp()`
 
 	lockSubscriptionSQL = `SELECT state FROM {schema}subscriptions WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`
 
+	// oldPositionsSQL reads the group's positions, once lockPositionsSQL
+	// has taken their locks.
 	oldPositionsSQL = `SELECT partition_id, next_offset FROM {schema}consumer_offsets
-WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
+WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id`
 
 	// placeSQL puts the group at positions $4 (element p+1 for partition p)
 	// in layout $5 of $3 partitions (run after deleting its positions and
@@ -146,7 +148,7 @@ WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id FOR UPDATE`
 	// one, so fencing tokens never go back), parked hosts, parked events and
 	// dead letters in their host's partition of that layout.
 	placeSQL = `WITH add_pos AS (
-    INSERT INTO {schema}consumer_offsets (group_id, topic_id, partition_id, next_offset)
+    INSERT INTO {schema}consumer_positions (group_id, topic_id, partition_id, next_offset)
     SELECT $1, $2, p, ($4::bigint[])[p + 1] FROM generate_series(0, $3 - 1) AS p
 ), add_leases AS (
     INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id, epoch)
@@ -164,7 +166,7 @@ ON CONFLICT (group_id, topic_id) DO UPDATE SET version = excluded.version, switc
 	// clearSQL removes a group's positions and leases before placeSQL and
 	// returns the highest lease epoch it had.
 	clearSQL = `WITH pos AS (
-    DELETE FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2
+    DELETE FROM {schema}consumer_positions WHERE group_id = $1 AND topic_id = $2
 ), l AS (
     DELETE FROM {schema}partition_leases WHERE group_id = $1 AND topic_id = $2 RETURNING epoch
 )
@@ -299,7 +301,7 @@ func SweepDead(ctx context.Context, q Querier, topic int) ([]string, error) {
 // until tx ends: take it before resolving a start position, so that the
 // position and the segments agree (see ApplyRetention).
 func lockRetentionShared(ctx context.Context, tx pgx.Tx, topic int) error {
-	if _, err := tx.Exec(ctx, retentionLockSharedSQL, topic); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, retentionLockSharedSQL), topic); err != nil {
 		return fmt.Errorf("offsets: retention lock of topic %d: %w", topic, err)
 	}
 	return nil
@@ -378,6 +380,9 @@ func Reset(ctx context.Context, db Beginner, group string, topic int, start Star
 	}
 	if live > 0 && !force {
 		return nil, fmt.Errorf("offsets: %w (%d live): stop it first, or force", ErrGroupRunning, live)
+	}
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic); err != nil {
+		return nil, fmt.Errorf("offsets: reset: %w", err)
 	}
 	rows, err := tx.Query(ctx, schema.SQL(ctx, oldPositionsSQL), group, topic)
 	if err != nil {

@@ -22,6 +22,13 @@ import (
 // Lease statements. Each runs as one statement or one pipelined batch
 // without BEGIN, so it completes on the server whatever happens to the
 // client: a replica frozen mid-heartbeat holds no lease row locked.
+//
+// A lease row (owner, epoch) changes only when its owner does: acquired,
+// released, or freed by a layout switch. Liveness is the replica's: the
+// heartbeat renews the replica's consumer_replicas row, and a lease is live
+// while its owner's row is. So the lease checks of every batch read a row
+// that no heartbeat updates (an open snapshot elsewhere makes every version
+// of a row updated three times a second stay, and each lookup walk them).
 const (
 	// registerSQL records the replica as live until now + lease.
 	registerSQL = `INSERT INTO {schema}consumer_replicas (group_id, topic_id, replica_id, mode, hostname, pid, expires_at)
@@ -29,13 +36,12 @@ VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + $7::interval)
 ON CONFLICT (group_id, topic_id, replica_id)
 DO UPDATE SET heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at, mode = excluded.mode`
 
-	// renewSQL extends every lease the replica owns, expired or not: a lease
-	// still owned was taken by nobody (taking it changes the owner), so it
-	// is safe to keep. It returns what the replica holds.
-	renewSQL = `UPDATE {schema}partition_leases
-SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + $4::interval
-WHERE group_id = $1 AND topic_id = $2 AND owner = $3
-RETURNING partition_id, epoch`
+	// ownedSQL returns the leases the replica owns, live or not (its own
+	// row, registered just before, makes them live again): a lease still
+	// owned was taken by nobody (taking it changes the owner), so it is
+	// safe to keep.
+	ownedSQL = `SELECT partition_id, epoch FROM {schema}partition_leases
+WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 
 	// liveReplicasSQL lists the live auto-mode replicas, in id order: the
 	// order that decides who holds one partition more when they do not
@@ -44,13 +50,13 @@ RETURNING partition_id, epoch`
 WHERE group_id = $1 AND topic_id = $2 AND mode = 'auto' AND expires_at > clock_timestamp()
 ORDER BY replica_id`
 
-	// acquireSQL takes up to $5 free or expired leases among partitions $4,
-	// bumping their epoch, while the group consumes layout $7 (0: any). A
-	// live lease is never taken, and SKIP LOCKED keeps replicas that
-	// acquire at once from waiting on each other. The layout check keeps a
-	// replica still running the layout its group just left (another
-	// replica switched) from taking the next layout's leases, which the
-	// switch freed, for workers that do not serve them.
+	// acquireSQL takes up to $5 free leases, or leases whose owner is no
+	// longer live, among partitions $4, bumping their epoch, while the group
+	// consumes layout $6 (0: any). A live lease is never taken, and SKIP
+	// LOCKED keeps replicas that acquire at once from waiting on each other.
+	// The layout check keeps a replica still running the layout its group
+	// just left (another replica switched) from taking the next layout's
+	// leases, which the switch freed, for workers that do not serve them.
 	//
 	// The acquisition commits synchronously (set_config(..., true) lasts
 	// until the statement's own transaction commits), although consumer
@@ -60,23 +66,24 @@ ORDER BY replica_id`
 	acquireSQL = `WITH sync AS (
     SELECT set_config('synchronous_commit', 'on', true)
 ), cand AS (
-    SELECT partition_id, owner AS prev_owner FROM {schema}partition_leases
-    WHERE group_id = $1 AND topic_id = $2 AND partition_id = ANY($4::integer[])
-      AND (owner = '' OR expires_at <= clock_timestamp())
-      AND ($7 = 0 OR EXISTS (SELECT 1 FROM {schema}group_layouts g WHERE g.group_id = $1 AND g.topic_id = $2 AND g.version = $7))
-    ORDER BY partition_id
+    SELECT l.partition_id, l.owner AS prev_owner FROM {schema}partition_leases l
+    WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = ANY($4::integer[])
+      AND (l.owner = '' OR NOT EXISTS (SELECT 1 FROM {schema}consumer_replicas r
+                                       WHERE r.group_id = l.group_id AND r.topic_id = l.topic_id
+                                         AND r.replica_id = l.owner AND r.expires_at > clock_timestamp()))
+      AND ($6 = 0 OR EXISTS (SELECT 1 FROM {schema}group_layouts g WHERE g.group_id = $1 AND g.topic_id = $2 AND g.version = $6))
+    ORDER BY l.partition_id
     LIMIT $5
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF l SKIP LOCKED
 )
 UPDATE {schema}partition_leases l
-SET owner = $3, epoch = l.epoch + 1, acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
-    expires_at = clock_timestamp() + $6::interval
+SET owner = $3, epoch = l.epoch + 1, acquired_at = clock_timestamp()
 FROM cand CROSS JOIN sync
 WHERE l.group_id = $1 AND l.topic_id = $2 AND l.partition_id = cand.partition_id
 RETURNING l.partition_id, l.epoch, cand.prev_owner`
 
 	// releaseSQL frees a lease the replica owns with that epoch.
-	releaseSQL = `UPDATE {schema}partition_leases SET owner = '', expires_at = clock_timestamp()
+	releaseSQL = `UPDATE {schema}partition_leases SET owner = ''
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5`
 
 	// releaseAllSQL frees every lease of the replica and removes it from
@@ -85,23 +92,28 @@ WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND e
 	releaseAllSQL = `WITH r AS (
     DELETE FROM {schema}consumer_replicas WHERE group_id = $1 AND topic_id = $2 AND replica_id = $3
 )
-UPDATE {schema}partition_leases SET owner = '', expires_at = clock_timestamp()
+UPDATE {schema}partition_leases SET owner = ''
 WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 
 	// fenceSQL ends the previous owner's batch, frozen or cut off, if it
-	// still holds the partition's consumer_offsets row; the new owner's
-	// claim would otherwise wait for that transaction until the server
-	// noticed the dead peer. A row locked by FOR UPDATE carries the
-	// locker's transaction id in xmax, which pg_stat_activity shows as
-	// backend_xid; and a batch names its owner in application_name for its
-	// duration (offsets.BatchApplicationName). Only a backend that is both
-	// is ended: the row may also be locked by a dead-letter replay, an
-	// offsets reset or a layout switch, which are not the stale owner's.
-	fenceSQL = `SELECT count(pg_terminate_backend(a.pid))
-FROM {schema}consumer_offsets o
-JOIN pg_stat_activity a ON a.backend_xid = o.xmax
-WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3 AND a.pid <> pg_backend_pid()
-  AND a.application_name = $4`
+	// still holds the partition's position lock; the new owner's claim
+	// would otherwise wait for that transaction until the server noticed
+	// the dead peer. The lock is an advisory lock (lock_position), found in
+	// pg_locks by its key's halves; and a batch names its owner in
+	// application_name for its duration (offsets.BatchApplicationName).
+	// Only a backend that is both is ended: the lock may also be held by a
+	// dead-letter replay, an offsets reset or a layout switch, which are not
+	// the stale owner's.
+	fenceSQL = `WITH k AS (
+    SELECT {schema}lock_key('position', $1::text || '/' || $2::integer || '/' || $3::integer) AS key
+)
+SELECT count(pg_terminate_backend(a.pid))
+FROM k
+JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE a.pid <> pg_backend_pid() AND a.application_name = $4`
 )
 
 // DB is what a Leaser runs statements on; *pgxpool.Pool satisfies it.
@@ -254,7 +266,7 @@ func (l *Leaser) beat(ctx context.Context) error {
 	lease := l.cfg.Lease.String()
 	var b pgx.Batch
 	b.Queue(schema.SQL(ctx, registerSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, mode, l.hostname, os.Getpid(), lease)
-	b.Queue(schema.SQL(ctx, renewSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, lease)
+	b.Queue(schema.SQL(ctx, ownedSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID)
 	b.Queue(schema.SQL(ctx, liveReplicasSQL), l.cfg.Group, l.cfg.Topic)
 	br := l.cfg.DB.SendBatch(ctx, &b)
 	if _, err := br.Exec(); err != nil {
@@ -328,7 +340,7 @@ func (l *Leaser) beat(ctx context.Context) error {
 
 // acquire takes up to n free or expired leases among want.
 func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
-	rows, err := l.cfg.DB.Query(ctx, schema.SQL(ctx, acquireSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, want, n, l.cfg.Lease.String(), l.cfg.Layout)
+	rows, err := l.cfg.DB.Query(ctx, schema.SQL(ctx, acquireSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, want, n, l.cfg.Layout)
 	if err != nil {
 		return fmt.Errorf("partition: acquire: %w", err)
 	}

@@ -64,7 +64,7 @@ func TestAcquireCommitsSynchronously(t *testing.T) {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, schema.SQL(ctx, acquireSQL), "g", 1, "r1", []int{0, 1}, 2, "1s")
+		rows, err := tx.Query(ctx, schema.SQL(ctx, acquireSQL), "g", 1, "r1", []int{0, 1}, 2, 0)
 		if err != nil {
 			return err
 		}
@@ -86,9 +86,9 @@ func TestAcquireCommitsSynchronously(t *testing.T) {
 }
 
 // TestFenceSparesOtherLockers (issue 10, defect 10): taking a partition
-// over from an expired owner ends that owner's batch, and only that: a
-// backend holding the partition's offsets row for something else (a
-// dead-letter replay, an offsets reset) is left alone.
+// over from an owner that is no longer live ends that owner's batch, and
+// only that: a backend holding the partition's position lock for something
+// else (a dead-letter replay, an offsets reset) is left alone.
 func TestFenceSparesOtherLockers(t *testing.T) {
 	t.Parallel()
 	ctx, pool := leaseDB(t)
@@ -110,7 +110,7 @@ func TestFenceSparesOtherLockers(t *testing.T) {
 		if _, err := c.Exec(ctx, `SELECT set_config('application_name', $1, true)`, name); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Exec(ctx, `SELECT next_offset FROM consumer_offsets WHERE group_id = 'g' AND partition_id = $1 FOR UPDATE`, p); err != nil {
+		if _, err := c.Exec(ctx, `SELECT lock_position('g', 1, $1)`, p); err != nil {
 			t.Fatal(err)
 		}
 		return c

@@ -1,0 +1,271 @@
+package pgevents
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents/internal/offsets"
+)
+
+// The watcher's timing.
+const (
+	// watchInterval is how often, while events flow in some partition of
+	// the consumer, the watcher reads the tails of its partitions that are
+	// awake: one statement, one index lookup per partition.
+	watchInterval = 250 * time.Microsecond
+	// quietMin and quietMax bound how long a partition must have gone
+	// without a new event before the watcher goes to sleep on it: five of
+	// its mean gaps between events, so that a partition of steady traffic
+	// stays awake (each sleep costs one notification, by the next append).
+	quietMin = 50 * time.Millisecond
+	quietMax = 2 * time.Second
+)
+
+// watcher finds the events committed in the consumer's partitions, in one
+// goroutine per consumer, so that producers need not notify while events
+// flow (a notifying commit takes a database-wide lock until its WAL flush,
+// and notifying producers commit one at a time). The protocol, and why no
+// event waits for the poll, is in internal/offsets (wake.go): in short, a
+// partition is awake, and the watcher reads its tail every watchInterval
+// and hints its worker; or, once quiet, asleep, and the watcher holds its
+// sleep key on a connection of its own, so that the next append notifies.
+// A notification, a lease acquired or the listener's reconnect wakes it.
+//
+// An idle consumer, asleep on every partition, runs no statement here.
+type watcher struct {
+	c      *Consumer
+	signal chan struct{} // something to do; never blocks the sender
+
+	mu    sync.Mutex
+	woken map[int]bool // partitions to wake
+	all   bool         // wake every partition
+
+	// Used by run's goroutine only.
+	conn   *pgxpool.Conn // holds the sleep keys; nil: none acquired
+	asleep map[int]bool
+	parts  map[int]*watched
+}
+
+// watched is what the watcher knows of one partition.
+type watched struct {
+	tail int64         // the highest tail read
+	news time.Time     // when the tail last moved, or the partition woke
+	gap  time.Duration // mean gap between news, smoothed
+}
+
+func newWatcher(c *Consumer) *watcher {
+	return &watcher{c: c, signal: make(chan struct{}, 1), woken: map[int]bool{}, asleep: map[int]bool{}, parts: map[int]*watched{}}
+}
+
+// wake asks the watcher to wake partition p: to release its sleep key and
+// read its tail again. It never blocks.
+func (w *watcher) wake(p int) {
+	w.mu.Lock()
+	w.woken[p] = true
+	w.mu.Unlock()
+	w.poke()
+}
+
+// wakeAll is wake for every partition.
+func (w *watcher) wakeAll() {
+	w.mu.Lock()
+	w.all = true
+	w.mu.Unlock()
+	w.poke()
+}
+
+// poke makes the watcher look at its partitions at once: their leases
+// changed, or they woke. It never blocks.
+func (w *watcher) poke() {
+	select {
+	case w.signal <- struct{}{}:
+	default:
+	}
+}
+
+// run watches until ctx is cancelled.
+func (w *watcher) run(ctx context.Context) error {
+	defer w.close()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		awake := w.step(ctx)
+		var tick <-chan time.Time
+		if awake {
+			t.Reset(watchInterval)
+			tick = t.C
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.signal:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
+		case <-tick:
+		}
+	}
+}
+
+// step reads the tails of the awake partitions, hints their workers, and
+// goes to sleep on the quiet ones. It reports whether a partition is still
+// awake, that is, whether it should run again after watchInterval.
+func (w *watcher) step(ctx context.Context) bool {
+	c := w.c
+	now := time.Now()
+	rt := c.rt.Load()
+	held := map[int]*worker{}
+	if rt != nil && !c.paused.Load() {
+		for p, wk := range rt.workers {
+			if wk.epoch.Load() > 0 && !wk.halted.Load() {
+				held[p] = wk
+			}
+		}
+	}
+	w.mu.Lock()
+	woken, all := w.woken, w.all
+	w.woken, w.all = map[int]bool{}, false
+	w.mu.Unlock()
+
+	// Wake what was asked, and what this consumer no longer serves.
+	var release []int
+	for p := range w.asleep {
+		if _, ok := held[p]; !ok || all || woken[p] || c.wakeAlways.Load() {
+			release = append(release, p)
+		}
+	}
+	if len(release) > 0 {
+		if err := offsets.Wake(ctx, w.conn, c.cfg.TopicID, release); err != nil {
+			w.fail(ctx, err)
+		}
+		for _, p := range release {
+			delete(w.asleep, p)
+		}
+	}
+	for p, wp := range w.parts {
+		if _, ok := held[p]; !ok {
+			delete(w.parts, p)
+		} else if all || woken[p] {
+			wp.news = now
+		}
+	}
+	if c.wakeAlways.Load() {
+		return false // every append notifies
+	}
+	var awake []int
+	for p := range held {
+		if !w.asleep[p] {
+			awake = append(awake, p)
+			if w.parts[p] == nil {
+				w.parts[p] = &watched{news: now, gap: quietMin / 5}
+			}
+		}
+	}
+	if len(awake) == 0 {
+		return false
+	}
+	if !w.connect(ctx) {
+		return true
+	}
+	tails, err := offsets.Tails(ctx, w.conn, c.cfg.TopicID, awake)
+	if err != nil {
+		w.fail(ctx, err)
+		return true
+	}
+	var sleepy []int
+	for i, p := range awake {
+		wp := w.parts[p]
+		if tails[i] > wp.tail {
+			if !wp.news.IsZero() {
+				wp.gap = (4*wp.gap + now.Sub(wp.news)) / 5
+			}
+			wp.tail, wp.news = tails[i], now
+		}
+		wk := held[p]
+		if tails[i] > 0 && wk.hint(tails[i]) {
+			c.cfg.Observer.Woken(p, WakeTail)
+		}
+		if wk.highest.Load() < wk.next.Load() && now.Sub(wp.news) >= min(max(5*wp.gap, quietMin), quietMax) {
+			sleepy = append(sleepy, p)
+		}
+	}
+	if len(sleepy) == 0 {
+		return true
+	}
+	slept, err := offsets.Sleep(ctx, w.conn, c.cfg.TopicID, sleepy)
+	if err != nil {
+		w.fail(ctx, err)
+		return true
+	}
+	var undo []int
+	for i, p := range sleepy {
+		if !slept[i].Got {
+			continue // an append holds the key: it commits soon
+		}
+		w.asleep[p] = true
+		if wp := w.parts[p]; slept[i].Tail > wp.tail {
+			// An append committed before the key was taken: awake after
+			// all, and its events are handled.
+			wp.tail, wp.news = slept[i].Tail, now
+			undo = append(undo, p)
+			if held[p].hint(slept[i].Tail) {
+				c.cfg.Observer.Woken(p, WakeTail)
+			}
+		}
+	}
+	if len(undo) > 0 {
+		if err := offsets.Wake(ctx, w.conn, c.cfg.TopicID, undo); err != nil {
+			w.fail(ctx, err)
+		}
+		for _, p := range undo {
+			delete(w.asleep, p)
+		}
+	}
+	return len(w.asleep) < len(held)
+}
+
+// connect acquires the watcher's connection when it has none, and reports
+// whether it has one.
+func (w *watcher) connect(ctx context.Context) bool {
+	if w.conn != nil {
+		return true
+	}
+	conn, err := w.c.pool.Acquire(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.c.log.Warn().Err(err).Msg("watcher: no connection; events wait for notifications or the poll")
+		}
+		return false
+	}
+	w.conn = conn
+	return true
+}
+
+// fail drops the watcher's connection after an error, and with it every
+// sleep key it held: every partition is awake again, and read.
+func (w *watcher) fail(ctx context.Context, err error) {
+	if ctx.Err() == nil {
+		w.c.log.Warn().Err(err).Msg("watcher: statement failed; reading every partition's tail again")
+	}
+	w.close()
+}
+
+// close closes the watcher's connection, which releases the sleep keys it
+// holds (a connection given back to the pool would keep them).
+func (w *watcher) close() {
+	if w.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = w.conn.Conn().Close(ctx)
+	cancel()
+	w.conn.Release()
+	w.conn = nil
+	clear(w.asleep)
+}
