@@ -37,6 +37,10 @@ const (
 	// WakeTail is the watcher finding a new event in the partition's tail,
 	// while events flow (no notification is sent then).
 	WakeTail
+	// WakeInFlight is the watcher finding an append in flight in the
+	// partition, whose worker had nothing to do: the worker's claim waits
+	// for that append's commit.
+	WakeInFlight
 )
 
 // String returns the source's metric label.
@@ -48,6 +52,8 @@ func (s WakeSource) String() string {
 		return "reconnect"
 	case WakeTail:
 		return "tail"
+	case WakeInFlight:
+		return "in_flight"
 	}
 	return "notify"
 }

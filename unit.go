@@ -35,7 +35,8 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	}
 	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 		Limit: w.limit + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
-		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql}.Do(ctx, conn, w.buf[:0])
+		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql,
+		AwaitAppend: w.inFlight.Swap(false)}.Do(ctx, conn, w.buf[:0])
 	w.buf = cl.Events
 	if err != nil {
 		return false, err

@@ -12,10 +12,15 @@ import (
 
 // The watcher's timing.
 const (
-	// watchInterval is how often, while events flow in some partition of
-	// the consumer, the watcher reads the tails of its partitions that are
-	// awake: one statement, one index lookup per partition.
-	watchInterval = 250 * time.Microsecond
+	// watchInterval is how often, while some partition of the consumer is
+	// awake, the watcher reads the topic's appends counter: a round trip
+	// and a buffer read. When it moved, or moved within settle, or
+	// fullEvery has passed, the watcher also reads the awake partitions'
+	// tails (one statement, one index lookup per partition), and looks for
+	// appends in flight.
+	watchInterval = 100 * time.Microsecond
+	settle        = 2 * time.Millisecond
+	fullEvery     = 10 * time.Millisecond
 	// quietMin and quietMax bound how long a partition must have gone
 	// without a new event before the watcher goes to sleep on it: five of
 	// its mean gaps between events, so that a partition of steady traffic
@@ -47,6 +52,10 @@ type watcher struct {
 	conn   *pgxpool.Conn // holds the sleep keys; nil: none acquired
 	asleep map[int]bool
 	parts  map[int]*watched
+	// The appends counter as last read, when it last moved, and when the
+	// tails were last read.
+	appends              int64
+	appendsMoved, tailed time.Time
 }
 
 // watched is what the watcher knows of one partition.
@@ -173,6 +182,20 @@ func (w *watcher) step(ctx context.Context) bool {
 	if !w.connect(ctx) {
 		return true
 	}
+	// The appends counter first: when no append started lately, the tails
+	// cannot have moved, and nothing is in flight.
+	n, err := offsets.Appends(ctx, w.conn, c.cfg.TopicID)
+	if err != nil {
+		w.fail(ctx, err)
+		return true
+	}
+	if n != w.appends || n < 0 {
+		w.appends, w.appendsMoved = n, now
+	}
+	if now.Sub(w.appendsMoved) > settle && now.Sub(w.tailed) < fullEvery && !all && len(woken) == 0 {
+		return true
+	}
+	w.tailed = now
 	tails, err := offsets.Tails(ctx, w.conn, c.cfg.TopicID, awake)
 	if err != nil {
 		w.fail(ctx, err)
@@ -180,18 +203,25 @@ func (w *watcher) step(ctx context.Context) bool {
 	}
 	var sleepy []int
 	for i, p := range awake {
-		wp := w.parts[p]
-		if tails[i] > wp.tail {
+		wp, tl := w.parts[p], tails[i]
+		if tl.Offset > wp.tail {
 			if !wp.news.IsZero() {
 				wp.gap = (4*wp.gap + now.Sub(wp.news)) / 5
 			}
-			wp.tail, wp.news = tails[i], now
+			wp.tail, wp.news = tl.Offset, now
 		}
 		wk := held[p]
-		if tails[i] > 0 && wk.hint(tails[i]) {
+		switch {
+		case tl.Offset > 0 && wk.hint(tl.Offset):
 			c.cfg.Observer.Woken(p, WakeTail)
-		}
-		if wk.highest.Load() < wk.next.Load() && now.Sub(wp.news) >= min(max(5*wp.gap, quietMin), quietMax) {
+		case tl.InFlight:
+			// The worker, caught up, waits in its claim for the append in
+			// flight and reads its events as soon as they commit.
+			wp.news = now
+			if wk.awaitAppend() {
+				c.cfg.Observer.Woken(p, WakeInFlight)
+			}
+		case wk.highest.Load() < wk.next.Load() && now.Sub(wp.news) >= min(max(5*wp.gap, quietMin), quietMax):
 			sleepy = append(sleepy, p)
 		}
 	}

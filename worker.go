@@ -68,6 +68,10 @@ type worker struct {
 	wake    chan struct{}
 	highest atomic.Int64 // highest offset known to exist in the partition
 	next    atomic.Int64 // the group's position after our last commit
+	// inFlight says that an append to the partition was in flight when the
+	// watcher last looked, and the worker had nothing to do: its next
+	// claim waits for that append's commit first (offsets.Claim.AwaitAppend).
+	inFlight atomic.Bool
 
 	epoch     atomic.Int64 // the lease's epoch while this replica owns it; 0: not owned
 	releasing atomic.Bool  // give the lease up after the current batch
@@ -254,6 +258,19 @@ func (w *worker) run(ctx, bctx context.Context) error {
 			}
 		}
 	}
+}
+
+// awaitAppend tells the worker, caught up, that an append to its
+// partition is in flight: it claims at once, waiting in the claim's round
+// trip for that append to commit, and handles its events as they become
+// visible. It never blocks, and reports whether it woke the worker.
+func (w *worker) awaitAppend() bool {
+	next := w.next.Load()
+	if w.highest.Load() >= next {
+		return false // busy, or woken already
+	}
+	w.inFlight.Store(true)
+	return w.hint(next)
 }
 
 // signal wakes the worker without saying there is work, so that it looks

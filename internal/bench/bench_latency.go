@@ -129,7 +129,8 @@ SELECT m.c_offset, ` + since + ` FROM outbox_message_t m WHERE m.topic_id = 1 AN
 		_, err := tx.Exec(ctx, record, ev.Offset, ev.PartitionID, ev.CreatedAt)
 		return err
 	}))
-	c, err := startBenchConsumer(ctx, cpool, pgevents.Config{GroupID: "latency", TotalPartitions: partitions, Handlers: hs})
+	wakes := &benchWakeCounter{}
+	c, err := startBenchConsumer(ctx, cpool, pgevents.Config{GroupID: "latency", TotalPartitions: partitions, Handlers: hs, Observer: wakes})
 	if err != nil {
 		return nil, err
 	}
@@ -179,8 +180,8 @@ SELECT m.c_offset, ` + since + ` FROM outbox_message_t m WHERE m.topic_id = 1 AN
 			c50, c99, c999 = append(c50, q[0]*1000), append(c99, q[1]*1000), append(c999, q[2]*1000)
 			achieved, samples = append(achieved, lr.rate()), append(samples, float64(count))
 			txP50, txP99 = append(txP50, benchMillis(t50)), append(txP99, benchMillis(t99))
-			e.logf("latency%s, %s: %5.0f/s offered, %5.0f/s achieved, rep %d: from COMMIT returned p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; from the commit record p50 %.2f ms, p99 %.2f ms (%d events); producer tx p50 %.2f ms",
-				v.name(""), m.name, step.rate, lr.rate(), rep+1, g[0], g[1], g[2], q[0]*1000, q[1]*1000, count, benchMillis(t50))
+			e.logf("latency%s, %s: %5.0f/s offered, %5.0f/s achieved, rep %d: from COMMIT returned p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; from the commit record p50 %.2f ms, p99 %.2f ms (%d events); producer tx p50 %.2f ms; %s",
+				v.name(""), m.name, step.rate, lr.rate(), rep+1, g[0], g[1], g[2], q[0]*1000, q[1]*1000, count, benchMillis(t50), wakes.summary())
 		}
 		stopWaits()
 		st1 := c.Stats()

@@ -211,10 +211,25 @@ func benchProducers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	return out, nil
 }
 
-// benchWakeCounter is a consumer's Observer that counts the wake-ups by
-// notification.
+// benchWakeCounter is a consumer's Observer that counts the wake-ups, by
+// source.
 type benchWakeCounter struct {
 	notified atomic.Int64
+	sources  [8]atomic.Int64
+}
+
+// summary says how many wake-ups came from each source.
+func (o *benchWakeCounter) summary() string {
+	var parts []string
+	for s := range o.sources {
+		if n := o.sources[s].Load(); n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", pgevents.WakeSource(s), n))
+		}
+	}
+	if len(parts) == 0 {
+		return "no wake-ups"
+	}
+	return "wake-ups: " + strings.Join(parts, ", ")
 }
 
 func (o *benchWakeCounter) BatchCommitted(pgevents.BatchStats) {}
@@ -224,6 +239,9 @@ func (o *benchWakeCounter) Skipped(int, int64, string)         {}
 func (o *benchWakeCounter) Woken(_ int, src pgevents.WakeSource) {
 	if src == pgevents.WakeNotify {
 		o.notified.Add(1)
+	}
+	if int(src) < len(o.sources) {
+		o.sources[src].Add(1)
 	}
 }
 

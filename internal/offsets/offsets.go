@@ -91,6 +91,15 @@ SELECT -1, 0, 0, clock_timestamp()`
 	// finds nothing costs no WAL.
 	lockPositionSQL = `SELECT {schema}lock_position($1, $2, $3)`
 
+	// awaitAppendSQL waits for the appends in flight on a partition: it
+	// takes the partition's flight key exclusive, which each of them holds
+	// shared from its start to its commit (SQL mark_flight), and
+	// awaitedAppendSQL releases it at once. Appends never wait for the key
+	// (they only try it: one that starts meanwhile goes unmarked), nor
+	// notify because of it.
+	awaitAppendSQL   = `SELECT pg_advisory_lock({schema}lock_key('flight', $1::integer || '/' || $2::integer))`
+	awaitedAppendSQL = `SELECT pg_advisory_unlock({schema}lock_key('flight', $1::integer || '/' || $2::integer))`
+
 	// positionExpr is the group's position in the partition: the newest row
 	// of consumer_positions, read from the index's end whatever older rows
 	// an open snapshot keeps.
@@ -333,6 +342,11 @@ type Claim struct {
 	// Owner and Epoch are the lease the claim is made under.
 	Owner string
 	Epoch int64
+	// AwaitAppend makes the claim wait, first, for the append in flight on
+	// the partition to commit (awaitAppendSQL), so that a consumer that saw
+	// one coming reads its events as soon as they commit, in the same
+	// round trip.
+	AwaitAppend bool
 	// SQL holds the partition's statements (ForPartition).
 	SQL *PartitionSQL
 }
@@ -379,6 +393,12 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(batchNameSQL, BatchApplicationName(c.Owner))
+	waits := 0
+	if c.AwaitAppend {
+		b.Queue(schema.SQL(ctx, awaitAppendSQL), c.Topic, c.Partition)
+		b.Queue(schema.SQL(ctx, awaitedAppendSQL), c.Topic, c.Partition)
+		waits = 2
+	}
 	b.Queue(schema.SQL(ctx, lockPositionSQL), c.Group, c.Topic, c.Partition)
 	b.Queue(schema.SQL(ctx, leaseHeldSQL), c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
 	b.Queue(schema.SQL(ctx, c.SQL.claim), c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
@@ -390,10 +410,16 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 	out := Claimed{Tx: br.Tx(), Events: buf}
 	fail := func(err error) (Claimed, error) {
 		_ = br.Close()
+		if c.AwaitAppend {
+			// The append lock the wait takes is the session's: a pipeline
+			// that failed between taking and releasing it would leave it
+			// held, and the partition's appends waiting. The session goes.
+			_ = out.Tx.Conn().Close(context.WithoutCancel(ctx))
+		}
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
 		return Claimed{Events: out.Events}, fmt.Errorf("offsets: claim: %w", err)
 	}
-	for range 3 { // BEGIN, the batch's name, the position lock
+	for range 3 + waits { // BEGIN, the batch's name, the wait, the position lock
 		if _, err := br.Exec(); err != nil {
 			return fail(err)
 		}

@@ -30,10 +30,23 @@ import (
 // append notifies.
 const (
 	// tailsSQL returns, for each partition in $2, its tail: the highest
-	// offset committed there (0 for none). One index lookup per partition,
-	// from the end of partition_tails' index, whatever older rows an open
-	// snapshot keeps.
+	// offset committed there (0 for none), and whether an append is in
+	// flight there: one holds the partition's flight key (SQL mark_flight),
+	// which it takes shared when it starts and holds to commit. One index
+	// lookup per partition, from the end of partition_tails' index,
+	// whatever older rows an open snapshot keeps; the key is tried
+	// exclusive and released at once (an append that starts in that
+	// microsecond goes unmarked, and is found in the tails).
 	tailsSQL = `SELECT coalesce((SELECT t.c_offset FROM {schema}partition_tails t
+                  WHERE t.topic_id = $1 AND t.partition_id = u.p ORDER BY t.c_offset DESC LIMIT 1), 0),
+       CASE WHEN pg_try_advisory_lock(k.key) THEN NOT pg_advisory_unlock(k.key) ELSE true END
+FROM unnest($2::integer[]) WITH ORDINALITY AS u(p, i)
+CROSS JOIN LATERAL (SELECT {schema}lock_key('flight', $1::integer || '/' || u.p) AS key) k
+ORDER BY u.i`
+
+	// tailsOnlySQL is tailsSQL without the look at appends in flight, for
+	// Sleep, which holds the keys it took.
+	tailsOnlySQL = `SELECT coalesce((SELECT t.c_offset FROM {schema}partition_tails t
                   WHERE t.topic_id = $1 AND t.partition_id = p ORDER BY t.c_offset DESC LIMIT 1), 0)
 FROM unnest($2::integer[]) WITH ORDINALITY AS u(p, i)
 ORDER BY u.i`
@@ -46,20 +59,50 @@ ORDER BY u.i`
 FROM unnest($2::integer[]) WITH ORDINALITY AS u(p, i)
 ORDER BY u.i`
 
+	// appendsSQL reads the topic's appends counter (log_counter.appends),
+	// which every append call draws from when it starts: NULL before the
+	// first append, or when the topic has none yet.
+	appendsSQL = `SELECT pg_sequence_last_value(c.appends) FROM {schema}log_counter c WHERE c.topic_id = $1`
+
 	// wakeSQL releases the session's sleep keys of the partitions in $2.
 	wakeSQL = `SELECT pg_advisory_unlock_shared({schema}lock_key('sleep', $1::integer || '/' || p))
 FROM unnest($2::integer[]) AS p`
 )
 
-// Tails returns the tails of partitions of topic, in their order: the
-// highest offset committed in each (0: none).
-func Tails(ctx context.Context, db Querier, topic int, partitions []int) ([]int64, error) {
+// Appends returns the topic's appends counter: a value that moves when an
+// append starts (any value; it cycles), or -1 when there is none.
+func Appends(ctx context.Context, db Querier, topic int) (int64, error) {
+	var n *int64
+	if err := db.QueryRow(ctx, schema.SQL(ctx, appendsSQL), topic).Scan(&n); err != nil {
+		return 0, fmt.Errorf("offsets: appends counter: %w", err)
+	}
+	if n == nil {
+		return -1, nil
+	}
+	return *n, nil
+}
+
+// Tail is what Tails read of one partition.
+type Tail struct {
+	// Offset is the highest offset committed in the partition (0: none).
+	Offset int64
+	// InFlight says that an append to the partition was in flight: it
+	// committed nothing yet, and notifies nobody when it does.
+	InFlight bool
+}
+
+// Tails returns the tails of partitions of topic, in their order.
+func Tails(ctx context.Context, db Querier, topic int, partitions []int) ([]Tail, error) {
 	rows, err := db.Query(ctx, schema.SQL(ctx, tailsSQL), topic, partitions)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: tails: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
+	var t Tail
+	var out []Tail
+	if _, err := pgx.ForEachRow(rows, []any{&t.Offset, &t.InFlight}, func() error {
+		out = append(out, t)
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("offsets: tails: %w", err)
 	}
 	return out, nil
@@ -83,7 +126,7 @@ type Asleep struct {
 func Sleep(ctx context.Context, db Batcher, topic int, partitions []int) ([]Asleep, error) {
 	var b pgx.Batch
 	b.Queue(schema.SQL(ctx, sleepSQL), topic, partitions)
-	b.Queue(schema.SQL(ctx, tailsSQL), topic, partitions)
+	b.Queue(schema.SQL(ctx, tailsOnlySQL), topic, partitions)
 	br := db.SendBatch(ctx, &b)
 	defer br.Close()
 	rows, err := br.Query()

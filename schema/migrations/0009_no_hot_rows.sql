@@ -134,6 +134,41 @@ ALTER TABLE log_counter SET (fillfactor = 100);
 DROP FUNCTION append_lock_key(integer);
 DROP FUNCTION topic_gate_key(integer);
 
+-- log_counter.appends: a sequence of the topic's, which every append call
+-- draws from when it starts (nextval: no row version, no lock held). A
+-- consumer whose partitions are awake reads its last value every fraction
+-- of a millisecond, a lookup as cheap as a round trip can be, and reads the
+-- partitions' tails only when it moved (or lately did): an append is
+-- coming, or in flight. Created with the topic's tables
+-- (ensure_outbox_segments); NULL until then, and appends skip it.
+ALTER TABLE log_counter ADD COLUMN appends regclass;
+
+-- ensure_appends_sequence creates the topic's appends sequence when it has
+-- none.
+CREATE FUNCTION ensure_appends_sequence(p_topic_id integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    name text := format('outbox_appends_%s', p_topic_id);
+BEGIN
+    IF (SELECT c.appends FROM log_counter c WHERE c.topic_id = p_topic_id) IS NOT NULL THEN
+        RETURN;
+    END IF;
+    EXECUTE format('CREATE SEQUENCE IF NOT EXISTS %I AS bigint CYCLE', name);
+    UPDATE log_counter SET appends = to_regclass(quote_ident(current_schema()) || '.' || quote_ident(name))
+     WHERE topic_id = p_topic_id;
+END;
+$$;
+
+DO $appends$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN SELECT topic_id FROM log_counter ORDER BY topic_id LOOP
+        PERFORM ensure_appends_sequence(t.topic_id);
+    END LOOP;
+END;
+$appends$;
+
 -- ---------------------------------------------------------------------------
 -- Appending.
 
@@ -182,6 +217,50 @@ BEGIN
 END;
 $$;
 
+-- mark_flight marks an append in flight on partitions parts of a topic: it
+-- takes their flight keys shared, without waiting, until the transaction
+-- ends. A consumer with nothing to do in a partition looks at its flight
+-- key (taking it exclusive without waiting, and releasing it at once): an
+-- append holds it, so it waits for it (taking it exclusive, then releasing
+-- it), in the round trip of its claim, and reads that append's events as
+-- soon as they commit. The key never makes an append wait or notify: taken
+-- shared by appends, and only tried; an append that cannot take it (a
+-- consumer is taking it, or waiting for it) goes unmarked, and is found in
+-- the tails.
+CREATE FUNCTION mark_flight(p_topic_id integer, parts integer[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    p integer;
+BEGIN
+    FOREACH p IN ARRAY parts LOOP
+        PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', p_topic_id || '/' || p));
+    END LOOP;
+END;
+$$;
+
+-- try_sleep_keys tries to take the sleep keys of partitions parts of a
+-- topic, exclusive, until the transaction ends (see notify_sleepers), and
+-- returns the partitions whose key it could not take: a consumer sleeps
+-- there, and the append notifies them at commit. Under wake 'always' it
+-- takes nothing and returns them all.
+CREATE FUNCTION try_sleep_keys(p_topic_id integer, p_wake text, parts integer[]) RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    p   integer;
+    out integer[] := '{}';
+BEGIN
+    IF p_wake = 'always' THEN
+        RETURN parts;
+    END IF;
+    FOREACH p IN ARRAY parts LOOP
+        IF NOT pg_try_advisory_xact_lock(lock_key('sleep', p_topic_id || '/' || p)) THEN
+            out := out || p;
+        END IF;
+    END LOOP;
+    RETURN out;
+END;
+$$;
+
 -- lock_partitions takes the append locks of partitions ps (ascending) of a
 -- topic of scope 'partition' and returns the topic's partition count, read
 -- under them: repartition_topic takes every partition's lock, so the count
@@ -216,11 +295,11 @@ CREATE OR REPLACE FUNCTION append_event(
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    t   record;
-    np  integer;
-    np2 integer;
-    p   integer;
-    off bigint;
+    t      record;
+    np     integer;
+    np2    integer;
+    p      integer;
+    off    bigint;
 BEGIN
     IF host_id IS NULL OR host_id = '' THEN
         RAISE EXCEPTION 'append_event: host_id is required (got %)',
@@ -233,33 +312,46 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     PERFORM refuse_snapshot();
-    SELECT c.offset_scope, c.allocation, c.channel, c.wake, c.total_partitions INTO t
+    SELECT c.offset_scope, c.allocation, c.channel, c.wake, c.total_partitions, c.appends INTO t
       FROM log_counter c WHERE c.topic_id = append_event.topic_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgevents: topic % does not exist', append_event.topic_id
             USING ERRCODE = '23503', HINT = 'create it with: consumer migrate --config FILE';
     END IF;
+    IF t.appends IS NOT NULL THEN
+        PERFORM nextval(t.appends);  -- an append is coming: see log_counter.appends
+    END IF;
+    -- The partition's flight key, shared, before anything waits, and held
+    -- to commit: a consumer that looks now sees an append in flight on the
+    -- partition, and waits for its commit (see mark_flight). The partition
+    -- is computed again if the count changed before the append's lock was
+    -- had (repartition_topic changes it holding every append lock of the
+    -- topic).
+    np := t.total_partitions;
+    p := event_partition(append_event.host_id, np);
+    PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_event.topic_id || '/' || p));
     -- The tails are read here, not through tail(), whose plan would be
     -- made again at every call (an SQL function with a subquery is not
     -- inlined); this function's plans are kept.
     IF t.offset_scope = 'partition' THEN
-        -- The partition's lock, then the count again: repartition_topic
-        -- changes it holding every partition's lock.
-        np := t.total_partitions;
         LOOP
-            p := event_partition(append_event.host_id, np);
             PERFORM pg_advisory_xact_lock(lock_key('append', append_event.topic_id || '/' || p));
             SELECT c.total_partitions INTO np2 FROM log_counter c WHERE c.topic_id = append_event.topic_id;
             EXIT WHEN np2 = np;
             np := np2;
+            p := event_partition(append_event.host_id, np);
+            PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_event.topic_id || '/' || p));
         END LOOP;
         off := coalesce((SELECT pt.c_offset FROM partition_tails pt
                           WHERE pt.topic_id = append_event.topic_id AND pt.partition_id = p
                           ORDER BY pt.c_offset DESC LIMIT 1), 0) + 1;
     ELSE
         PERFORM pg_advisory_xact_lock(lock_key('append', append_event.topic_id::text));
-        SELECT c.total_partitions INTO np FROM log_counter c WHERE c.topic_id = append_event.topic_id;
-        p := event_partition(append_event.host_id, np);
+        SELECT c.total_partitions INTO np2 FROM log_counter c WHERE c.topic_id = append_event.topic_id;
+        IF np2 <> np THEN
+            p := event_partition(append_event.host_id, np2);
+            PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_event.topic_id || '/' || p));
+        END IF;
         IF t.allocation = 'sequence' THEN
             off := nextval(offset_sequence(append_event.topic_id)::regclass);
         ELSE
@@ -294,11 +386,14 @@ CREATE OR REPLACE FUNCTION append_events(topic_id integer, events jsonb)
 RETURNS SETOF bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    n      integer;
-    bad    record;
-    t      record;
-    np     integer;
-    first  bigint;
+    n        integer;
+    bad      record;
+    t        record;
+    np       integer;
+    np2      integer;
+    first    bigint;
+    sleeping integer[]; -- the partitions written that a consumer sleeps on
+    msg      text;
     ps     integer[];  -- each event's partition, in array order
     offs   bigint[];   -- each event's offset, in array order
     parts  integer[];  -- the partitions written, ascending
@@ -334,21 +429,33 @@ BEGIN
         END IF;
     END IF;
     PERFORM refuse_snapshot();
-    SELECT c.offset_scope, c.allocation, c.channel, c.wake, c.total_partitions INTO t
+    SELECT c.offset_scope, c.allocation, c.channel, c.wake, c.total_partitions, c.appends INTO t
       FROM log_counter c WHERE c.topic_id = append_events.topic_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgevents: topic % does not exist', append_events.topic_id
             USING ERRCODE = '23503', HINT = 'create it with: consumer migrate --config FILE';
     END IF;
+    IF t.appends IS NOT NULL THEN
+        PERFORM nextval(t.appends);  -- an append is coming: see log_counter.appends
+    END IF;
 
+    -- The partitions' flight keys, before anything waits (see
+    -- append_event), and again for the partitions computed again if the
+    -- count changed before the append's locks were had.
+    np := t.total_partitions;
+    SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord) INTO ps
+      FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord);
+    SELECT array_agg(DISTINCT u.p ORDER BY u.p) INTO parts FROM unnest(ps) AS u(p);
+    PERFORM mark_flight(append_events.topic_id, parts);
     IF t.offset_scope = 'partition' THEN
-        np := t.total_partitions;
         LOOP
+            np2 := lock_partitions(append_events.topic_id, parts);
+            EXIT WHEN np2 = np;
+            np := np2;
             SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord) INTO ps
               FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord);
             SELECT array_agg(DISTINCT u.p ORDER BY u.p) INTO parts FROM unnest(ps) AS u(p);
-            EXIT WHEN lock_partitions(append_events.topic_id, parts) = np;
-            np := (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = append_events.topic_id);
+            PERFORM mark_flight(append_events.topic_id, parts);
         END LOOP;
         -- Each partition's events take the offsets after its tail, in array
         -- order.
@@ -361,7 +468,13 @@ BEGIN
                           FROM unnest(parts) AS q(p)) tl ON tl.p = u.p) x;
     ELSE
         PERFORM pg_advisory_xact_lock(lock_key('append', append_events.topic_id::text));
-        np := (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = append_events.topic_id);
+        np2 := (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = append_events.topic_id);
+        IF np2 <> np THEN
+            np := np2;
+            SELECT array_agg(DISTINCT event_partition(e.e->>'host_id', np) ORDER BY 1) INTO parts
+              FROM jsonb_array_elements(events) AS e(e);
+            PERFORM mark_flight(append_events.topic_id, parts);
+        END IF;
         IF t.allocation = 'sequence' THEN
             -- Under the lock no other append draws from the sequence, so the
             -- block is contiguous.
@@ -392,7 +505,15 @@ BEGIN
     SELECT array_agg(x.p ORDER BY x.p), array_agg(x.m ORDER BY x.p) INTO parts, maxes
       FROM (SELECT u.p, max(u.o) AS m FROM unnest(ps, offs) AS u(p, o) GROUP BY u.p) x;
     INSERT INTO partition_tails SELECT append_events.topic_id, u.p, u.m FROM unnest(parts, maxes) AS u(p, m);
-    PERFORM notify_sleepers(append_events.topic_id, t.channel, t.wake, parts, maxes);
+    sleeping := try_sleep_keys(append_events.topic_id, t.wake, parts);
+    IF cardinality(sleeping) > 0 THEN
+        SELECT append_events.topic_id || ':' || string_agg(u.p || '/' || u.m, ',' ORDER BY u.p) INTO msg
+          FROM unnest(parts, maxes) AS u(p, m) WHERE u.p = ANY (sleeping);
+        IF length(msg) > 7000 THEN
+            msg := append_events.topic_id || ':*';
+        END IF;
+        PERFORM pg_notify(t.channel, msg);
+    END IF;
     RETURN QUERY SELECT unnest(offs);
 END;
 $$;
@@ -412,13 +533,17 @@ CREATE OR REPLACE FUNCTION reserve_offsets(
 LANGUAGE plpgsql AS $$
 DECLARE
     alloc text;
+    seq   regclass;
 BEGIN
     PERFORM refuse_snapshot();
     PERFORM pg_advisory_xact_lock(lock_key('append', p_topic_id::text));
-    SELECT c.total_partitions, c.allocation INTO total_partitions, alloc FROM log_counter c WHERE c.topic_id = p_topic_id;
+    SELECT c.total_partitions, c.allocation, c.appends INTO total_partitions, alloc, seq FROM log_counter c WHERE c.topic_id = p_topic_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id
             USING ERRCODE = '23503', HINT = 'create it with: consumer migrate --config FILE';
+    END IF;
+    IF seq IS NOT NULL THEN
+        PERFORM nextval(seq);
     END IF;
     IF alloc = 'sequence' THEN
         first_offset := nextval(offset_sequence(p_topic_id)::regclass);
@@ -626,6 +751,7 @@ BEGIN
         RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id USING ERRCODE = '23503';
     END IF;
     size := c.segment_size;
+    PERFORM ensure_appends_sequence(p_topic_id);
     FOR p IN
         SELECT g FROM generate_series(0, c.total_partitions - 1) AS g
         UNION
