@@ -214,3 +214,71 @@ func TestWakeModeSwitchReachesRunningConsumers(t *testing.T) {
 	}
 	checkHandled(t, pool)
 }
+
+// TestNoRowUpdatedPerAppendOrBatch: appends and batches insert rows and
+// update none, so that a snapshot held open elsewhere (which keeps every
+// version of an updated row, and makes each lookup walk them) costs them
+// nothing. Producers append in multi-host transactions while a group of
+// two replicas consumes; the rows an append or a batch reads by key (the
+// topic's row, the partitions' rows, the leases) keep their physical place
+// (an update writes a new version elsewhere), and the tails and positions
+// only grow.
+func TestNoRowUpdatedPerAppendOrBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newTopic(t, 4)
+	mustExec(t, pool, handledTable)
+	cfg := Config{TotalPartitions: 4, BatchSize: 3, Handlers: recordingHandlers(), MaintenanceInterval: time.Hour}
+	a := startConsumer(t, pool, cfg)
+	b := startConsumer(t, pool, cfg)
+	pgtest.WaitFor(t, 10*time.Second, "the replicas share the partitions", func() bool {
+		return len(a.Partitions())+len(b.Partitions()) == 4
+	})
+	// The physical place of each row, by key; a lease's with its owner and
+	// epoch, which a rebalance may change (a lease changes hands then, as
+	// it should; it must not change otherwise).
+	places := func() map[string]string {
+		rows, err := pool.Query(ctx, `SELECT 'topic ' || topic_id, ctid::text FROM log_counter
+			UNION ALL SELECT 'partition ' || topic_id || '/' || partition_id, ctid::text FROM partition_counters
+			UNION ALL SELECT 'lease ' || partition_id || ' of ' || owner || ' epoch ' || epoch, ctid::text FROM partition_leases`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		var k, v string
+		if _, err := pgx.ForEachRow(rows, []any{&k, &v}, func() error { out[k] = v; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	updated := func() int64 {
+		// Versions of tails and positions that something replaced: an
+		// update, not an insert, leaves xmax set on the old version, which
+		// a later reader would see as dead.
+		return queryInt(t, pool, `SELECT (SELECT count(*) FROM partition_tails WHERE xmax <> 0) +
+			(SELECT count(*) FROM consumer_positions WHERE xmax <> 0)`)
+	}
+	before := places()
+	var total int64
+	for i := range 60 {
+		evs := []Event{ev(fmt.Sprintf("h%d", i%7), "t", `{}`), ev(fmt.Sprintf("h%d", (i+3)%7), "t", `{}`)}
+		if i%3 == 0 {
+			evs = evs[:1]
+		}
+		appendTx(t, pool, evs...)
+		total += int64(len(evs))
+	}
+	waitHandled(t, pool, total, 20*time.Second)
+	checkHandled(t, pool)
+	for k, place := range places() {
+		if was, ok := before[k]; ok && was != place {
+			t.Errorf("%s was updated by appends or batches (its row moved from %s to %s)", k, was, place)
+		}
+	}
+	if n := updated(); n != 0 {
+		t.Fatalf("%d versions of tails or positions were replaced", n)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM consumer_positions WHERE group_id = 'g'`); n < 4 {
+		t.Fatalf("%d positions, want at least one per partition", n)
+	}
+}

@@ -802,3 +802,35 @@ func TestScriptInSchemaBesideSeedTables(t *testing.T) {
 		t.Fatalf("search_path after Migrate in the caller's transaction: %q, %v", path, err)
 	}
 }
+
+// TestAppendRefusesSnapshotTransactions: an append reads its partition's
+// tail after taking the append lock, which a REPEATABLE READ or
+// SERIALIZABLE transaction's snapshot, taken before, would not show: two
+// appends would get one offset. Such a producer gets an error that says so
+// (SQLSTATE 0A000), and nothing is appended.
+func TestAppendRefusesSnapshotTransactions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	if _, _, err := schema.EnsureTopic(ctx, pool, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		for _, stmt := range []string{`SELECT append_event(1, 'h', 'u', 't', '{}')`,
+			`SELECT append_events(1, '[{"host_id":"h","event_type":"t"}]')`} {
+			err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: iso}, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, stmt)
+				return err
+			})
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "0A000" || !strings.Contains(pgErr.Message, "READ COMMITTED") {
+				t.Errorf("%s in %s: %v, want SQLSTATE 0A000 asking for READ COMMITTED", stmt, iso, err)
+			}
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_message_t`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d events appended by refused appends (%v)", n, err)
+	}
+	mustExec(t, pool, `SELECT append_event(1, 'h', 'u', 't', '{}')`) // READ COMMITTED works
+}

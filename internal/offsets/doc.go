@@ -7,28 +7,37 @@
 // A partition worker runs one transaction per batch:
 //
 //	BEGIN
-//	Claim:   lock the group's consumer_offsets row for the partition
-//	         (SELECT ... FOR UPDATE) and fetch the events from next_offset
-//	         on, in c_offset order, in the same statement
+//	Claim:   take the group's position lock of the partition (an advisory
+//	         lock, lock_position), check the lease, and read the events
+//	         from the group's position on, in c_offset order, in the same
+//	         round trip (first waiting, when asked, for the append in
+//	         flight on the partition to commit: Claim.AwaitAppend)
 //	Fetch:   read further chunks of a producer transaction that did not fit
 //	         (keyset pagination on c_offset; memory stays bounded)
 //	         ... handlers run in this transaction ...
-//	Commit:  next_offset = last handled offset + 1
-//	COMMIT
+//	CommitBatch: insert the position past the last handled offset, if the
+//	         lease is still the batch's, and COMMIT, in one round trip
 //
-// The row lock orders the batches of one partition: a second process that
-// claims the same partition waits for the first one's transaction and then
-// reads the advanced next_offset, so batches never interleave and effects
-// never double (invariants 2 and 3, listed in package pgevents). The lock
-// orders batches but is not ownership: between batches nobody holds it, so
-// which replica may claim a partition is decided by its lease
-// (internal/partition), checked in the same round trip as the claim
-// (leaseHeldSQL) and again at commit, where the epoch fences a replica that
-// lost it.
+// The position lock orders the batches of one partition: a second process
+// that claims the same partition waits for the first one's transaction and
+// then reads the position it committed, so batches never interleave and
+// effects never double (invariants 2 and 3, listed in package pgevents).
+// Every other writer of a position (a reset, a layout switch, the
+// dead-letter admin) takes the same lock. The lock orders batches but is not
+// ownership: between batches nobody holds it, so which replica may claim a
+// partition is decided by its lease (internal/partition), checked in the
+// claim's round trip and again at commit, where the epoch fences a replica
+// that lost it.
 //
-// Taking the lock writes WAL even when there is nothing to read, so a worker
-// asks [Pending] (or trusts a notification that names a higher offset) before
-// it claims.
+// A position is a row of consumer_positions; each batch inserts one and
+// none is updated (consumer_offsets is a view of the newest). An advisory
+// lock writes nothing, so a claim that finds nothing costs a round trip and
+// no WAL; still, a worker claims only when it knows of an offset beyond its
+// position (a tail, a notification, a poll) or of an append in flight.
+//
+// # Wake-ups
+//
+// See wake.go: the tails, the appends counter, the flight and sleep keys.
 //
 // # Query plans
 //

@@ -317,8 +317,8 @@ func Position(ctx context.Context, q Querier, group string, topic, partition int
 	return next, true, nil
 }
 
-// ErrNoPosition is returned by LockPosition when the group has no
-// consumer_offsets row for the partition (Init was not run).
+// ErrNoPosition is returned by LockPosition (and a claim) when the group has
+// no position in the partition (Init was not run).
 var ErrNoPosition = errors.New("offsets: no position for the partition (group not initialised)")
 
 // Batcher sends batches; *pgxpool.Pool and *pgx.Conn satisfy it.
