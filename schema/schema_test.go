@@ -834,3 +834,71 @@ func TestAppendRefusesSnapshotTransactions(t *testing.T) {
 	}
 	mustExec(t, pool, `SELECT append_event(1, 'h', 'u', 't', '{}')`) // READ COMMITTED works
 }
+
+// TestAppendDuringRepartition: an append computes its events' partitions
+// with the count it reads first, then waits for its lock, which a
+// repartition holds; once it has the lock it finds the new count, computes
+// the partitions again, and writes every event in its host's partition of
+// the new layout, with offsets after the tails (found by TestFailureModel:
+// the recomputation of append_events under scope topic did not run).
+func TestAppendDuringRepartition(t *testing.T) {
+	t.Parallel()
+	for _, scope := range []string{schema.ScopeTopic, schema.ScopePartition} {
+		for _, stmt := range []string{`SELECT append_events(1, '[{"host_id":"a","event_type":"t"},{"host_id":"b","event_type":"t"},{"host_id":"c","event_type":"t"}]')`,
+			`SELECT append_event(1, 'a', 'u', 't', '{}')`} {
+			name := "append_event"
+			if strings.Contains(stmt, "append_events") {
+				name = "append_events"
+			}
+			t.Run(scope+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+				if _, _, err := schema.EnsureTopicSpec(ctx, pool, schema.TopicSpec{ID: 1, Partitions: 2, Scope: scope}); err != nil {
+					t.Fatal(err)
+				}
+				mustExec(t, pool, stmt)
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback(ctx) //nolint:errcheck
+				if _, err := tx.Exec(ctx, `SELECT repartition_topic(1, 5)`); err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() {
+					_, err := pool.Exec(ctx, stmt)
+					done <- err
+				}()
+				pgtest.WaitFor(t, 5*time.Second, "the append waiting for the repartition", func() bool {
+					var n int
+					_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n)
+					return n > 0
+				})
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					t.Fatalf("append during the repartition: %v", err)
+				}
+				if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t m
+					WHERE m.transaction_id = (SELECT max(transaction_id) FROM outbox_message_t)
+					  AND m.partition_id <> event_partition(m.host_id, 5)`); n != 0 {
+					t.Fatalf("%d events of the append after the repartition are not in their host's partition of 5", n)
+				}
+				// Gapless and unique per scope.
+				if scope == schema.ScopeTopic {
+					if n := queryInt(t, pool, `SELECT count(*) - count(DISTINCT c_offset) + (max(c_offset) - count(*)) FROM outbox_message_t`); n != 0 {
+						t.Fatalf("offsets not gapless and unique across the topic")
+					}
+				} else {
+					if n := queryInt(t, pool, `SELECT count(*) FROM (SELECT partition_id FROM outbox_message_t GROUP BY 1
+						HAVING max(c_offset) <> count(*) OR count(DISTINCT c_offset) <> count(*)) x`); n != 0 {
+						t.Fatalf("offsets not gapless and unique in %d partitions", n)
+					}
+				}
+			})
+		}
+	}
+}

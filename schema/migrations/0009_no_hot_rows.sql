@@ -471,8 +471,8 @@ BEGIN
         np2 := (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = append_events.topic_id);
         IF np2 <> np THEN
             np := np2;
-            SELECT array_agg(DISTINCT event_partition(e.e->>'host_id', np) ORDER BY 1) INTO parts
-              FROM jsonb_array_elements(events) AS e(e);
+            SELECT array_agg(DISTINCT x.p ORDER BY x.p) INTO parts
+              FROM (SELECT event_partition(e.e->>'host_id', np) AS p FROM jsonb_array_elements(events) AS e(e)) x;
             PERFORM mark_flight(append_events.topic_id, parts);
         END IF;
         IF t.allocation = 'sequence' THEN
