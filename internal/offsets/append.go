@@ -5,11 +5,12 @@ package offsets
 // append locks (invariant 1), held to commit, and notify the partitions a
 // consumer sleeps on.
 const (
-	// appendSQL appends a JSON array of events to one topic in the caller's
-	// transaction; append_events reserves the offsets under the append
-	// lock (invariant 1) and returns them, here in one array, in the
-	// events' order.
-	appendSQL = `SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM {schema}append_events($1, $2) WITH ORDINALITY AS t(o, i)`
+	// appendSQL appends a JSON array of events without idempotency keys to
+	// one topic in the caller's transaction; append_many (which
+	// append_events calls for such an array) takes the offsets under the
+	// append locks (invariant 1) and returns them, here in one array, in
+	// the events' order.
+	appendSQL = `SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM {schema}append_many($1, $2) WITH ORDINALITY AS t(o, i)`
 
 	// appendOneSQL appends one event without an idempotency key
 	// (append_one, which append_event calls for such an event), without the
@@ -36,7 +37,8 @@ func AppendKeyedSQL(topic int, eventsJSON []byte) (string, []any) {
 
 // AppendSQL returns the statement, and its arguments, that appends the
 // events in eventsJSON, a JSON array of objects with keys host_id, user_id,
-// event_type, payload and metadata, to topic in the caller's transaction. It
+// event_type, payload and metadata (an idempotency_key is ignored: use
+// AppendKeyedSQL), to topic in the caller's transaction. It
 // returns one row: the offsets, in array order (bigint[]). The statement
 // names pgevents' functions after schema.Marker: run it through schema.SQL.
 func AppendSQL(topic int, eventsJSON []byte) (string, []any) {

@@ -406,12 +406,13 @@ RETURNS bigint
 LANGUAGE sql VOLATILE
 RETURN append_one(topic_id, host_id, user_id, event_type, payload, metadata);
 
--- append_events appends a JSON array of events, in one statement. Each
+-- append_many appends a JSON array of events, in one statement. Each
 -- element is an object with keys host_id, user_id, event_type, payload and
 -- metadata. It returns the offsets in array order: consecutive under scope
 -- 'topic'; under scope 'partition', consecutive within each partition, in
 -- array order, the partitions' append locks taken in ascending order.
-CREATE OR REPLACE FUNCTION append_events(topic_id integer, events jsonb)
+-- append_events calls it.
+CREATE FUNCTION append_many(topic_id integer, events jsonb)
 RETURNS SETOF bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -459,9 +460,9 @@ BEGIN
     END IF;
     PERFORM refuse_snapshot();
     SELECT c.offset_scope, c.allocation, c.channel, c.wake, c.total_partitions, c.appends INTO t
-      FROM log_counter c WHERE c.topic_id = append_events.topic_id;
+      FROM log_counter c WHERE c.topic_id = append_many.topic_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'pgevents: topic % does not exist', append_events.topic_id
+        RAISE EXCEPTION 'pgevents: topic % does not exist', append_many.topic_id
             USING ERRCODE = '23503', HINT = 'create it with: consumer migrate --config FILE';
     END IF;
     IF t.appends IS NOT NULL THEN
@@ -475,47 +476,47 @@ BEGIN
     SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord) INTO ps
       FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord);
     SELECT array_agg(DISTINCT u.p ORDER BY u.p) INTO parts FROM unnest(ps) AS u(p);
-    PERFORM mark_flight(append_events.topic_id, parts);
+    PERFORM mark_flight(append_many.topic_id, parts);
     IF t.offset_scope = 'partition' THEN
-        np2 := lock_layout(append_events.topic_id);
+        np2 := lock_layout(append_many.topic_id);
         IF np2 <> np THEN
             np := np2;
             SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord) INTO ps
               FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord);
             SELECT array_agg(DISTINCT u.p ORDER BY u.p) INTO parts FROM unnest(ps) AS u(p);
-            PERFORM mark_flight(append_events.topic_id, parts);
+            PERFORM mark_flight(append_many.topic_id, parts);
         END IF;
-        PERFORM lock_partitions(append_events.topic_id, parts);
+        PERFORM lock_partitions(append_many.topic_id, parts);
         -- Each partition's events take the offsets after its tail, in array
         -- order.
         SELECT array_agg(x.o ORDER BY x.ord) INTO offs
           FROM (SELECT u.ord, tl.o + row_number() OVER (PARTITION BY u.p ORDER BY u.ord) AS o
                   FROM unnest(ps) WITH ORDINALITY AS u(p, ord)
                   JOIN (SELECT q.p, coalesce((SELECT pt.c_offset FROM partition_tails pt
-                                               WHERE pt.topic_id = append_events.topic_id AND pt.partition_id = q.p
+                                               WHERE pt.topic_id = append_many.topic_id AND pt.partition_id = q.p
                                                ORDER BY pt.c_offset DESC LIMIT 1), 0) AS o
                           FROM unnest(parts) AS q(p)) tl ON tl.p = u.p) x;
     ELSE
-        PERFORM pg_advisory_xact_lock(lock_key('append', append_events.topic_id::text));
-        np2 := (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = append_events.topic_id);
+        PERFORM pg_advisory_xact_lock(lock_key('append', append_many.topic_id::text));
+        np2 := (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = append_many.topic_id);
         IF np2 <> np THEN
             np := np2;
             SELECT array_agg(DISTINCT x.p ORDER BY x.p) INTO parts
               FROM (SELECT event_partition(e.e->>'host_id', np) AS p FROM jsonb_array_elements(events) AS e(e)) x;
-            PERFORM mark_flight(append_events.topic_id, parts);
+            PERFORM mark_flight(append_many.topic_id, parts);
         END IF;
         IF t.allocation = 'sequence' THEN
             -- Under the lock no other append draws from the sequence, so the
             -- block is contiguous.
-            first := nextval(offset_sequence(append_events.topic_id)::regclass);
+            first := nextval(offset_sequence(append_many.topic_id)::regclass);
             IF n > 1 THEN
-                PERFORM setval(offset_sequence(append_events.topic_id)::regclass, first + n - 1);
+                PERFORM setval(offset_sequence(append_many.topic_id)::regclass, first + n - 1);
             END IF;
         ELSE
             first := coalesce((SELECT pt.c_offset FROM partition_tails pt
-                                WHERE pt.topic_id = append_events.topic_id AND pt.partition_id = -1
+                                WHERE pt.topic_id = append_many.topic_id AND pt.partition_id = -1
                                 ORDER BY pt.c_offset DESC LIMIT 1), 0) + 1;
-            INSERT INTO partition_tails VALUES (append_events.topic_id, -1, first + n - 1);
+            INSERT INTO partition_tails VALUES (append_many.topic_id, -1, first + n - 1);
         END IF;
         SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord),
                array_agg(first + e.ord - 1 ORDER BY e.ord)
@@ -525,7 +526,7 @@ BEGIN
     INSERT INTO outbox_message_t
         (c_offset, topic_id, partition_id, host_id, user_id,
          transaction_id, event_type, payload, metadata)
-    SELECT offs[e.ord], append_events.topic_id, ps[e.ord], e.e->>'host_id', coalesce(e.e->>'user_id', ''),
+    SELECT offs[e.ord], append_many.topic_id, ps[e.ord], e.e->>'host_id', coalesce(e.e->>'user_id', ''),
            txid_current(), e.e->>'event_type',
            nullif(e.e->'payload', 'null'::jsonb), nullif(e.e->'metadata', 'null'::jsonb)
       FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord)
@@ -533,19 +534,28 @@ BEGIN
      ORDER BY ps[e.ord], offs[e.ord];
     SELECT array_agg(x.p ORDER BY x.p), array_agg(x.m ORDER BY x.p) INTO parts, maxes
       FROM (SELECT u.p, max(u.o) AS m FROM unnest(ps, offs) AS u(p, o) GROUP BY u.p) x;
-    INSERT INTO partition_tails SELECT append_events.topic_id, u.p, u.m FROM unnest(parts, maxes) AS u(p, m);
-    sleeping := try_sleep_keys(append_events.topic_id, t.wake, parts);
+    INSERT INTO partition_tails SELECT append_many.topic_id, u.p, u.m FROM unnest(parts, maxes) AS u(p, m);
+    sleeping := try_sleep_keys(append_many.topic_id, t.wake, parts);
     IF cardinality(sleeping) > 0 THEN
-        SELECT append_events.topic_id || ':' || string_agg(u.p || '/' || u.m, ',' ORDER BY u.p) INTO msg
+        SELECT append_many.topic_id || ':' || string_agg(u.p || '/' || u.m, ',' ORDER BY u.p) INTO msg
           FROM unnest(parts, maxes) AS u(p, m) WHERE u.p = ANY (sleeping);
         IF length(msg) > 7000 THEN
-            msg := append_events.topic_id || ':*';
+            msg := append_many.topic_id || ':*';
         END IF;
         PERFORM pg_notify(t.channel, msg);
     END IF;
     RETURN QUERY SELECT unnest(offs);
 END;
 $$;
+
+-- append_events appends a JSON array of events in the caller's transaction:
+-- append_many's, in SQL.
+CREATE OR REPLACE FUNCTION append_events(topic_id integer, events jsonb)
+RETURNS SETOF bigint
+LANGUAGE sql VOLATILE
+BEGIN ATOMIC
+    SELECT o FROM append_many(topic_id, events) AS o;
+END;
 
 -- reserve_offsets reserves count offsets of a topic of scope 'topic' and
 -- returns the first and the partition count, leaving the topic's append

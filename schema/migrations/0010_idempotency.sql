@@ -132,12 +132,11 @@ RETURN CASE WHEN idempotency_key IS NULL
             THEN append_one(topic_id, host_id, user_id, event_type, payload, metadata)
             ELSE append_keyed_one(topic_id, host_id, user_id, event_type, payload, metadata, idempotency_key) END;
 
--- append_events_keyed appends a JSON array of events as append_events does
+-- append_events_keyed appends a JSON array of events as append_many does
 -- (see 0009), each element with an optional key idempotency_key, and
 -- returns one row per element, in array order: the offset and partition it
 -- was appended at, and whether it was a duplicate (nothing appended: the
--- offset and partition its key was appended at). append_events is this
--- function's offsets.
+-- offset and partition its key was appended at).
 CREATE FUNCTION append_events_keyed(topic_id integer, events jsonb)
 RETURNS TABLE (c_offset bigint, partition_id integer, duplicate boolean)
 LANGUAGE plpgsql AS $$
@@ -172,9 +171,9 @@ BEGIN
       FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord)
      WHERE ck.fresh[e.ord];
     IF sub IS NOT NULL THEN
-        SELECT array_agg(o) INTO offs FROM append_events(append_events_keyed.topic_id, sub) AS o;
+        SELECT array_agg(o) INTO offs FROM append_many(append_events_keyed.topic_id, sub) AS o;
         -- The partitions the appended events landed in: their hosts', with
-        -- the count append_events read under the append locks, which it
+        -- the count append_many read under the append locks, which it
         -- holds until commit, so the count has not changed since.
         SELECT array_agg(event_partition(e.e->>'host_id', lc.total_partitions) ORDER BY e.ord) INTO parts
           FROM jsonb_array_elements(sub) WITH ORDINALITY AS e(e, ord)
@@ -223,5 +222,21 @@ BEGIN
        AND ik.created_at < now() - (SELECT lc.idempotency_window FROM log_counter lc WHERE lc.topic_id = p_topic_id);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
+END;
+$$;
+
+-- append_events appends a JSON array of events and returns their offsets in
+-- array order. An element may carry an idempotency_key: then the call is
+-- append_events_keyed's (a duplicate's offset is its key's first append's);
+-- without any, append_many's.
+CREATE OR REPLACE FUNCTION append_events(topic_id integer, events jsonb)
+RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF jsonb_typeof(events) = 'array' AND jsonb_path_exists(events, '$[*].idempotency_key') THEN
+        RETURN QUERY SELECT k.c_offset FROM append_events_keyed(append_events.topic_id, events) AS k;
+    ELSE
+        RETURN QUERY SELECT o FROM append_many(append_events.topic_id, events) AS o;
+    END IF;
 END;
 $$;
