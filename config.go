@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/partition"
@@ -213,6 +214,10 @@ type Config struct {
 	Logger *zerolog.Logger
 	// Observer receives what the consumer does, for metrics; default none.
 	Observer Observer
+	// TracerProvider, when set, traces the consumer with OpenTelemetry: a
+	// span per batch and one per handler call, linked to the producers'
+	// spans (see Append). Default nil: no tracing, at no cost.
+	TracerProvider trace.TracerProvider
 	// StartFrom is where the group starts the first time it runs:
 	// "earliest" (DefaultStartFrom: the first retained event, so that a new
 	// projection sees the history), "latest", "offset:N" or

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/pgeventstype"
@@ -16,8 +17,8 @@ import (
 )
 
 // Event is one event of the log. Append reads TopicID, HostID, UserID,
-// EventType, Payload and Metadata; the database sets the other fields, and a
-// handler receives them all.
+// EventType, Payload, Metadata and IdempotencyKey; the database sets the
+// other fields, and a handler receives them all but IdempotencyKey.
 type Event = pgeventstype.Event
 
 // DefaultTopic is the topic an event is appended to when its TopicID is 0.
@@ -79,8 +80,9 @@ func WithSchema(ctx context.Context, name string) context.Context {
 // ascending topic order (a fixed order, so that producers cannot deadlock on
 // the topics' append locks), one round trip each.
 //
-// The topic's append lock (its counter row, or its partitions' counter rows
-// under offset scope 'partition') stays held until q's transaction ends:
+// The topic's append lock (an advisory lock: the topic's, or its
+// partitions' under offset scope 'partition') stays held until q's
+// transaction ends:
 // append as late in the transaction as possible, or use AppendCommit. Given
 // a pool, Append runs in a transaction of its own, the fastest way to
 // append: the lock is held for the server's work and the commit only.
@@ -100,6 +102,12 @@ func WithSchema(ctx context.Context, name string) context.Context {
 // which Classify classes ClassTransient, and its transaction is aborted.
 // Append all of a transaction's events of a topic in one call; otherwise
 // roll back and run the whole transaction again on 40P01.
+//
+// When ctx carries a valid OpenTelemetry span, Append records its W3C
+// trace context in each event's metadata (keys traceparent and tracestate,
+// beside the event's own; an event whose metadata has a traceparent keeps
+// it), and a consumer that traces links its spans to it. Metadata that is
+// not a JSON object is left as it is.
 //
 // An event with an IdempotencyKey is appended once per key and topic within
 // the topic's idempotency window: a second append of the key appends
@@ -123,7 +131,7 @@ func AppendResults(ctx context.Context, q Querier, events ...Event) ([]AppendRes
 // partitions come back only from it), else only the topics whose events
 // carry an idempotency key.
 func appendEvents(ctx context.Context, q Querier, results bool, events []Event) ([]AppendResult, error) {
-	stmts, err := planAppend(events, results)
+	stmts, err := planAppend(ctx, events, results)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +186,7 @@ func AppendCommitResults(ctx context.Context, tx pgx.Tx, events ...Event) ([]App
 }
 
 func appendCommit(ctx context.Context, tx pgx.Tx, results bool, events []Event) ([]AppendResult, error) {
-	stmts, err := planAppend(events, results)
+	stmts, err := planAppend(ctx, events, results)
 	if err != nil {
 		return nil, err
 	}
@@ -260,9 +268,17 @@ func (s *appendStmt) scan(row pgx.Row, out []AppendResult) error {
 // are wanted or an event of the topic carries an idempotency key, else
 // append_event for a single event and append_events with a JSON array
 // otherwise.
-func planAppend(events []Event, results bool) ([]appendStmt, error) {
+func planAppend(ctx context.Context, events []Event, results bool) ([]appendStmt, error) {
 	if len(events) == 0 {
 		return nil, nil
+	}
+	// The producer's span, recorded in each event's metadata (tracing.go).
+	sc := trace.SpanContextFromContext(ctx)
+	metadata := func(ev *Event) json.RawMessage {
+		if !sc.IsValid() {
+			return ev.Metadata
+		}
+		return withTraceContext(ev.Metadata, sc)
 	}
 	byTopic := map[int][]int{}
 	for i := range events {
@@ -299,7 +315,7 @@ func planAppend(events []Event, results bool) ([]appendStmt, error) {
 		}
 		if len(idx) == 1 && !keyed {
 			ev := &events[idx[0]]
-			sql, args := offsets.AppendOneSQL(t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, ev.Metadata)
+			sql, args := offsets.AppendOneSQL(t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, metadata(ev))
 			stmts = append(stmts, appendStmt{topic: t, idx: idx, sql: sql, args: args})
 			continue
 		}
@@ -307,7 +323,7 @@ func planAppend(events []Event, results bool) ([]appendStmt, error) {
 		for _, i := range idx {
 			ev := &events[i]
 			items = append(items, appendItem{HostID: ev.HostID, UserID: ev.UserID, EventType: ev.EventType, Payload: ev.Payload,
-				Metadata: ev.Metadata, IdempotencyKey: ev.IdempotencyKey})
+				Metadata: metadata(ev), IdempotencyKey: ev.IdempotencyKey})
 		}
 		body, err := json.Marshal(items)
 		if err != nil {
