@@ -12,14 +12,14 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/pgevents/pgevents/cmd/consumer/consumercli"
 	"github.com/pgevents/pgevents/internal/bench"
-	"github.com/pgevents/pgevents/internal/cli"
 	"github.com/pgevents/pgevents/internal/demo"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, demo.Command, bench.Command)
+	code := consumercli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, demo.Command, bench.Command)
 	stop()
 	os.Exit(code)
 }

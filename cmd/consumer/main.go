@@ -1,5 +1,5 @@
 // Command consumer runs pgevents consumer groups and administers the log:
-// see package internal/cli for its commands, or run `consumer -h`.
+// see package consumercli for its commands, or run `consumer -h`.
 package main
 
 import (
@@ -8,12 +8,12 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/pgevents/pgevents/internal/cli"
+	"github.com/pgevents/pgevents/cmd/consumer/consumercli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, cli.Delegate("demo"), cli.Delegate("bench"))
+	code := consumercli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, consumercli.Delegate("demo"), consumercli.Delegate("bench"))
 	stop()
 	os.Exit(code)
 }

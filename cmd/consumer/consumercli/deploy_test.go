@@ -1,4 +1,4 @@
-package cli
+package consumercli
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 // and the systemd units run the binary with a configuration file.
 func TestDeployFiles(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://example/db")
-	manifests, err := filepath.Glob("../../deploy/k8s/*.yaml")
+	manifests, err := filepath.Glob("../../../deploy/k8s/*.yaml")
 	if err != nil || len(manifests) < 3 {
 		t.Fatalf("k8s manifests: %v, %v", manifests, err)
 	}
@@ -54,7 +54,7 @@ func TestDeployFiles(t *testing.T) {
 		}
 	}
 	for _, unit := range []string{"consumer.service", "consumer@.service"} {
-		data, err := os.ReadFile(filepath.Join("../../deploy/systemd", unit))
+		data, err := os.ReadFile(filepath.Join("../../../deploy/systemd", unit))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +65,7 @@ func TestDeployFiles(t *testing.T) {
 		}
 	}
 	// The example configuration at the top of the repository loads too.
-	if _, err := config.Load("../../db-event-consumer.yml"); err != nil {
+	if _, err := config.Load("../../../db-event-consumer.yml"); err != nil {
 		t.Errorf("db-event-consumer.yml: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package cli
+package consumercli
 
 import (
 	"bufio"
@@ -55,7 +55,7 @@ func TestStaticBinary(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	build := exec.CommandContext(ctx, "sh", buildScript, bin)
-	build.Dir = "../.."
+	build.Dir = "../../.."
 	build.Env = append(os.Environ(), "VERSION="+version, "COMMIT="+commit)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", buildScript, err, out)
@@ -137,7 +137,7 @@ func TestBuildScriptDescribesGit(t *testing.T) {
 	describe := func(flag string, env ...string) string {
 		t.Helper()
 		cmd := exec.Command("sh", buildScript, flag)
-		cmd.Dir = "../.."
+		cmd.Dir = "../../.."
 		cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool {
 			return strings.HasPrefix(kv, "VERSION=") || strings.HasPrefix(kv, "COMMIT=")
 		}), env...)
@@ -214,13 +214,13 @@ func dockerStages(t *testing.T, path string) [][]instruction {
 // Deployment's arguments as CMD and its metrics port exposed; and the
 // image name `make image` tags is the one the Deployment runs.
 func TestDockerfile(t *testing.T) {
-	stages := dockerStages(t, "../../Dockerfile")
+	stages := dockerStages(t, "../../../Dockerfile")
 	if len(stages) < 2 {
 		t.Fatalf("%d stages, want a builder and a final stage", len(stages))
 	}
 
 	// The builder: golang at go.mod's minor version, running the script.
-	gomod, err := os.ReadFile("../../go.mod")
+	gomod, err := os.ReadFile("../../../go.mod")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestDockerfile(t *testing.T) {
 	if output == "" {
 		t.Fatalf("no RUN of %s OUTPUT in the builder stage", buildScript)
 	}
-	script, err := os.ReadFile(filepath.Join("../..", buildScript))
+	script, err := os.ReadFile(filepath.Join("../../..", buildScript))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +304,7 @@ func TestDockerfile(t *testing.T) {
 			} `yaml:"template"`
 		} `yaml:"spec"`
 	}
-	data, err := os.ReadFile("../../deploy/k8s/deployment.yaml")
+	data, err := os.ReadFile("../../../deploy/k8s/deployment.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func TestDockerfile(t *testing.T) {
 	if !pod.SecurityContext.RunAsNonRoot || pod.SecurityContext.RunAsUser != uid {
 		t.Errorf("Deployment runAsNonRoot %v, runAsUser %d; the image's user is %d", pod.SecurityContext.RunAsNonRoot, pod.SecurityContext.RunAsUser, uid)
 	}
-	makefile, err := os.ReadFile("../../Makefile")
+	makefile, err := os.ReadFile("../../../Makefile")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +345,7 @@ func TestDockerfile(t *testing.T) {
 	var cm struct {
 		Data map[string]string `yaml:"data"`
 	}
-	if data, err := os.ReadFile("../../deploy/k8s/configmap.yaml"); err != nil {
+	if data, err := os.ReadFile("../../../deploy/k8s/configmap.yaml"); err != nil {
 		t.Fatal(err)
 	} else if err := yaml.Unmarshal(data, &cm); err != nil {
 		t.Fatal(err)
@@ -366,7 +366,7 @@ func TestDockerfile(t *testing.T) {
 	}
 
 	// The build context leaves out .git and the demo's cluster.
-	ignore, err := os.ReadFile("../../.dockerignore")
+	ignore, err := os.ReadFile("../../../.dockerignore")
 	if err != nil {
 		t.Fatal(err)
 	}

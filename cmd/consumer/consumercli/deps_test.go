@@ -1,4 +1,4 @@
-package cli
+package consumercli
 
 import (
 	"os/exec"
@@ -19,16 +19,16 @@ func TestProductionDependencies(t *testing.T) {
 		}
 		return string(out)
 	}
-	consumer := deps("../../cmd/consumer")
+	consumer := deps("..")
 	for _, banned := range []string{"internal/pgcluster", "internal/bench", "internal/demo", "franz-go/pkg/kfake"} {
 		if strings.Contains(consumer, banned) {
 			t.Errorf("cmd/consumer links %s", banned)
 		}
 	}
-	if dev := deps("../../cmd/consumer-dev"); !strings.Contains(dev, "internal/bench") || !strings.Contains(dev, "internal/demo") {
+	if dev := deps("../../consumer-dev"); !strings.Contains(dev, "internal/bench") || !strings.Contains(dev, "internal/demo") {
 		t.Error("cmd/consumer-dev lacks the benchmark or the demo")
 	}
-	if root := deps("../.."); strings.Contains(root, "yaml") {
+	if root := deps("../../.."); strings.Contains(root, "yaml") {
 		t.Error("the pgevents package pulls in a YAML package")
 	}
 }

@@ -1,4 +1,4 @@
-// Package cli is the consumer command: its subcommands (run, migrate,
+// Package consumercli is the consumer command: its subcommands (run, migrate,
 // status, dlq, offsets, group, repartition, maintain, adopt, version), the
 // exit statuses and the configuration errors that name a key. It is the
 // whole of the production binary, cmd/consumer, whose main is one call to
@@ -32,7 +32,7 @@
 // overrides its databaseUrl. Exit status: 0 on success (and after a clean
 // shutdown), 1 on a runtime failure, 2 on invalid configuration or usage,
 // with the offending key named.
-package cli
+package consumercli
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package cli
+package consumercli
 
 import (
 	"bytes"
@@ -44,7 +44,7 @@ func binary(t *testing.T) string {
 		// The production binary, and next to it the development one, to
 		// which it hands demo and bench.
 		binPath = filepath.Join(dir, "consumer")
-		for bin, pkg := range map[string]string{binPath: "../../cmd/consumer", filepath.Join(dir, DevBinary): "../../cmd/consumer-dev"} {
+		for bin, pkg := range map[string]string{binPath: "..", filepath.Join(dir, DevBinary): "../../consumer-dev"} {
 			if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 				buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 				return
@@ -457,7 +457,7 @@ func TestDemoAsRootInPrivateDir(t *testing.T) {
 		t.Log("make not found: make clean not checked")
 		return
 	}
-	makefile, err := filepath.Abs("../../Makefile")
+	makefile, err := filepath.Abs("../../../Makefile")
 	if err != nil {
 		t.Fatal(err)
 	}

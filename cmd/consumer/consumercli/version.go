@@ -1,4 +1,4 @@
-package cli
+package consumercli
 
 import (
 	"flag"
@@ -11,7 +11,7 @@ import (
 
 // version and commit override what the Go toolchain records in the binary
 // (the main module's version, vcs.revision). scripts/build-static.sh sets
-// them with -ldflags "-X github.com/pgevents/pgevents/internal/cli.version=... -X ...cli.commit=...", from git
+// them with -ldflags "-X github.com/pgevents/pgevents/cmd/consumer/consumercli.version=... -X ...consumercli.commit=...", from git
 // describe and git rev-parse, because the image build has no .git to
 // record.
 var (
@@ -22,8 +22,8 @@ var (
 // buildVersion describes how the binary was built.
 type buildVersion struct {
 	Module   string // the main module's path
-	Version  string // the main module's version, or what -X ...cli.version said
-	Commit   string // the VCS revision, or what -X ...cli.commit said
+	Version  string // the main module's version, or what -X ...consumercli.version said
+	Commit   string // the VCS revision, or what -X ...consumercli.commit said
 	Modified bool   // the working tree had uncommitted changes (vcs.modified)
 	Time     string // the commit's time (vcs.time), RFC 3339
 	Go       string // the toolchain's version
