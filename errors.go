@@ -114,7 +114,7 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 //     its Classify: broker unreachable, timeouts, not enough replicas,
 //     leader changes are transient; unknown topics and authorization
 //     failures are deployment; records too large or invalid are
-//     permanent) and sink/http (408, 429, 5xx and connection errors are
+//     permanent) and sink/webhook (408, 429, 5xx and connection errors are
 //     transient; 401, 403, 407 and redirects are deployment; other 4xx
 //     are permanent);
 //   - a PanicError, ErrUnknownEventType or ErrAbortedTransaction:

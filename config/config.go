@@ -268,7 +268,7 @@ type Handler struct {
 	Output string `yaml:"output"`
 
 	// The keys below belong to the relays, types "kafka" and "http"
-	// (see the packages sink/kafka and sink/http); they must be empty for
+	// (see the packages sink/kafka and sink/webhook); they must be empty for
 	// the other types.
 
 	// Name tells a relay's metrics apart (label sink); default the type.

@@ -1,7 +1,7 @@
 package config
 
 import (
-	httpsink "github.com/pgevents/pgevents/sink/http"
+	"github.com/pgevents/pgevents/sink/webhook"
 
 	"fmt"
 	"maps"
@@ -278,15 +278,15 @@ func (h *Handler) kafkaProblems(path string, handlerTimeoutMs int, add func(key,
 func (h *Handler) httpProblems(path string, add func(key, format string, args ...any)) {
 	if h.URL == "" {
 		add(path+"url", "is required: the endpoint, http:// or https://")
-	} else if err := httpsink.ValidURL(h.URL); err != nil {
+	} else if err := webhook.ValidURL(h.URL); err != nil {
 		add(path+"url", "%v", err)
 	}
-	if h.Method != "" && !httpsink.IsToken(h.Method) {
+	if h.Method != "" && !webhook.IsToken(h.Method) {
 		add(path+"method", "must be an HTTP method, got %q", h.Method)
 	}
 	for _, name := range slices.Sorted(maps.Keys(h.Headers)) {
 		switch {
-		case !httpsink.IsToken(name) || strings.ContainsAny(h.Headers[name], "\r\n"):
+		case !webhook.IsToken(name) || strings.ContainsAny(h.Headers[name], "\r\n"):
 			add(path+"headers."+name, "is not a valid header")
 		case strings.EqualFold(name, "Idempotency-Key"):
 			add(path+"headers."+name, "is set by the relay: the event_id")

@@ -9,7 +9,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/sink"
-	sinkhttp "github.com/pgevents/pgevents/sink/http"
+	"github.com/pgevents/pgevents/sink/webhook"
 	"github.com/pgevents/pgevents/sink/kafka"
 )
 
@@ -50,11 +50,11 @@ func buildSink(cfg *config.Config, i int, h *config.Handler) (pgevents.Handler, 
 		}
 		return s, s.Close, nil
 	case "http":
-		opts := sinkhttp.Options{Name: h.Name, URL: h.URL, Method: h.Method, Headers: h.Headers,
-			Timeout: time.Duration(h.TimeoutMs) * time.Millisecond, Format: sinkhttp.Format(h.Format), Source: h.Source,
+		opts := webhook.Options{Name: h.Name, URL: h.URL, Method: h.Method, Headers: h.Headers,
+			Timeout: time.Duration(h.TimeoutMs) * time.Millisecond, Format: webhook.Format(h.Format), Source: h.Source,
 			Concurrency: h.Concurrency, TLS: tlsConfig, Metrics: sinkMetrics}
-		s, err := sinkhttp.New(opts)
-		var oe *sinkhttp.OptionError
+		s, err := webhook.New(opts)
+		var oe *webhook.OptionError
 		if errors.As(err, &oe) {
 			return nil, nil, keyErr(oe.Key, oe.Msg)
 		}

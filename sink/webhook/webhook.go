@@ -1,7 +1,8 @@
-// Package http relays events to an HTTP endpoint: a pgevents handler that
-// sends each event as one request, usable from Go ([New]) or as the `http`
-// handler type of db-event-consumer.yml, for consumers that are not
-// written in Go.
+// Package webhook relays events to an HTTP endpoint: a pgevents handler
+// that sends each event as one request, usable from Go ([New]) or as the
+// `http` handler type of db-event-consumer.yml, for consumers that are not
+// written in Go. (The package is not called http so that it does not
+// shadow net/http in the code that uses both.)
 //
 // # Requests
 //
@@ -49,7 +50,7 @@
 //     logged at error level;
 //   - other 4xx: permanent, the event's unit is dead-lettered with the
 //     status and the first 512 bytes of the answer's body.
-package http
+package webhook
 
 import (
 	"bytes"
@@ -59,7 +60,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	nethttp "net/http"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -87,7 +88,7 @@ const (
 // Defaults of Options.
 const (
 	// DefaultMethod is the requests' method.
-	DefaultMethod = nethttp.MethodPost
+	DefaultMethod = http.MethodPost
 	// DefaultTimeout bounds one request.
 	DefaultTimeout = 10 * time.Second
 	// DefaultConcurrency bounds the requests in flight per batch.
@@ -125,7 +126,7 @@ type Options struct {
 	TLS *tls.Config
 	// Client, when set, sends the requests instead of a client built from
 	// Timeout and TLS. It should not follow redirects.
-	Client *nethttp.Client
+	Client *http.Client
 	// Metrics, when set, records the relay's deliveries.
 	Metrics *sink.Metrics
 }
@@ -138,14 +139,14 @@ type OptionError struct {
 }
 
 // Error names the option.
-func (e *OptionError) Error() string { return fmt.Sprintf("http sink: %s: %s", e.Key, e.Msg) }
+func (e *OptionError) Error() string { return fmt.Sprintf("webhook: %s: %s", e.Key, e.Msg) }
 
 // Sink is the HTTP relay handler. Register it for the event types to
 // relay; Close it after the consumer stopped.
 type Sink struct {
 	opts    Options
-	client  *nethttp.Client
-	header  nethttp.Header
+	client  *http.Client
+	header  http.Header
 	metrics *sink.Recorder // for events handled outside a batch
 
 	mu    sync.Mutex
@@ -172,12 +173,12 @@ func New(opts Options) (*Sink, error) {
 	if !IsToken(opts.Method) {
 		return nil, &OptionError{"method", fmt.Sprintf("%q is not an HTTP method", opts.Method)}
 	}
-	header := nethttp.Header{}
+	header := http.Header{}
 	for k, v := range opts.Headers {
 		if !IsToken(k) || strings.ContainsAny(v, "\r\n") {
 			return nil, &OptionError{"headers", fmt.Sprintf("%q: %q is not a valid header", k, v)}
 		}
-		if nethttp.CanonicalHeaderKey(k) == "Idempotency-Key" {
+		if http.CanonicalHeaderKey(k) == "Idempotency-Key" {
 			return nil, &OptionError{"headers", "Idempotency-Key is the event_id, set by the relay"}
 		}
 		header.Set(k, v)
@@ -206,13 +207,13 @@ func New(opts Options) (*Sink, error) {
 	}
 	client := opts.Client
 	if client == nil {
-		tr := nethttp.DefaultTransport.(*nethttp.Transport).Clone()
+		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = max(opts.Concurrency, 16)
 		if opts.TLS != nil {
 			tr.TLSClientConfig = opts.TLS.Clone()
 		}
-		client = &nethttp.Client{Transport: tr, Timeout: opts.Timeout,
-			CheckRedirect: func(*nethttp.Request, []*nethttp.Request) error { return nethttp.ErrUseLastResponse }}
+		client = &http.Client{Transport: tr, Timeout: opts.Timeout,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	return &Sink{opts: opts, client: client, header: header, parts: map[sink.PartKey]*part{},
 		metrics: opts.Metrics.For("", opts.Name, "http")}, nil
@@ -290,11 +291,11 @@ func (s *Sink) Close() { s.client.CloseIdleConnections() }
 func (s *Sink) send(ctx context.Context, ev *pgevents.Event) error {
 	body, contentType, err := s.body(ev)
 	if err != nil {
-		return pgevents.Permanent(fmt.Errorf("http sink: event %s (offset %d): %w", ev.EventID, ev.Offset, err))
+		return pgevents.Permanent(fmt.Errorf("webhook: event %s (offset %d): %w", ev.EventID, ev.Offset, err))
 	}
-	req, err := nethttp.NewRequestWithContext(ctx, s.opts.Method, s.opts.URL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, s.opts.Method, s.opts.URL, bytes.NewReader(body))
 	if err != nil {
-		return pgevents.Deployment(fmt.Errorf("http sink: %w", err))
+		return pgevents.Deployment(fmt.Errorf("webhook: %w", err))
 	}
 	req.Header.Set("Content-Type", contentType)
 	for k, v := range s.header {
@@ -303,7 +304,7 @@ func (s *Sink) send(ctx context.Context, ev *pgevents.Event) error {
 	req.Header.Set("Idempotency-Key", ev.EventID)
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return pgevents.Retryable(fmt.Errorf("http sink: %s %s: event %s (offset %d): %w", s.opts.Method, s.opts.URL, ev.EventID, ev.Offset, err))
+		return pgevents.Retryable(fmt.Errorf("webhook: %s %s: event %s (offset %d): %w", s.opts.Method, s.opts.URL, ev.EventID, ev.Offset, err))
 	}
 	defer resp.Body.Close()
 	excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, bodyExcerpt))
@@ -311,19 +312,19 @@ func (s *Sink) send(ctx context.Context, ev *pgevents.Event) error {
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
 	}
-	return Classify(resp, fmt.Errorf("http sink: %s %s: event %s (offset %d): %s: %s",
+	return Classify(resp, fmt.Errorf("webhook: %s %s: event %s (offset %d): %s: %s",
 		s.opts.Method, s.opts.URL, ev.EventID, ev.Offset, resp.Status, bytes.TrimSpace(excerpt)))
 }
 
 // Classify returns err, the failure of a request answered with resp,
 // classified by resp's status (see the package documentation), with the
 // wait Retry-After asks for.
-func Classify(resp *nethttp.Response, err error) error {
+func Classify(resp *http.Response, err error) error {
 	code := resp.StatusCode
 	switch {
-	case code == nethttp.StatusRequestTimeout, code == nethttp.StatusTooManyRequests, code >= 500:
+	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests, code >= 500:
 		return pgevents.RetryAfter(err, retryAfter(resp.Header.Get("Retry-After")))
-	case code == nethttp.StatusUnauthorized, code == nethttp.StatusForbidden, code == nethttp.StatusProxyAuthRequired,
+	case code == http.StatusUnauthorized, code == http.StatusForbidden, code == http.StatusProxyAuthRequired,
 		code >= 300 && code < 400:
 		return pgevents.Deployment(err)
 	case code >= 400:
@@ -340,7 +341,7 @@ func retryAfter(v string) time.Duration {
 	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {
 		return time.Duration(n) * time.Second
 	}
-	if t, err := nethttp.ParseTime(v); err == nil {
+	if t, err := http.ParseTime(v); err == nil {
 		return max(time.Until(t), 0)
 	}
 	return 0

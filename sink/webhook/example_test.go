@@ -1,4 +1,4 @@
-package http_test
+package webhook_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
-	sinkhttp "github.com/pgevents/pgevents/sink/http"
+	"github.com/pgevents/pgevents/sink/webhook"
 )
 
 // A consumer group that posts each trade event to a webhook, in order per
@@ -19,7 +19,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := sinkhttp.New(sinkhttp.Options{URL: "https://hooks.example.com/trades", Concurrency: 16,
+	relay, err := webhook.New(webhook.Options{URL: "https://hooks.example.com/trades", Concurrency: 16,
 		Timeout: 5 * time.Second, Headers: map[string]string{"Authorization": "Bearer token"}})
 	if err != nil {
 		log.Fatal(err)

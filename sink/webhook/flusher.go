@@ -1,4 +1,4 @@
-package http
+package webhook
 
 import (
 	"cmp"
@@ -86,7 +86,7 @@ func (f *flusher) run(l *lane) {
 		select {
 		case f.slots <- struct{}{}:
 		case <-f.ctx.Done():
-			f.fail(l, ev.Offset, pgevents.Retryable(fmt.Errorf("http sink: event %s (offset %d) not sent: %w", ev.EventID, ev.Offset, f.ctx.Err())))
+			f.fail(l, ev.Offset, pgevents.Retryable(fmt.Errorf("webhook: event %s (offset %d) not sent: %w", ev.EventID, ev.Offset, f.ctx.Err())))
 			continue
 		}
 		start := time.Now()
@@ -123,7 +123,7 @@ func (f *flusher) Flush(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return pgevents.Retryable(fmt.Errorf("http sink: requests still running: %w", context.Cause(ctx)))
+		return pgevents.Retryable(fmt.Errorf("webhook: requests still running: %w", context.Cause(ctx)))
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -1,4 +1,4 @@
-package http_test
+package webhook_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	nethttp "net/http"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -20,7 +20,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/internal/sinktest"
-	sinkhttp "github.com/pgevents/pgevents/sink/http"
+	"github.com/pgevents/pgevents/sink/webhook"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -37,7 +37,7 @@ type request struct {
 // answer's status (200 when nil), and remembers every request and the
 // most requests it served at once.
 type server struct {
-	answer func(r *request) (status int, header nethttp.Header, body string)
+	answer func(r *request) (status int, header http.Header, body string)
 
 	mu       sync.Mutex
 	reqs     []request
@@ -45,14 +45,14 @@ type server struct {
 	peak     atomic.Int64
 }
 
-func newServer(t *testing.T, answer func(r *request) (int, nethttp.Header, string)) (*server, string) {
+func newServer(t *testing.T, answer func(r *request) (int, http.Header, string)) (*server, string) {
 	s := &server{answer: answer}
 	ts := httptest.NewServer(s)
 	t.Cleanup(ts.Close)
 	return s, ts.URL + "/events"
 }
 
-func (s *server) ServeHTTP(w nethttp.ResponseWriter, r *nethttp.Request) {
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
@@ -62,7 +62,7 @@ func (s *server) ServeHTTP(w nethttp.ResponseWriter, r *nethttp.Request) {
 	if err := json.Unmarshal(body, &req.ev); err != nil || r.Method != "POST" || r.Header.Get("Content-Type") != "application/json" {
 		req.status = 599 // not what the relay sends: fails the checks
 	}
-	var header nethttp.Header
+	var header http.Header
 	var text string
 	if s.answer != nil && req.status == 200 {
 		req.status, header, text = s.answer(&req)
@@ -129,9 +129,9 @@ func check(t *testing.T, reqs []request, log map[string]sinktest.LogEvent, skip 
 	return dups
 }
 
-func relay(t *testing.T, opts sinkhttp.Options) *sinkhttp.Sink {
+func relay(t *testing.T, opts webhook.Options) *webhook.Sink {
 	t.Helper()
-	s, err := sinkhttp.New(opts)
+	s, err := webhook.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestRelayInOrderPerHost(t *testing.T) {
 	t.Parallel()
 	srv, url := newServer(t, nil)
 	pool := pgtest.TopicPool(t, 2)
-	consume(t, pool, 2, relay(t, sinkhttp.Options{URL: url}))
+	consume(t, pool, 2, relay(t, webhook.Options{URL: url}))
 	appendRandom(t, 1, pool, 1000, 30)
 	sinktest.WaitCaughtUp(t, pool, "g", time.Minute)
 	if dups := check(t, srv.requests(), sinktest.Log(t, pool), nil); dups != 0 {
@@ -182,14 +182,14 @@ func TestRelayInOrderPerHost(t *testing.T) {
 func Test503ThenOK(t *testing.T) {
 	t.Parallel()
 	var until atomic.Int64
-	srv, url := newServer(t, func(*request) (int, nethttp.Header, string) {
+	srv, url := newServer(t, func(*request) (int, http.Header, string) {
 		if time.Now().UnixNano() < until.Load() {
-			return 503, nethttp.Header{"Retry-After": {"1"}}, "maintenance"
+			return 503, http.Header{"Retry-After": {"1"}}, "maintenance"
 		}
 		return 200, nil, ""
 	})
 	pool := pgtest.TopicPool(t, 2)
-	c := consume(t, pool, 2, relay(t, sinkhttp.Options{URL: url}))
+	c := consume(t, pool, 2, relay(t, webhook.Options{URL: url}))
 	until.Store(time.Now().Add(3 * time.Second).UnixNano())
 	appendRandom(t, 2, pool, 300, 20)
 	sinktest.WaitCaughtUp(t, pool, "g", time.Minute)
@@ -226,7 +226,7 @@ func Test503ThenOK(t *testing.T) {
 // the host's later ones included, is delivered in order.
 func Test400DeadLetters(t *testing.T) {
 	t.Parallel()
-	srv, url := newServer(t, func(r *request) (int, nethttp.Header, string) {
+	srv, url := newServer(t, func(r *request) (int, http.Header, string) {
 		if r.ev.EventType == "bad" {
 			return 400, nil, `{"error":"field amount must be positive"}`
 		}
@@ -239,7 +239,7 @@ func Test400DeadLetters(t *testing.T) {
 	sinktest.AppendTx(t, pool, e("t"), e("t"))
 	sinktest.AppendTx(t, pool, e("t"), e("bad"), e("t"))
 	sinktest.AppendTx(t, pool, e("t"))
-	consume(t, pool, 1, relay(t, sinkhttp.Options{URL: url}))
+	consume(t, pool, 1, relay(t, webhook.Options{URL: url}))
 	sinktest.WaitCaughtUp(t, pool, "g", 30*time.Second)
 	dls := sinktest.DeadLetters(t, pool, "g")
 	if len(dls) != 1 || dls[0].FirstOffset != 3 || dls[0].LastOffset != 5 || dls[0].Attempts != 1 ||
@@ -275,7 +275,7 @@ func TestConcurrencyAcrossHosts(t *testing.T) {
 	var once sync.Once
 	var concurrent atomic.Int64 // requests of one host in flight at once, at most
 	var perHostInflight sync.Map
-	srv, url := newServer(t, func(r *request) (int, nethttp.Header, string) {
+	srv, url := newServer(t, func(r *request) (int, http.Header, string) {
 		v, _ := perHostInflight.LoadOrStore(r.ev.HostID, new(atomic.Int64))
 		n := v.(*atomic.Int64).Add(1)
 		defer v.(*atomic.Int64).Add(-1)
@@ -304,7 +304,7 @@ func TestConcurrencyAcrossHosts(t *testing.T) {
 		}
 	}
 	sinktest.AppendTx(t, pool, evs...) // one batch
-	consume(t, pool, 1, relay(t, sinkhttp.Options{URL: url, Concurrency: 4}))
+	consume(t, pool, 1, relay(t, webhook.Options{URL: url, Concurrency: 4}))
 	sinktest.WaitCaughtUp(t, pool, "g", 30*time.Second)
 	reqs := srv.requests()
 	for _, r := range reqs {
@@ -326,15 +326,15 @@ func TestConcurrencyAcrossHosts(t *testing.T) {
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	var status atomic.Int64
-	_, url := newServer(t, func(*request) (int, nethttp.Header, string) {
+	_, url := newServer(t, func(*request) (int, http.Header, string) {
 		s := int(status.Load())
 		if s == 0 {
 			time.Sleep(300 * time.Millisecond)
 			return 200, nil, ""
 		}
-		return s, nethttp.Header{"Retry-After": {"2"}, "Location": {"/elsewhere"}}, strings.Repeat("why ", 200)
+		return s, http.Header{"Retry-After": {"2"}, "Location": {"/elsewhere"}}, strings.Repeat("why ", 200)
 	})
-	s := relay(t, sinkhttp.Options{URL: url, Timeout: 100 * time.Millisecond})
+	s := relay(t, webhook.Options{URL: url, Timeout: 100 * time.Millisecond})
 	ev := &pgevents.Event{Offset: 1, EventID: "e1", HostID: "h", EventType: "t", Payload: []byte(`{}`)}
 	for _, tc := range []struct {
 		status int
@@ -363,7 +363,7 @@ func TestClassify(t *testing.T) {
 	if err := s.Handle(context.Background(), nil, ev); err != nil {
 		t.Fatal(err)
 	}
-	down := relay(t, sinkhttp.Options{URL: "http://127.0.0.1:1/events"})
+	down := relay(t, webhook.Options{URL: "http://127.0.0.1:1/events"})
 	if err := down.Handle(context.Background(), nil, ev); pgevents.Classify(err) != pgevents.ClassTransient {
 		t.Fatalf("connection refused: %v, want transient", err)
 	}
@@ -374,12 +374,12 @@ func TestCloudEvents(t *testing.T) {
 	t.Parallel()
 	var got map[string]any
 	var contentType string
-	ts := httptest.NewServer(nethttp.HandlerFunc(func(w nethttp.ResponseWriter, r *nethttp.Request) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		contentType = r.Header.Get("Content-Type")
 		_ = json.NewDecoder(r.Body).Decode(&got)
 	}))
 	defer ts.Close()
-	s := relay(t, sinkhttp.Options{URL: ts.URL, Format: sinkhttp.FormatCloudEvents, Source: "/portal",
+	s := relay(t, webhook.Options{URL: ts.URL, Format: webhook.FormatCloudEvents, Source: "/portal",
 		Headers: map[string]string{"Authorization": "Bearer x"}})
 	created := time.Date(2025, 1, 2, 3, 4, 5, 6000, time.UTC)
 	ev := &pgevents.Event{Offset: 9, TopicID: 1, PartitionID: 3, EventID: "e9", HostID: "h", UserID: "u", TransactionID: 77,
@@ -398,20 +398,20 @@ func TestCloudEvents(t *testing.T) {
 // TestInvalidOptions: New names the option at fault.
 func TestInvalidOptions(t *testing.T) {
 	t.Parallel()
-	for key, o := range map[string]sinkhttp.Options{
+	for key, o := range map[string]webhook.Options{
 		"url":         {},
 		"method":      {URL: "http://x", Method: "PO ST"},
 		"headers":     {URL: "http://x", Headers: map[string]string{"Idempotency-Key": "x"}},
 		"format":      {URL: "http://x", Format: "xml"},
 		"concurrency": {URL: "http://x", Concurrency: -1},
 	} {
-		_, err := sinkhttp.New(o)
-		var oe *sinkhttp.OptionError
+		_, err := webhook.New(o)
+		var oe *webhook.OptionError
 		if !errors.As(err, &oe) || oe.Key != key {
 			t.Errorf("%s: %v, want an OptionError for %s", key, err, key)
 		}
 	}
-	if _, err := sinkhttp.New(sinkhttp.Options{URL: "ftp://x"}); err == nil {
+	if _, err := webhook.New(webhook.Options{URL: "ftp://x"}); err == nil {
 		t.Error("ftp:// accepted")
 	}
 }
