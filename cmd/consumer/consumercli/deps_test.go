@@ -9,7 +9,8 @@ import (
 // TestProductionDependencies: what the production binary links, and what
 // a library user of pgevents pulls in. The throwaway-cluster launcher, the
 // in-process Kafka broker, the benchmark and the demo live in consumer-dev
-// only; the root package does not bring the YAML decoder.
+// only; the root package brings neither the YAML decoder nor a Kafka
+// client (Kafka's error codes are classified in sink/kafka).
 func TestProductionDependencies(t *testing.T) {
 	deps := func(pkg string) string {
 		t.Helper()
@@ -28,7 +29,11 @@ func TestProductionDependencies(t *testing.T) {
 	if dev := deps("../../consumer-dev"); !strings.Contains(dev, "internal/bench") || !strings.Contains(dev, "internal/demo") {
 		t.Error("cmd/consumer-dev lacks the benchmark or the demo")
 	}
-	if root := deps("../../.."); strings.Contains(root, "yaml") {
+	root := deps("../../..")
+	if strings.Contains(root, "yaml") {
 		t.Error("the pgevents package pulls in a YAML package")
+	}
+	if strings.Contains(root, "franz-go") {
+		t.Error("the pgevents package links a Kafka client (franz-go)")
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/sink"
-	"github.com/pgevents/pgevents/sink/webhook"
 	"github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/webhook"
 )
 
 // sinkMetrics are the relays' metrics of this process (label group tells
