@@ -54,14 +54,16 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,7 +96,7 @@ const (
 	// DefaultConcurrency bounds the requests in flight per batch.
 	DefaultConcurrency = 8
 	// DefaultSource is the CloudEvents source of FormatCloudEvents.
-	DefaultSource = "pgevents"
+	DefaultSource = sink.DefaultSource
 	// bodyExcerpt is how much of a refusing answer's body a dead letter
 	// quotes.
 	bodyExcerpt = 512
@@ -132,14 +134,51 @@ type Options struct {
 }
 
 // OptionError is an invalid option, named by its YAML key (url, method,
-// headers, timeoutMs, format, concurrency).
-type OptionError struct {
-	Key string
-	Msg string
-}
+// headers with the header at fault, timeoutMs, format, concurrency).
+type OptionError = sink.OptionError
 
-// Error names the option.
-func (e *OptionError) Error() string { return fmt.Sprintf("webhook: %s: %s", e.Key, e.Msg) }
+// relayName is the relay's name in its errors.
+const relayName = "webhook"
+
+// Validate reports every option of o that New refuses: nil, or the
+// errors.Join of an *OptionError per option at fault, named by its key in
+// db-event-consumer.yml. Zero values are valid: they take the defaults,
+// except URL, which is required. These are the relay's only option rules;
+// the YAML layer reports them under the handler's keys.
+func (o Options) Validate() error {
+	errs := sink.OptionErrors{Relay: relayName}
+	bad := errs.Add
+	if o.URL == "" {
+		bad("url", "", "is required: the endpoint, http:// or https://")
+	} else if u, err := url.Parse(o.URL); err != nil {
+		bad("url", "", "%q is not a URL: %v", o.URL, err)
+	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		bad("url", "", "%q must be an absolute http:// or https:// URL", o.URL)
+	}
+	if o.Method != "" && !isToken(o.Method) {
+		bad("method", "", "must be an HTTP method, got %q", o.Method)
+	}
+	for _, name := range slices.Sorted(maps.Keys(o.Headers)) {
+		switch {
+		case !isToken(name) || strings.ContainsAny(o.Headers[name], "\r\n"):
+			bad("headers", "."+name, "is not a valid header")
+		case http.CanonicalHeaderKey(name) == "Idempotency-Key":
+			bad("headers", "."+name, "is set by the relay: the event_id")
+		}
+	}
+	if o.Timeout < 0 {
+		bad("timeoutMs", "", "must be positive, got %s", o.Timeout)
+	}
+	switch o.Format {
+	case "", FormatJSON, FormatCloudEvents:
+	default:
+		bad("format", "", "must be json or cloudevents, got %q", o.Format)
+	}
+	if o.Concurrency < 0 {
+		bad("concurrency", "", "must be positive, got %d", o.Concurrency)
+	}
+	return errs.Err()
+}
 
 // Sink is the HTTP relay handler. Register it for the event types to
 // relay; Close it after the consumer stopped.
@@ -159,51 +198,20 @@ type part struct {
 	metrics *sink.Recorder
 }
 
-// New validates opts and returns the relay.
+// New validates opts (see Options.Validate) and returns the relay.
 func New(opts Options) (*Sink, error) {
-	if opts.Name == "" {
-		opts.Name = "http"
+	if err := opts.Validate(); err != nil {
+		return nil, err
 	}
-	if err := ValidURL(opts.URL); err != nil {
-		return nil, &OptionError{"url", err.Error()}
-	}
-	if opts.Method == "" {
-		opts.Method = DefaultMethod
-	}
-	if !IsToken(opts.Method) {
-		return nil, &OptionError{"method", fmt.Sprintf("%q is not an HTTP method", opts.Method)}
-	}
+	opts.Name = cmp.Or(opts.Name, "http")
+	opts.Method = cmp.Or(opts.Method, DefaultMethod)
+	opts.Timeout = cmp.Or(opts.Timeout, DefaultTimeout)
+	opts.Format = cmp.Or(opts.Format, FormatJSON)
+	opts.Source = cmp.Or(opts.Source, DefaultSource)
+	opts.Concurrency = cmp.Or(opts.Concurrency, DefaultConcurrency)
 	header := http.Header{}
 	for k, v := range opts.Headers {
-		if !IsToken(k) || strings.ContainsAny(v, "\r\n") {
-			return nil, &OptionError{"headers", fmt.Sprintf("%q: %q is not a valid header", k, v)}
-		}
-		if http.CanonicalHeaderKey(k) == "Idempotency-Key" {
-			return nil, &OptionError{"headers", "Idempotency-Key is the event_id, set by the relay"}
-		}
 		header.Set(k, v)
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = DefaultTimeout
-	}
-	if opts.Timeout < 0 {
-		return nil, &OptionError{"timeoutMs", "must be positive"}
-	}
-	switch opts.Format {
-	case "":
-		opts.Format = FormatJSON
-	case FormatJSON, FormatCloudEvents:
-	default:
-		return nil, &OptionError{"format", fmt.Sprintf("must be json or cloudevents, got %q", opts.Format)}
-	}
-	if opts.Source == "" {
-		opts.Source = DefaultSource
-	}
-	if opts.Concurrency == 0 {
-		opts.Concurrency = DefaultConcurrency
-	}
-	if opts.Concurrency < 0 {
-		return nil, &OptionError{"concurrency", "must be positive"}
 	}
 	client := opts.Client
 	if client == nil {
@@ -219,24 +227,9 @@ func New(opts Options) (*Sink, error) {
 		metrics: opts.Metrics.For("", opts.Name, "http")}, nil
 }
 
-// ValidURL checks an endpoint's URL: absolute, http or https, with a host.
-func ValidURL(raw string) error {
-	if raw == "" {
-		return errors.New("is required")
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return fmt.Errorf("%q is not a URL: %w", raw, err)
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q must be an absolute http:// or https:// URL", raw)
-	}
-	return nil
-}
-
-// IsToken reports whether s is an HTTP token (RFC 9110): what a method or a
+// isToken reports whether s is an HTTP token (RFC 9110): what a method or a
 // header name must be.
-func IsToken(s string) bool {
+func isToken(s string) bool {
 	if s == "" {
 		return false
 	}

@@ -1,8 +1,43 @@
-// Package consumercli is the consumer command: its subcommands (run, migrate,
-// status, dlq, offsets, group, repartition, maintain, adopt, version), the
-// exit statuses and the configuration errors that name a key. It is the
-// whole of the production binary, cmd/consumer, whose main is one call to
-// Main.
+// Package consumercli is the consumer command: its subcommands (run,
+// migrate, status, dlq, offsets, group, repartition, maintain, adopt,
+// version), the exit statuses and the configuration errors that name a
+// key. It is the whole of the production binary, cmd/consumer, whose main
+// is one call, and it is public so that a service builds the same binary
+// around its own Go handlers.
+//
+// # A service's own consumer binary
+//
+// A service whose handlers are written in Go registers them by name in a
+// CLI and runs it as its main:
+//
+//	func main() {
+//		(&consumercli.CLI{Handlers: consumercli.Handlers{
+//			"invoices": invoices.Handler(pool),
+//			"search":   pgevents.JSONHandler(indexUser),
+//		}}).Execute()
+//	}
+//
+// The binary has every command of the stock one, configured by the same
+// db-event-consumer.yml, and its handlers of type go bind a registered
+// handler to event types, beside the built-in types (log, sql, kafka,
+// http):
+//
+//	handlers:
+//	  - eventType: invoice.paid
+//	    type: go
+//	    name: invoices          # as registered in CLI.Handlers
+//	  - eventType: "*"
+//	    type: log
+//
+// So `run` runs several groups from one file, each with Go and built-in
+// handlers, with the relays, the metrics and health endpoints, graceful
+// shutdown on SIGINT or SIGTERM and the exit statuses below; `dlq replay`
+// runs the group's Go handlers too; `migrate`, `status`, `offsets`,
+// `group` and the others work as in the stock binary. A file that names a
+// Go handler the binary does not have is refused before anything runs:
+// exit status 2, naming the key (handlers[0].name).
+//
+// # Development commands
 //
 // The development commands, demo and bench, live in packages of their own
 // (internal/demo, internal/bench) and in a binary of their own,
@@ -11,9 +46,9 @@
 // what runs in production. The production binary hands them to
 // consumer-dev (see Delegate).
 //
-// Usage:
+// # Usage
 //
-//	consumer run     [--config FILE]   run the configured group until SIGINT/SIGTERM
+//	consumer run     [--config FILE]   run the configured groups until SIGINT/SIGTERM
 //	consumer migrate [--config FILE] [--print]
 //	                                   apply the schema and create the configured topic
 //	consumer dlq     list|replay|discard  dead-letter admin
@@ -39,8 +74,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"slices"
+	"syscall"
 
+	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
 )
 
@@ -70,7 +109,7 @@ func Usagef(format string, args ...any) error { return usagef(format, args...) }
 const usage = `usage: consumer <command> [flags]
 
 commands:
-  run      run the configured consumer group until SIGINT or SIGTERM
+  run      run the configured consumer groups until SIGINT or SIGTERM
   migrate  apply the schema migrations and create the configured topic
   dlq      list, replay or discard dead letters (consumer dlq -h)
   offsets reset --group G --to earliest|latest|offset:N|time:T [--force]
@@ -99,15 +138,41 @@ type Command struct {
 	Run func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
-// Main runs the command line args (without the program name) until ctx
-// ends, with the built-in subcommands and extra, and returns the process
-// exit status.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer, extra ...Command) int {
-	return run(ctx, args, stdout, stderr, extra)
+// Handlers are Go handlers by name: the names that the file's handlers of
+// type go give (name: invoices).
+type Handlers map[string]pgevents.Handler
+
+// CLI is the consumer command with what a binary adds to the built-in
+// subcommands: the Go handlers its configuration files may name, and more
+// commands. The zero CLI is the stock binary without demo and bench.
+type CLI struct {
+	// Handlers are the Go handlers a handlers item of type go names. A
+	// name the file gives that is not here (or is nil) is a configuration
+	// error: exit status 2, naming the key. A registered handler may serve
+	// several groups and event types: it is called concurrently, from every
+	// partition's worker.
+	Handlers Handlers
+	// Commands are subcommands beyond the built-in ones (consumer-dev adds
+	// demo and bench).
+	Commands []Command
 }
 
-// run executes one command and returns the process exit status.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, extra []Command) int {
+// Execute is the whole main function of a consumer binary: it runs the
+// process's command line (os.Args) until SIGINT or SIGTERM, which stop
+// `run` gracefully (the in-flight batches commit or roll back, leases are
+// handed over), and exits with the command's status.
+func (c *CLI) Execute() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := c.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Main runs the command line args (without the program name) until ctx
+// ends, and returns the process exit status: 0 on success (and after a
+// clean shutdown), 1 on a runtime failure, 2 on invalid configuration or
+// usage.
+func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
@@ -115,11 +180,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, extra []C
 	var err error
 	switch args[0] {
 	case "run":
-		err = runCmd(ctx, args[1:], stdout, stderr)
+		err = c.runCmd(ctx, args[1:], stdout, stderr)
 	case "migrate":
 		err = migrateCmd(ctx, args[1:], stdout, stderr)
 	case "dlq":
-		err = dlqCmd(ctx, args[1:], stdout, stderr)
+		err = c.dlqCmd(ctx, args[1:], stdout, stderr)
 	case "offsets":
 		err = offsetsCmd(ctx, args[1:], stdout, stderr)
 	case "group":
@@ -138,14 +203,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, extra []C
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:
-		i := slices.IndexFunc(extra, func(c Command) bool { return c.Name == args[0] })
+		i := slices.IndexFunc(c.Commands, func(cmd Command) bool { return cmd.Name == args[0] })
 		if i < 0 {
 			fmt.Fprintf(stderr, "consumer: unknown command %q\n%s", args[0], usage)
 			return exitUsage
 		}
-		err = extra[i].Run(ctx, args[1:], stdout, stderr)
+		err = c.Commands[i].Run(ctx, args[1:], stdout, stderr)
 	}
 	return exitCode(err, stderr)
+}
+
+// Main runs the command line args (without the program name) of the stock
+// binary with the extra commands until ctx ends, and returns the process
+// exit status: (&CLI{Commands: extra}).Main.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer, extra ...Command) int {
+	return (&CLI{Commands: extra}).Main(ctx, args, stdout, stderr)
 }
 
 func exitCode(err error, stderr io.Writer) int {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -25,7 +26,7 @@ and removes them when all succeed. discard removes a dead letter without
 handling it and handles the events parked behind it, in order.
 `
 
-func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, dlqUsage)
 		return usagef("dlq: a subcommand is required")
@@ -76,13 +77,10 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 	// The handlers that run are those of the group in the configuration.
 	groups := cfg.GroupConfigs()
-	var gcfg *config.Config
-	for i := range groups {
-		if groups[i].GroupID == *group || (*group == "" && len(groups) == 1) {
-			gcfg = &groups[i]
-		}
-	}
-	if gcfg == nil {
+	g := slices.IndexFunc(groups, func(gc config.Config) bool {
+		return gc.GroupID == *group || (*group == "" && len(groups) == 1)
+	})
+	if g < 0 {
 		return usagef("dlq %s: the configuration has no group %q: name one of its groups with --group, whose handlers will run", sub, *group)
 	}
 	var ids []int64
@@ -91,7 +89,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if fs.NArg() != 0 {
 			return usagef("dlq replay: give an ID or --all, not both")
 		}
-		dls, err := pgevents.ListDeadLetters(ctx, pool, gcfg.GroupID)
+		dls, err := pgevents.ListDeadLetters(ctx, pool, groups[g].GroupID)
 		if err != nil {
 			return err
 		}
@@ -109,21 +107,21 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 
 	log := newLogger(cfg, stderr)
-	handlers, closeHandlers, err := buildHandlers(gcfg, stdout)
+	handlers, closeHandlers, err := c.buildHandlers(cfg, g, stdout)
 	if err != nil {
-		return err
+		return inFile(err, *path)
 	}
 	defer closeHandlers()
-	c, err := pgevents.NewConsumer(pool, gcfg.Consumer(handlers, &log))
+	consumer, err := pgevents.NewConsumer(pool, groups[g].Consumer(handlers, &log))
 	if err != nil {
-		return err
+		return inFile(cfg.ConsumerError(g, err), *path)
 	}
 	for _, id := range ids {
 		var n int
 		if sub == "replay" {
-			n, err = c.ReplayDeadLetter(ctx, id)
+			n, err = consumer.ReplayDeadLetter(ctx, id)
 		} else {
-			n, err = c.DiscardDeadLetter(ctx, id)
+			n, err = consumer.DiscardDeadLetter(ctx, id)
 		}
 		if err != nil {
 			return err

@@ -127,7 +127,7 @@ func TestObserveRunConsumer(t *testing.T) {
 	cfg := observedConfig(t, url, "metricsAddr: \"127.0.0.1:0\"\npprof: true\n")
 	logs := &syncBuffer{}
 	log := zerolog.New(logs).Level(zerolog.InfoLevel)
-	handlers, closeHandlers, err := buildHandlers(cfg, io.Discard)
+	handlers, closeHandlers, err := (&CLI{}).buildHandlers(cfg, 0, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestObserveConsumerError(t *testing.T) {
 	url, pool := observedDB(t)
 	cfg := observedConfig(t, url, "metricsAddr: \"127.0.0.1:0\"\n")
 	cfg.TotalPartitions = 8 // the topic has 4
-	handlers, closeHandlers, err := buildHandlers(cfg, io.Discard)
+	handlers, closeHandlers, err := (&CLI{}).buildHandlers(cfg, 0, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

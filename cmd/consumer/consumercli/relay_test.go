@@ -270,7 +270,7 @@ handlers:
 	}
 	logs := &syncBuffer{}
 	log := zerolog.New(logs).Level(zerolog.InfoLevel)
-	handlers, closeHandlers, err := buildHandlers(cfg, io.Discard)
+	handlers, closeHandlers, err := (&CLI{}).buildHandlers(cfg, 0, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

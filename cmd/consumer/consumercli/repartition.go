@@ -15,12 +15,12 @@ func repartitionCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.SetOutput(stderr)
 	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, and topicId when --topic is not given")
 	topic := fs.Int("topic", 0, "topic to repartition (default: the configuration's topicId)")
-	partitions := fs.Int("partitions", 0, "the new partition count, 1 to 1024")
+	partitions := fs.Int("partitions", 0, fmt.Sprintf("the new partition count, 1 to %d", schema.MaxPartitions))
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err}
 	}
-	if *partitions < 1 || *partitions > 1024 {
-		return usagef("repartition: --partitions must be between 1 and 1024, got %d", *partitions)
+	if err := schema.ValidPartitions(*partitions); err != nil {
+		return usagef("repartition: --partitions %v", err)
 	}
 	ctx, _, pool, err := connect(ctx, *path, topic)
 	if err != nil {

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,32 +22,54 @@ import (
 
 const defaultConfigPath = "db-event-consumer.yml"
 
-func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// runCmd is `consumer run`: every group of the file, with the built-in
+// handlers it configures and the Go handlers it names, until ctx ends.
+// Everything the file says is checked before the database is reached: a
+// group's pgevents.Config (pgevents.Config.Validate) and the Go handlers
+// it names.
+func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", defaultConfigPath, "configuration file")
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err}
 	}
-	ctx, cfg, pool, err := connect(ctx, *path, nil)
+	cfg, err := config.Load(*path)
 	if err != nil {
 		return err
 	}
 	log := newLogger(cfg, stderr)
-	defer pool.Close()
 
 	// One consumer per group, all on the pool, stopped together.
 	groups := cfg.GroupConfigs()
 	ccfgs := make([]pgevents.Config, len(groups))
 	for i := range groups {
-		handlers, closeHandlers, err := buildHandlers(&groups[i], stdout)
+		handlers, closeHandlers, err := c.buildHandlers(cfg, i, stdout)
 		if err != nil {
-			return err
+			return inFile(err, *path)
 		}
 		defer closeHandlers()
 		ccfgs[i] = groups[i].Consumer(handlers, &log)
+		if err := ccfgs[i].Validate(); err != nil {
+			return inFile(cfg.ConsumerError(i, err), *path)
+		}
 	}
+	pool, err := openPool(ctx, cfg, *path)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ctx = schema.WithName(ctx, cfg.Schema)
 	return groupError(runConsumers(ctx, cfg, pool, ccfgs), *path)
+}
+
+// inFile returns err with path as the File of the *config.Error in it.
+func inFile(err error, path string) error {
+	var ce *config.Error
+	if errors.As(err, &ce) && ce.File == "" {
+		ce.File = path
+	}
+	return err
 }
 
 // groupError names the configuration key behind a consumer's refusal to
@@ -109,8 +134,11 @@ func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Po
 	return pool, nil
 }
 
-// buildHandlers creates the built-in handlers the file configures.
-func buildHandlers(cfg *config.Config, stdout io.Writer) (*pgevents.Handlers, func(), error) {
+// buildHandlers creates the handlers group g of cfg configures: the
+// built-in ones, and the Go handlers of c its handlers of type go name. A
+// name nobody registered is a configuration error naming the key.
+func (c *CLI) buildHandlers(cfg *config.Config, g int, stdout io.Writer) (*pgevents.Handlers, func(), error) {
+	group := cfg.GroupConfigs()[g]
 	hs := &pgevents.Handlers{}
 	var files []*os.File
 	var sinks []func()
@@ -122,11 +150,15 @@ func buildHandlers(cfg *config.Config, stdout io.Writer) (*pgevents.Handlers, fu
 			closeSink()
 		}
 	}
-	for i, h := range cfg.Handlers {
+	keyErr := func(i int, key, msg string) error {
+		closeAll()
+		return &config.Error{Key: cfg.KeyPath(g, fmt.Sprintf("handlers[%d].%s", i, key)), Msg: msg}
+	}
+	for i, h := range group.Handlers {
 		var handler pgevents.Handler
 		switch h.Type {
 		case "sql":
-			handler = pgevents.SQLHandler(cfg.GroupID, h.Statement)
+			handler = pgevents.SQLHandler(group.GroupID, h.Statement)
 		case "log":
 			var out io.Writer
 			switch h.Output {
@@ -137,15 +169,19 @@ func buildHandlers(cfg *config.Config, stdout io.Writer) (*pgevents.Handlers, fu
 			default:
 				f, err := os.OpenFile(h.Output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 				if err != nil {
-					closeAll()
-					return nil, nil, &config.Error{Key: fmt.Sprintf("handlers[%d].output", i), Msg: err.Error()}
+					return nil, nil, keyErr(i, "output", err.Error())
 				}
 				files = append(files, f)
 				out = f
 			}
 			handler = pgevents.LogHandler(out)
+		case "go":
+			handler = c.Handlers[h.Name]
+			if handler == nil {
+				return nil, nil, keyErr(i, "name", c.unregistered(h.Name))
+			}
 		case "kafka", "http":
-			s, closeSink, err := buildSink(cfg, i, &h)
+			s, closeSink, err := buildSink(cfg, g, i, &h)
 			if err != nil {
 				closeAll()
 				return nil, nil, err
@@ -159,11 +195,23 @@ func buildHandlers(cfg *config.Config, stdout io.Writer) (*pgevents.Handlers, fu
 			hs.Handle(h.EventType, handler)
 		}
 	}
-	if hs.Len() == 0 {
-		closeAll()
-		return nil, nil, &config.Error{Key: "handlers", Msg: "at least one handler is required"}
-	}
 	return hs, closeAll, nil
+}
+
+// unregistered says that no Go handler is registered as name, and which
+// are.
+func (c *CLI) unregistered(name string) string {
+	var names []string
+	for n, h := range c.Handlers {
+		if h != nil {
+			names = append(names, strconv.Quote(n))
+		}
+	}
+	if len(names) == 0 {
+		return fmt.Sprintf("no Go handler is registered as %q: this binary has none (a service registers its own in consumercli.CLI.Handlers)", name)
+	}
+	slices.Sort(names)
+	return fmt.Sprintf("no Go handler is registered as %q (registered: %s)", name, strings.Join(names, ", "))
 }
 
 // newLogger builds the process logger: JSON, or human-readable console

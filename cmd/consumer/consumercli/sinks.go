@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
@@ -17,16 +16,26 @@ import (
 // the groups apart), served with the first group's metrics.
 var sinkMetrics = sink.NewMetrics()
 
-// buildSink creates the relay that handler i of cfg configures (type kafka
-// or http) and the function that closes it. An option the relay refuses is
-// a configuration error naming the handler's key.
-func buildSink(cfg *config.Config, i int, h *config.Handler) (pgevents.Handler, func(), error) {
+// buildSink creates the relay that handler i of group g of cfg configures
+// (type kafka or http) and the function that closes it. The options are
+// the file's (config.Handler.KafkaOptions, WebhookOptions), already
+// validated by the relay's own rules when the file was loaded; what can
+// still fail here (a TLS file that cannot be read, options franz-go
+// refuses) is a configuration error naming the handler's key.
+func buildSink(cfg *config.Config, g, i int, h *config.Handler) (pgevents.Handler, func(), error) {
 	keyErr := func(key, msg string) error {
-		return &config.Error{Key: fmt.Sprintf("handlers[%d].%s", i, key), Msg: msg}
+		return &config.Error{Key: cfg.KeyPath(g, fmt.Sprintf("handlers[%d].%s", i, key)), Msg: msg}
+	}
+	relayErr := func(err error, otherwise string) error {
+		var oe *sink.OptionError
+		if errors.As(err, &oe) {
+			return keyErr(oe.Path(), oe.Msg)
+		}
+		return keyErr(otherwise, err.Error())
 	}
 	var tlsConfig *tls.Config // nil: plaintext (kafka), the defaults (http)
 	if h.TLS != nil {
-		c, err := sink.TLSFiles{CAFile: h.TLS.CAFile, CertFile: h.TLS.CertFile, KeyFile: h.TLS.KeyFile}.Config()
+		c, err := h.TLS.Files().Config()
 		if err != nil {
 			return nil, nil, keyErr("tls", err.Error())
 		}
@@ -34,32 +43,19 @@ func buildSink(cfg *config.Config, i int, h *config.Handler) (pgevents.Handler, 
 	}
 	switch h.Type {
 	case "kafka":
-		opts := kafka.Options{Name: h.Name, Brokers: h.Brokers, Topic: h.Topic, Key: h.Key, Format: kafka.Format(h.Format),
-			Source: h.Source, DeliveryTimeout: time.Duration(h.DeliveryTimeoutMs) * time.Millisecond,
-			MaxRecordBytes: h.MaxRecordBytes, TLS: tlsConfig, Metrics: sinkMetrics}
-		if h.SASL != nil {
-			opts.SASL = &kafka.SASL{Mechanism: h.SASL.Mechanism, User: h.SASL.User, Password: h.SASL.Password}
-		}
+		opts := h.KafkaOptions()
+		opts.TLS, opts.Metrics = tlsConfig, sinkMetrics
 		s, err := kafka.New(opts)
-		var oe *kafka.OptionError
-		if errors.As(err, &oe) {
-			return nil, nil, keyErr(oe.Key, oe.Msg)
-		}
 		if err != nil {
-			return nil, nil, keyErr("brokers", err.Error())
+			return nil, nil, relayErr(err, "brokers")
 		}
 		return s, s.Close, nil
 	case "http":
-		opts := webhook.Options{Name: h.Name, URL: h.URL, Method: h.Method, Headers: h.Headers,
-			Timeout: time.Duration(h.TimeoutMs) * time.Millisecond, Format: webhook.Format(h.Format), Source: h.Source,
-			Concurrency: h.Concurrency, TLS: tlsConfig, Metrics: sinkMetrics}
+		opts := h.WebhookOptions()
+		opts.TLS, opts.Metrics = tlsConfig, sinkMetrics
 		s, err := webhook.New(opts)
-		var oe *webhook.OptionError
-		if errors.As(err, &oe) {
-			return nil, nil, keyErr(oe.Key, oe.Msg)
-		}
 		if err != nil {
-			return nil, nil, keyErr("url", err.Error())
+			return nil, nil, relayErr(err, "url")
 		}
 		return s, s.Close, nil
 	}
