@@ -86,7 +86,13 @@ func (s *syncBuffer) String() string {
 // process is killed when the test ends if it is still running.
 func start(t *testing.T, url string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary(t), args...)
+	return startBinary(t, binary(t), url, args...)
+}
+
+// startBinary is start of the binary at path.
+func startBinary(t *testing.T, path, url string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
 	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{}), exitCh: make(chan int, 1)}
 	cmd.Stdout = p.out
@@ -144,9 +150,15 @@ func writeConfig(t *testing.T, content string) string {
 // output.
 func runOnce(t *testing.T, url string, args ...string) (int, string) {
 	t.Helper()
+	return runBinary(t, binary(t), url, args...)
+}
+
+// runBinary is runOnce of the binary at path.
+func runBinary(t *testing.T, path, url string, args ...string) (int, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), args...)
+	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
 	out, _ := cmd.CombinedOutput()
 	return cmd.ProcessState.ExitCode(), string(out)
