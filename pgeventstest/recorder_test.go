@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/internal/sinktest"
 	"github.com/pgevents/pgevents/pgeventstest"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -86,24 +86,12 @@ func TestRecorderRecordsCommits(t *testing.T) {
 		if i == 4 {
 			evs = append(evs, pgevents.Event{HostID: "h1", EventType: "flaky"}, pgevents.Event{HostID: "h1", EventType: "t"})
 		}
-		appendTx(t, pool, evs...)
+		sinktest.AppendTx(t, pool, evs...)
 		total += len(evs)
 	}
 	rec.WaitHandled(t, total, 20*time.Second)
 	rec.RequireInOrder(t)
 	if failed.Load() < 3 {
 		t.Fatalf("the flaky event was tried %d times, want 3: the test proves nothing", failed.Load())
-	}
-}
-
-// appendTx appends evs in one transaction.
-func appendTx(t *testing.T, pool *pgxpool.Pool, evs ...pgevents.Event) {
-	t.Helper()
-	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		_, err := pgevents.Append(context.Background(), tx, evs...)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 }

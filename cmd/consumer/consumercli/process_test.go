@@ -26,35 +26,43 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// built is a set of binaries built once per test run, into one
+// directory.
+type built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
 
-// binary builds the consumer binary once per test run and returns its path.
-func binary(t *testing.T) string {
+// build builds each package of bins (binary name → package, relative to
+// this directory) the first time it is called, and returns the directory.
+func (b *built) build(t *testing.T, bins map[string]string) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pgevents-bin-")
-		if err != nil {
-			buildErr = err
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", "pgevents-bin-"); b.err != nil {
 			return
 		}
-		// The production binary, and next to it the development one, to
-		// which it hands demo and bench.
-		binPath = filepath.Join(dir, "consumer")
-		for bin, pkg := range map[string]string{binPath: "..", filepath.Join(dir, DevBinary): "../../consumer-dev"} {
-			if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+		for bin, pkg := range bins {
+			if out, err := exec.Command("go", "build", "-o", filepath.Join(b.dir, bin), pkg).CombinedOutput(); err != nil {
+				b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 				return
 			}
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return binPath
+	return b.dir
+}
+
+var consumerBinaries built
+
+// binary builds the consumer binary once per test run and returns its path.
+// The development binary is built next to it, to which it hands demo and
+// bench.
+func binary(t *testing.T) string {
+	t.Helper()
+	return filepath.Join(consumerBinaries.build(t, map[string]string{"consumer": "..", DevBinary: "../../consumer-dev"}), "consumer")
 }
 
 // proc is a consumer process started by a test.

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,32 +20,14 @@ import (
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
-var (
-	serviceOnce sync.Once
-	servicePath string
-	serviceErr  error
-)
+var serviceBinaries built
 
 // serviceBinary builds the example service, example-service (a
 // consumercli.CLI with two Go handlers, as a service writes its own
 // consumer binary), once per test run, and returns its path.
 func serviceBinary(t *testing.T) string {
 	t.Helper()
-	serviceOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pgevents-service-")
-		if err != nil {
-			serviceErr = err
-			return
-		}
-		servicePath = filepath.Join(dir, "example-service")
-		if out, err := exec.Command("go", "build", "-o", servicePath, "./example-service").CombinedOutput(); err != nil {
-			serviceErr = fmt.Errorf("go build ./example-service: %v\n%s", err, out)
-		}
-	})
-	if serviceErr != nil {
-		t.Fatal(serviceErr)
-	}
-	return servicePath
+	return filepath.Join(serviceBinaries.build(t, map[string]string{"example-service": "./example-service"}), "example-service")
 }
 
 // serviceTables is the example service's own table (see its package
