@@ -78,8 +78,9 @@ import (
 func Main(m *testing.M) { pgtest.Main(m) }
 
 // DefaultPartitions is the partition count of the topic NewDB creates when
-// DBOptions leaves it out.
-const DefaultPartitions = 8
+// DBOptions leaves it out: schema.DefaultPartitions, as consumer migrate
+// creates it when the file leaves totalPartitions out.
+const DefaultPartitions = schema.DefaultPartitions
 
 // DBOptions configures NewDB. The zero value (or nil) is a database with
 // pgevents in the first schema of the search_path and topic 1 of

@@ -6,6 +6,11 @@ import "fmt"
 // span: the CHECK on the topic's segment size.
 const MinSegmentSize = 1000
 
+// DefaultPartitions is the partition count of a topic whose creator does
+// not choose one: totalPartitions' default in db-event-consumer.yml (so
+// consumer migrate's), and pgeventstest's.
+const DefaultPartitions = 8
+
 // MaxPartitions is the largest partition count a topic may have: the
 // CHECK on the partition count of log_counter and of every layout.
 const MaxPartitions = 1024
