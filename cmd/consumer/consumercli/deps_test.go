@@ -9,8 +9,9 @@ import (
 // TestProductionDependencies: what the production binary links, and what
 // a library user of pgevents pulls in. The throwaway-cluster launcher, the
 // in-process Kafka broker, the benchmark and the demo live in consumer-dev
-// only; the root package brings neither the YAML decoder nor a Kafka
-// client (Kafka's error codes are classified in sink/kafka).
+// only (not in a service's binary built on consumercli either); the root
+// package brings neither the YAML decoder nor a Kafka client (Kafka's
+// error codes are classified in sink/kafka).
 func TestProductionDependencies(t *testing.T) {
 	deps := func(pkg string) string {
 		t.Helper()
@@ -20,10 +21,13 @@ func TestProductionDependencies(t *testing.T) {
 		}
 		return string(out)
 	}
-	consumer := deps("..")
-	for _, banned := range []string{"internal/pgcluster", "internal/bench", "internal/demo", "franz-go/pkg/kfake"} {
-		if strings.Contains(consumer, banned) {
-			t.Errorf("cmd/consumer links %s", banned)
+	// The production binary, and a service's own built on this package.
+	for _, bin := range []string{"..", "./example-service"} {
+		linked := deps(bin)
+		for _, banned := range []string{"internal/pgcluster", "internal/bench", "internal/demo", "franz-go/pkg/kfake"} {
+			if strings.Contains(linked, banned) {
+				t.Errorf("%s links %s", bin, banned)
+			}
 		}
 	}
 	if dev := deps("../../consumer-dev"); !strings.Contains(dev, "internal/bench") || !strings.Contains(dev, "internal/demo") {
