@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -320,6 +321,13 @@ func (m *model) start(group string) *modelConsumer {
 		// The ghost never fails: a budget that a loaded machine cannot
 		// exhaust, so that none of its events is dead-lettered.
 		cfg.OnPermanentFailure, cfg.MaxDeadLetters, cfg.DeadAfter = PolicyDeadLetter, -1, 300*time.Millisecond
+		cfg.HandlerTimeout = 20 * time.Second
+	}
+	if m.fixed.Load() {
+		// The fix deployed by heal: handlers that succeed, and a budget a
+		// loaded machine cannot exhaust either (a unit of a few hundred
+		// events missed 150 ms three times with the load average at 16 on
+		// 2 cores, and halted its partition, in a soak).
 		cfg.HandlerTimeout = 20 * time.Second
 	}
 	c, err := NewConsumer(mcon.pool, cfg)
@@ -679,9 +687,9 @@ func (m *model) heal() {
 					workers = append(workers, mc.app+": no layout run")
 				}
 			}
-			t.Errorf("not healed within 60 s: main handled %d of %d, %d dead letters open; ghost handled %d + skipped %d of %d; unhandled %v; %s; workers:\n%s\nactivity:\n%s\noperations: %s",
+			t.Errorf("not healed within 60 s: main handled %d of %d, %d dead letters open; ghost handled %d + skipped %d of %d; unhandled %v; %s; workers:\n%s\nactivity:\n%s\noperations: %s\nworker goroutines:\n%s",
 				got, want, len(dls), ghostGot, ghostSkipped, total, unhandled[max(0, len(unhandled)-30):], state,
-				strings.Join(workers, "\n"), activity, strings.Join(m.opsDone, "; "))
+				strings.Join(workers, "\n"), activity, strings.Join(m.opsDone, "; "), workerStacks())
 			m.mu.Unlock()
 			return
 		}
@@ -836,4 +844,18 @@ func (w *tailWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return strings.Join(w.lines[max(0, len(w.lines)-w.max):], "\n")
+}
+
+// workerStacks returns the stacks of the goroutines of this process that
+// run a worker or wait for one (where a stalled partition's worker is).
+func workerStacks() string {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "pgevents.(*worker)") || strings.Contains(g, "pgevents.(*watcher)") || strings.Contains(g, "pgevents.(*Consumer).poll") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
