@@ -38,6 +38,7 @@ var benchCases = []benchCase{
 	{"producers", "producer throughput by producers and offset mode, vs a plain table", benchProducers, 6 * time.Minute},
 	{"latency", "commit-to-handler latency at fixed rates", benchLatency, 4 * time.Minute},
 	{"notify", "notifications per committed transaction at steady rates, and an idle consumer's statements", benchNotify, 3 * time.Minute},
+	{"snapshot", "producers and a consumer while a REPEATABLE READ snapshot is held open", benchSnapshot, 23 * time.Minute},
 	{"drain", "burn-down of a preloaded backlog", benchDrain, 4 * time.Minute},
 	{"sustained", "highest sustained end-to-end rate", benchSustained, 4 * time.Minute},
 	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 2 * time.Minute},

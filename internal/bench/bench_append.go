@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -194,33 +193,4 @@ func benchCompare(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool.P
 		e.logf("%s", line)
 	}
 	return rates, nil
-}
-
-// benchSampleRate samples counter every window in the background and
-// returns a function that stops sampling and returns the rate (per second)
-// of each complete window.
-func benchSampleRate(ctx context.Context, counter *atomic.Int64, window time.Duration) func() []float64 {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan []float64, 1)
-	go func() {
-		var rates []float64
-		t := time.NewTicker(window)
-		defer t.Stop()
-		last := counter.Load()
-		for {
-			select {
-			case <-ctx.Done():
-				done <- rates
-				return
-			case <-t.C:
-				cur := counter.Load()
-				rates = append(rates, float64(cur-last)/window.Seconds())
-				last = cur
-			}
-		}
-	}()
-	return func() []float64 {
-		cancel()
-		return <-done
-	}
 }
