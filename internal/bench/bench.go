@@ -41,7 +41,7 @@ var benchCases = []benchCase{
 	{"snapshot", "producers and a consumer while a REPEATABLE READ snapshot is held open", benchSnapshot, 23 * time.Minute},
 	{"drain", "burn-down of a preloaded backlog", benchDrain, 4 * time.Minute},
 	{"sustained", "highest sustained end-to-end rate", benchSustained, 4 * time.Minute},
-	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 2 * time.Minute},
+	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 3 * time.Minute},
 	{"retention", "removing old events: segment drop vs DELETE, under producers", benchRetention, 3 * time.Minute},
 	{"kafka", "relay into Kafka (in-process kfake) vs a bare franz-go producer", benchKafka, 4 * time.Minute},
 }
