@@ -250,7 +250,8 @@ func benchProducers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 						pgevents.DefaultBatchSize, turns.consumer[k])
 				}
 				if v.topic != nil {
-					r = r.noted("%.3f notifications per committed transaction (the bench's LISTEN on the topic's channel)", turns.notified[k])
+					r = r.noted("%.3f notifications per committed transaction from a fifth of each slice to its end, %.3f over whole slices, each starting with the consumer asleep (the bench's LISTEN on the topic's channel)",
+						turns.notified[k], turns.notifiedAll[k])
 				}
 				r = r.noted("%.0f µs CPU per event (bench process, its consumers and the server, from the slice's start until its consumer caught up); producers' sessions: %s",
 					turns.cpuUS[k], turns.waits[k])
@@ -302,11 +303,12 @@ func benchRatios(a, b []float64) []float64 {
 // during the variant's slices, the notifications per committed
 // transaction, the CPU per event, and what its consumer did.
 type benchTurns struct {
-	rates    [][]float64
-	waits    []string
-	notified []float64
-	cpuUS    []float64 // CPU µs per event of the bench process and the server
-	consumer []string
+	rates       [][]float64
+	waits       []string
+	notified    []float64 // from a fifth of each slice to its end
+	notifiedAll []float64 // over whole slices
+	cpuUS       []float64 // CPU µs per event of the bench process and the server
+	consumer    []string
 }
 
 // benchTakeTurns measures the steady rate of each variant with producers
@@ -324,11 +326,13 @@ func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool
 	rounds := int(benchPick(e, 900*time.Millisecond, 600*time.Millisecond) / slice)
 	n := len(variants)
 	t := benchTurns{rates: make([][]float64, n), waits: make([]string, n), notified: make([]float64, n),
-		cpuUS: make([]float64, n), consumer: make([]string, n)}
+		notifiedAll: make([]float64, n), cpuUS: make([]float64, n), consumer: make([]string, n)}
 	cpu := make([]time.Duration, n)
 	all := make([]int64, n)
 	txs := make([]int64, n)
 	notified := make([]int64, n)
+	steadyNotified := make([]int64, n)
+	steadyTxs := make([]int64, n)
 	wakes := make([]benchWakes, n)
 	maxLag := make([]int64, n)
 	maxCatchUp := make([]time.Duration, n)
@@ -375,10 +379,36 @@ func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool
 						w0, st0 = tp.wakes.read(), tp.consumer.Stats()
 					}
 				}
+				// The notifications of the slice's steady part (from a fifth
+				// of it, as its rate) are those received after a sync sent
+				// then: every slice starts with the consumer asleep on its
+				// partitions, whose first appends notify.
+				mid := make(chan error, 1)
+				var n1 int64
+				if tp != nil {
+					go func() {
+						timer := time.NewTimer(slice / 5)
+						defer timer.Stop()
+						select {
+						case <-ctx.Done():
+							mid <- ctx.Err()
+							return
+						case <-timer.C:
+						}
+						err := notifies.sync(ctx, db)
+						n1 = notifies.count(tp.mode.topic)
+						mid <- err
+					}()
+				}
 				current.Store(int32(k))
 				c0 := e.cpu()
 				lr, err := (benchLoad{producers: producers, txSize: size, oneHost: true, txFn: v.fn}).run(ctx, pool, slice, benchAppended(v))
 				current.Store(-1)
+				if tp != nil {
+					if merr := <-mid; err == nil {
+						err = merr
+					}
+				}
 				if err != nil {
 					return t, fmt.Errorf("%s: %w", v.name, err)
 				}
@@ -395,7 +425,10 @@ func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool
 					if err := notifies.sync(ctx, db); err != nil {
 						return t, err
 					}
-					notified[k] += notifies.count(tp.mode.topic) - n0
+					n2 := notifies.count(tp.mode.topic)
+					notified[k] += n2 - n0
+					steadyNotified[k] += n2 - n1
+					steadyTxs[k] += lr.steadyEvents / int64(size)
 					if tp.consumer != nil {
 						wakes[k] = wakes[k].add(tp.wakes.read().since(w0))
 						st1 := tp.consumer.Stats()
@@ -419,7 +452,8 @@ func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool
 	for k := range variants {
 		t.waits[k] = waits[k].summary("bench-producer")
 		if txs[k] > 0 {
-			t.notified[k] = float64(notified[k]) / float64(txs[k])
+			t.notified[k] = float64(steadyNotified[k]) / float64(max(1, steadyTxs[k]))
+			t.notifiedAll[k] = float64(notified[k]) / float64(txs[k])
 			t.cpuUS[k] = float64(cpu[k].Microseconds()) / float64(all[k])
 			t.consumer[k] = fmt.Sprintf("%s; %.1f events per batch, %d empty claims; lag at the end of a slice at most %d events, caught up within %s",
 				wakes[k].summary(txs[k]), float64(all[k])/float64(max(1, batches[k])), emptyClaims[k], maxLag[k], maxCatchUp[k].Round(time.Millisecond))
