@@ -381,10 +381,13 @@ func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool
 				}
 				// The notifications of the slice's steady part (from a fifth
 				// of it, as its rate) are those received after a sync sent
-				// then: every slice starts with the consumer asleep on its
-				// partitions, whose first appends notify.
+				// then, per transaction committed after the sync did: every
+				// slice starts with the consumer asleep on its partitions,
+				// whose first appends notify.
 				mid := make(chan error, 1)
 				var n1 int64
+				var counting atomic.Bool
+				var counted atomic.Int64 // events committed after the sync
 				if tp != nil {
 					go func() {
 						timer := time.NewTimer(slice / 5)
@@ -395,14 +398,22 @@ func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool
 							return
 						case <-timer.C:
 						}
-						err := notifies.sync(ctx, db)
+						err := notifies.syncThen(ctx, db, func() { counting.Store(true) })
 						n1 = notifies.count(tp.mode.topic)
 						mid <- err
 					}()
 				}
 				current.Store(int32(k))
 				c0 := e.cpu()
-				lr, err := (benchLoad{producers: producers, txSize: size, oneHost: true, txFn: v.fn}).run(ctx, pool, slice, benchAppended(v))
+				load := benchLoad{producers: producers, txSize: size, oneHost: true, txFn: v.fn}
+				if tp != nil {
+					load.onCommit = func(evs []pgevents.Event, _ benchTxTimes) {
+						if counting.Load() {
+							counted.Add(int64(len(evs)))
+						}
+					}
+				}
+				lr, err := load.run(ctx, pool, slice, benchAppended(v))
 				current.Store(-1)
 				if tp != nil {
 					if merr := <-mid; err == nil {
@@ -428,7 +439,7 @@ func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool
 					n2 := notifies.count(tp.mode.topic)
 					notified[k] += n2 - n0
 					steadyNotified[k] += n2 - n1
-					steadyTxs[k] += lr.steadyEvents / int64(size)
+					steadyTxs[k] += counted.Load() / int64(size)
 					if tp.consumer != nil {
 						wakes[k] = wakes[k].add(tp.wakes.read().since(w0))
 						st1 := tp.consumer.Stats()

@@ -173,10 +173,20 @@ func (n *benchNotifies) run(ctx context.Context) {
 // notification (a session receives notifications in commit order, whatever
 // their channel). It is not safe for concurrent use.
 func (n *benchNotifies) sync(ctx context.Context, db *benchDB) error {
+	return n.syncThen(ctx, db, nil)
+}
+
+// syncThen is sync, calling committed (when not nil) as soon as the
+// bench's own notification has committed: a notification committed after
+// that is received after sync returns.
+func (n *benchNotifies) syncThen(ctx context.Context, db *benchDB, committed func()) error {
 	n.sent++
 	want := n.sent
 	if _, err := db.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, benchSyncChannel, strconv.FormatInt(want, 10)); err != nil {
 		return err
+	}
+	if committed != nil {
+		committed()
 	}
 	return benchWait(ctx, 10*time.Second, "the bench's LISTEN connection to catch up", func() (bool, error) {
 		select {
