@@ -34,12 +34,14 @@ type benchCase struct {
 
 // benchCases lists the cases in the order they run.
 var benchCases = []benchCase{
-	{"append", "append rate vs a plain-SQL baseline, and under an open snapshot", benchAppend, 6 * time.Minute},
-	{"producers", "producer throughput by producers and offset mode, vs a plain table", benchProducers, 6 * time.Minute},
+	{"append", "append rate vs a plain-SQL baseline", benchAppend, 6 * time.Minute},
+	{"producers", "producer throughput by producers and mode, with a consumer group attached, vs plain-table ceilings", benchProducers, 6 * time.Minute},
 	{"latency", "commit-to-handler latency at fixed rates", benchLatency, 4 * time.Minute},
+	{"notify", "notifications per committed transaction at steady rates, and an idle consumer's statements", benchNotify, 3 * time.Minute},
+	{"snapshot", "producers and a consumer while a REPEATABLE READ snapshot is held open", benchSnapshot, 23 * time.Minute},
 	{"drain", "burn-down of a preloaded backlog", benchDrain, 4 * time.Minute},
 	{"sustained", "highest sustained end-to-end rate", benchSustained, 4 * time.Minute},
-	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 2 * time.Minute},
+	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 3 * time.Minute},
 	{"retention", "removing old events: segment drop vs DELETE, under producers", benchRetention, 3 * time.Minute},
 	{"kafka", "relay into Kafka (in-process kfake) vs a bare franz-go producer", benchKafka, 4 * time.Minute},
 }

@@ -2,24 +2,27 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/schema"
 )
 
 // benchPlainDDL creates the plain-SQL baselines beside pgevents' tables: a
-// counter like log_counter and plain (unpartitioned) log tables with the
-// same columns, defaults, constraints and indexes as outbox_message_t, one
-// filled through the counter, one through a sequence.
+// counter row per topic (as log_counter was before migration 0009: the
+// next offset, updated by every append) and plain (unpartitioned) log
+// tables with the same columns, defaults, constraints and indexes as
+// outbox_message_t, one filled through the counter, one through a
+// sequence.
 const benchPlainDDL = `
-CREATE TABLE plain_counter (LIKE log_counter INCLUDING ALL) WITH (fillfactor = 10);
+CREATE TABLE plain_counter (
+    topic_id         integer PRIMARY KEY,
+    total_partitions integer NOT NULL,
+    next_offset      bigint  NOT NULL DEFAULT 1
+) WITH (fillfactor = 10);
 INSERT INTO plain_counter (topic_id, total_partitions)
 SELECT topic_id, total_partitions FROM log_counter WHERE topic_id = 1;
 CREATE TABLE plain_log (LIKE outbox_message_t INCLUDING ALL);
@@ -85,8 +88,8 @@ type benchVariant struct {
 // benchAppend measures the append rate of pgevents.Append against the
 // plain-SQL baseline, for transactions of 1 to 1000 events and 1 to 16
 // producers, alternating the two in every repetition; then the ceiling of
-// single-event transactions without the counter row; then the rate while a
-// snapshot is held open.
+// single-event transactions without the counter row. (An open snapshot's
+// effect is case snapshot.)
 func benchAppend(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	db, err := e.newDB(ctx, 8)
 	if err != nil {
@@ -143,8 +146,7 @@ func benchAppend(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 				noted("ceiling without the counter row lock: offsets from a sequence, neither gapless nor commit-ordered"))
 		}
 	}
-	snap, err := benchSnapshot(ctx, e)
-	return append(out, snap...), err
+	return out, nil
 }
 
 // benchCompare measures the steady append rate of each variant with
@@ -191,145 +193,4 @@ func benchCompare(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool.P
 		e.logf("%s", line)
 	}
 	return rates, nil
-}
-
-// benchSnapshot measures single-event appends by 4 producers for a while
-// (40 s in full mode) on a fresh database, without and then with another
-// session holding a REPEATABLE READ snapshot open for the whole run. It
-// reports the rate of the whole run and of its last window, and how many
-// buffers a lookup of the counter row reads at the end.
-func benchSnapshot(ctx context.Context, e *benchEnv) ([]benchResult, error) {
-	d := benchPick(e, 40*time.Second, 8*time.Second)
-	window := benchPick(e, 10*time.Second, 2*time.Second)
-	type outcome struct {
-		whole, first, last float64
-		buffers            int64
-		counterBytes       int64
-	}
-	runs := []struct {
-		hold       bool
-		allocation string
-	}{{false, schema.AllocationCounter}, {true, schema.AllocationCounter}, {true, schema.AllocationSequence}}
-	var res [3]outcome
-	for k, run := range runs {
-		hold := run.hold
-		o, err := func() (outcome, error) {
-			db, err := e.newDB(ctx, 8)
-			if err != nil {
-				return outcome{}, err
-			}
-			defer db.close()
-			if err := schema.SetAllocation(ctx, db.pool, benchTopic, run.allocation); err != nil {
-				return outcome{}, err
-			}
-			pool, err := db.openPool(ctx, "bench-producer", 6, nil)
-			if err != nil {
-				return outcome{}, err
-			}
-			if hold {
-				conn, err := db.pool.Acquire(ctx)
-				if err != nil {
-					return outcome{}, err
-				}
-				defer conn.Release()
-				tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-				if err != nil {
-					return outcome{}, err
-				}
-				defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // ends the snapshot
-				var n int64
-				if err := tx.QueryRow(ctx, `SELECT count(*) FROM log_counter`).Scan(&n); err != nil {
-					return outcome{}, err
-				}
-			}
-			var appended atomic.Int64
-			perWindow := benchSampleRate(ctx, &appended, window)
-			lr, err := (benchLoad{producers: 4, txSize: 1}).run(ctx, pool, d, &appended)
-			wins := perWindow()
-			if err != nil {
-				return outcome{}, err
-			}
-			o := outcome{whole: lr.rate()}
-			if len(wins) > 0 {
-				o.first, o.last = wins[0], wins[len(wins)-1]
-			}
-			o.buffers, err = benchCounterLookupBuffers(ctx, db)
-			if err != nil {
-				return o, err
-			}
-			err = db.pool.QueryRow(ctx, `SELECT pg_relation_size('log_counter')`).Scan(&o.counterBytes)
-			return o, err
-		}()
-		if err != nil {
-			return nil, err
-		}
-		res[k] = o
-		e.logf("append: %s allocation, snapshot held=%v for %s: %.0f events/s (first %s %.0f/s, last %s %.0f/s), counter lookup reads %d buffers, log_counter %d kB",
-			run.allocation, hold, d, o.whole, window, o.first, window, o.last, o.buffers, o.counterBytes/1024)
-	}
-	name := func(s string) string { return fmt.Sprintf("1-event tx, 4 producers, %s, %s", s, d) }
-	note := func(o outcome) string {
-		return fmt.Sprintf("first %s %.0f/s, last %s %.0f/s; at the end a lookup of the counter row reads %d buffers and log_counter is %d kB",
-			window, o.first, window, o.last, o.buffers, o.counterBytes/1024)
-	}
-	return []benchResult{
-		newBenchResult("append", name("no open snapshot"), "events/s", []float64{res[0].whole}).noted("%s", note(res[0])),
-		newBenchResult("append", name("snapshot held open"), "events/s", []float64{res[1].whole}).noted("%s", note(res[1])),
-		newBenchResult("append", fmt.Sprintf("snapshot/no snapshot, last %s", window), "ratio", []float64{res[1].last / res[0].last}).
-			noted("one run each, on fresh databases: the effect grows with the time the snapshot has been open"),
-		newBenchResult("append", name("snapshot held open, sequence allocation"), "events/s", []float64{res[2].whole}).
-			noted("offsetAllocation: sequence (advisory lock + sequence: commit-ordered, gaps on rollback); first %s %.0f/s, last %s %.0f/s",
-				window, res[2].first, window, res[2].last),
-		newBenchResult("append", fmt.Sprintf("sequence with snapshot/counter without, last %s", window), "ratio", []float64{res[2].last / res[0].last}),
-	}, nil
-}
-
-// benchSampleRate samples counter every window in the background and
-// returns a function that stops sampling and returns the rate (per second)
-// of each complete window.
-func benchSampleRate(ctx context.Context, counter *atomic.Int64, window time.Duration) func() []float64 {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan []float64, 1)
-	go func() {
-		var rates []float64
-		t := time.NewTicker(window)
-		defer t.Stop()
-		last := counter.Load()
-		for {
-			select {
-			case <-ctx.Done():
-				done <- rates
-				return
-			case <-t.C:
-				cur := counter.Load()
-				rates = append(rates, float64(cur-last)/window.Seconds())
-				last = cur
-			}
-		}
-	}()
-	return func() []float64 {
-		cancel()
-		return <-done
-	}
-}
-
-// benchCounterLookupBuffers returns how many shared buffers a lookup of the
-// bench topic's counter row touches (EXPLAIN (ANALYZE, BUFFERS)): the
-// versions an append must step over to find the live one.
-func benchCounterLookupBuffers(ctx context.Context, db *benchDB) (int64, error) {
-	var plan []struct {
-		Plan struct {
-			SharedHit  int64 `json:"Shared Hit Blocks"`
-			SharedRead int64 `json:"Shared Read Blocks"`
-		} `json:"Plan"`
-	}
-	var raw []byte
-	if err := db.pool.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
-SELECT next_offset FROM log_counter WHERE topic_id = $1`, benchTopic).Scan(&raw); err != nil {
-		return 0, err
-	}
-	if err := json.Unmarshal(raw, &plan); err != nil || len(plan) == 0 {
-		return 0, fmt.Errorf("explain: %v", err)
-	}
-	return plan[0].Plan.SharedHit + plan[0].Plan.SharedRead, nil
 }

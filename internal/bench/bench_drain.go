@@ -41,7 +41,11 @@ func benchDrain(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		}
 	}
 	for k, b := range batchSizes {
-		out = append(out, benchDrainResult(fmt.Sprintf("%d events, 8 partitions, batchSize %d", n, b), runs[k]).atLeast(500000))
+		target := 500000.0
+		if b == 1000 {
+			target = 600000 // issue 18: the drain stays at 600k events/s or more at batch 1000
+		}
+		out = append(out, benchDrainResult(fmt.Sprintf("%d events, 8 partitions, batchSize %d", n, b), runs[k]).atLeast(target))
 	}
 	scaling, err := benchDrainPartitions(ctx, e)
 	return append(out, scaling...), err

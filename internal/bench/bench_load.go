@@ -106,14 +106,19 @@ func (r *benchRate) get() float64 {
 // benchPacer spaces one producer's transactions so that it offers its share
 // of a rate. A producer that falls behind catches up by at most a second's
 // worth, so that a stall does not turn into an unbounded burst.
-type benchPacer struct{ next time.Time }
+type benchPacer struct {
+	next time.Time
+	// due is when the transaction that wait let go was scheduled to start
+	// (zero when unpaced).
+	due time.Time
+}
 
 // wait sleeps until n more events may be sent at rate events/s (0: at
 // once). It returns false, without sleeping further, when that would be
 // after stop or ctx ends first.
 func (p *benchPacer) wait(ctx context.Context, stop time.Time, rate float64, n int) bool {
 	if rate <= 0 {
-		p.next = time.Time{}
+		p.next, p.due = time.Time{}, time.Time{}
 		return true
 	}
 	interval := time.Duration(float64(n) / rate * float64(time.Second))
@@ -137,6 +142,7 @@ func (p *benchPacer) wait(ctx context.Context, stop time.Time, rate float64, n i
 		case <-t.C:
 		}
 	}
+	p.due = p.next
 	p.next = p.next.Add(interval)
 	return true
 }
@@ -153,8 +159,16 @@ type benchLoad struct {
 	txFn      benchTxFunc       // runs a whole transaction instead of BEGIN, appendFn, COMMIT
 	oneHost   bool              // all events of a transaction for one random host
 	// onCommit, when set, is called with the events of each transaction
-	// right after its COMMIT returned (from the producer's goroutine).
-	onCommit func(evs []pgevents.Event, at time.Time)
+	// right after its COMMIT returned (from the producer's goroutine), with
+	// the transaction's times.
+	onCommit func(evs []pgevents.Event, t benchTxTimes)
+}
+
+// benchTxTimes are the times of one producer transaction.
+type benchTxTimes struct {
+	due   time.Time // when the pacer scheduled it (zero when unpaced)
+	began time.Time // the producer's call: before BEGIN (or AppendCommit's BEGIN)
+	done  time.Time // its COMMIT returned
 }
 
 // benchTxFunc runs one whole producer transaction of evs on pool: the
@@ -220,7 +234,7 @@ func (l benchLoad) run(ctx context.Context, pool *pgxpool.Pool, d time.Duration,
 					l.txTimes.Add(done.Sub(t))
 				}
 				if err == nil && l.onCommit != nil {
-					l.onCommit(evs, done)
+					l.onCommit(evs, benchTxTimes{due: p.due, began: t, done: done})
 				}
 				if err != nil {
 					if gctx.Err() != nil {

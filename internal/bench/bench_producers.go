@@ -2,9 +2,8 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -16,8 +15,13 @@ import (
 )
 
 // benchProducersPartitions is the partition count of the producers case's
-// topics (but benchWideMode's).
+// topics (but the wide ones').
 const benchProducersPartitions = 8
+
+// benchWidePartitions is the partition count of the producers case's wide
+// topics: producers of one partition wait for each other, so their
+// throughput grows with the partitions.
+const benchWidePartitions = 64
 
 // benchProducersCeilingDDL creates the ceiling of the producers case: a
 // plain table with the columns, defaults, checks and primary key of
@@ -47,7 +51,7 @@ type benchProducerMode struct {
 }
 
 // benchDefaultMode is a topic's mode unless configured otherwise.
-var benchDefaultMode = benchProducerMode{1, "counter, wake waiting (default)", schema.ScopeTopic, schema.AllocationCounter, schema.WakeWaiting}
+var benchDefaultMode = benchProducerMode{1, "topic scope, wake waiting (default)", schema.ScopeTopic, schema.AllocationCounter, schema.WakeWaiting}
 
 // create creates topic in mode m with the given partition count.
 func (m benchProducerMode) create(ctx context.Context, db schema.DB, topic, partitions int) error {
@@ -65,51 +69,78 @@ func (m benchProducerMode) create(ctx context.Context, db schema.DB, topic, part
 	return nil
 }
 
-// benchProducerModes are the modes the producers case compares, each on a
-// topic of its own in one database. Topic 1 is the default mode.
-var benchProducerModes = []benchProducerMode{
-	benchDefaultMode,
-	{2, "counter, wake always", schema.ScopeTopic, schema.AllocationCounter, schema.WakeAlways},
-	{3, "sequence, wake waiting", schema.ScopeTopic, schema.AllocationSequence, schema.WakeWaiting},
-	{4, "sequence, wake always", schema.ScopeTopic, schema.AllocationSequence, schema.WakeAlways},
-	{5, "partition scope, wake waiting", schema.ScopePartition, schema.AllocationCounter, schema.WakeWaiting},
-	{6, "partition scope, wake always", schema.ScopePartition, schema.AllocationCounter, schema.WakeAlways},
+// benchProducersTopic is a topic of the producers case: its mode, its
+// partition count, and whether a consumer group consumes it while the
+// producers append (the shape users run: every figure the issue targets
+// has one), or not (a reference).
+type benchProducersTopic struct {
+	mode       benchProducerMode
+	partitions int
+	attached   bool
+	// sql: the topic is also appended to with SELECT append_event(s) on
+	// plain connections.
+	sql bool
+	// target is the ratio to the ceiling the issue asks of the topic's
+	// producers at 16 and 64 producers (0: none).
+	target float64
 }
 
-// benchAttachedModes are the modes measured a second time with a consumer
-// group attached (on topics of their own): its workers go idle between
-// events and announce it, so appends notify again, and the idle protocol
-// takes locks beside the producers'. Measured at 16 and 64 producers.
-var benchAttachedModes = []benchProducerMode{
-	{7, "partition scope, wake waiting, consumer attached", schema.ScopePartition, schema.AllocationCounter, schema.WakeWaiting},
-	{8, "partition scope, wake always, consumer attached", schema.ScopePartition, schema.AllocationCounter, schema.WakeAlways},
+// benchProducersTopics are the producers case's topics, all in one
+// database. Topic 1 is the default mode.
+var benchProducersTopics = []benchProducersTopic{
+	{benchDefaultMode, benchProducersPartitions, true, true, 0.25},
+	{benchProducerMode{2, "topic scope, wake always", schema.ScopeTopic, schema.AllocationCounter, schema.WakeAlways}, benchProducersPartitions, true, false, 0},
+	{benchProducerMode{3, "topic scope, sequence allocation, wake waiting", schema.ScopeTopic, schema.AllocationSequence, schema.WakeWaiting}, benchProducersPartitions, true, false, 0.25},
+	{benchProducerMode{4, "partition scope, wake waiting", schema.ScopePartition, schema.AllocationCounter, schema.WakeWaiting}, benchProducersPartitions, true, true, 0.70},
+	{benchProducerMode{5, "partition scope, wake always", schema.ScopePartition, schema.AllocationCounter, schema.WakeAlways}, benchProducersPartitions, true, false, 0},
+	{benchProducerMode{6, fmt.Sprintf("partition scope, wake waiting, %d partitions", benchWidePartitions), schema.ScopePartition, schema.AllocationCounter, schema.WakeWaiting}, benchWidePartitions, true, true, 0.70},
+	{benchProducerMode{7, fmt.Sprintf("partition scope, wake always, %d partitions", benchWidePartitions), schema.ScopePartition, schema.AllocationCounter, schema.WakeAlways}, benchWidePartitions, true, false, 0},
+	{benchProducerMode{8, "topic scope, wake waiting, no consumer (reference)", schema.ScopeTopic, schema.AllocationCounter, schema.WakeWaiting}, benchProducersPartitions, false, false, 0},
+	{benchProducerMode{9, "partition scope, wake waiting, no consumer (reference)", schema.ScopePartition, schema.AllocationCounter, schema.WakeWaiting}, benchProducersPartitions, false, false, 0},
 }
 
-// benchWideMode is partition scope on a topic of benchWidePartitions
-// partitions: producers of one partition wait for each other, so their
-// throughput grows with the partitions. Measured at 16 and 64 producers.
-var benchWideMode = benchProducerMode{9, fmt.Sprintf("partition scope, wake waiting, %d partitions", benchWidePartitions), schema.ScopePartition, schema.AllocationCounter, schema.WakeWaiting}
+// benchTopicRun is a topic of the producers case while it runs: its
+// consumer, if any, and the events appended to it so far.
+type benchTopicRun struct {
+	benchProducersTopic
+	consumer *benchConsumer
+	wakes    *benchWakeCounter
+	appended atomic.Int64
+}
 
-// benchWidePartitions is the partition count of benchWideMode's topic.
-const benchWidePartitions = 64
+// lag returns the events appended to the topic that its consumer has not
+// handled yet.
+func (t *benchTopicRun) lag() int64 {
+	return t.appended.Load() - t.consumer.Stats().Handled
+}
+
+// caughtUp waits until the topic's consumer has handled every event
+// appended to it, and returns how long that took.
+func (t *benchTopicRun) caughtUp(ctx context.Context) (time.Duration, error) {
+	began := time.Now()
+	err := t.consumer.waitHandled(ctx, t.appended.Load(), time.Minute)
+	return time.Since(began), err
+}
 
 // benchTxVariant is one way of running a producer transaction.
 type benchTxVariant struct {
-	name string
-	fn   benchTxFunc
-	// woken, when set, counts the notifications the variant's consumer
-	// was woken by.
-	woken *atomic.Int64
+	name    string
+	fn      benchTxFunc
+	ceiling int            // the index of the ceiling it is compared with; -1 for a ceiling
+	topic   *benchTopicRun // nil for a ceiling
+	sql     bool           // SELECT append_event(s) in autocommit, not AppendCommit
 }
 
-// benchProducers measures how producer throughput scales with the number
-// of producers: 1, 4, 16 and 64 producers, each appending transactions of 1
-// or 10 events of one random host, into pgevents in each mode against the
-// ceiling of the same inserts into a plain table, taking turns in slices.
-// Every transaction is BEGIN, then the append (or insert) pipelined with
-// COMMIT in one round trip: pgevents.AppendCommit, the fast path of a
-// producer whose append is its last statement. No consumer runs, except
-// for the modes of benchAttachedModes.
+// benchProducers measures producer throughput with 16 and 64 producers,
+// each appending transactions of 1 or 10 events of one random host, in
+// each offset scope and wake-up mode, with a consumer group attached and
+// caught up (a no-op handler; one group per topic), against the ceiling
+// of the same inserts into a plain table with no consumer; taking turns in
+// slices. Producers go through pgevents.AppendCommit (BEGIN, then the
+// append pipelined with COMMIT in one round trip), and through SELECT
+// append_event(...) or append_events(...) on plain pooled connections in
+// autocommit, whose ceiling is the plain insert sent the same way. Two
+// topics without a consumer are measured beside, for reference.
 func benchProducers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	db, err := e.newDB(ctx, benchProducersPartitions)
 	if err != nil {
@@ -119,130 +150,143 @@ func benchProducers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	if err := db.exec(ctx, benchProducersCeilingDDL); err != nil {
 		return nil, err
 	}
-	modes := append(slices.Clone(benchProducerModes), benchAttachedModes...)
-	for _, m := range modes[1:] { // topic 1 is the default mode
-		if err := m.create(ctx, db.pool, m.topic, benchProducersPartitions); err != nil {
+	topics := make([]*benchTopicRun, len(benchProducersTopics))
+	for i, t := range benchProducersTopics {
+		topics[i] = &benchTopicRun{benchProducersTopic: t}
+		if t.mode.topic == benchTopic {
+			continue // created with the database, in the default mode
+		}
+		if err := t.mode.create(ctx, db.pool, t.mode.topic, t.partitions); err != nil {
 			return nil, err
 		}
 	}
-	if err := benchWideMode.create(ctx, db.pool, benchWideMode.topic, benchWidePartitions); err != nil {
-		return nil, err
-	}
-	modes = append(modes, benchWideMode)
-	pool, err := db.openPool(ctx, "bench-producer", 66, nil)
-	if err != nil {
-		return nil, err
-	}
-	variants := []benchTxVariant{{name: "ceiling", fn: benchCeilingTx(benchProducersCeilingSQL)}}
-	for _, m := range benchProducerModes {
-		variants = append(variants, benchTxVariant{name: m.name, fn: benchAppendCommitTx(m.topic)})
-	}
-	attached := make([]benchTxVariant, 0, len(benchAttachedModes))
-	for _, m := range benchAttachedModes {
-		cpool, err := db.openConsumerPool(ctx, benchProducersPartitions)
-		if err != nil {
-			return nil, err
-		}
-		obs := &benchWakeCounter{}
-		c, err := startBenchConsumer(ctx, cpool, pgevents.Config{GroupID: fmt.Sprintf("attached-%d", m.topic), TopicID: m.topic,
-			TotalPartitions: benchProducersPartitions, Observer: obs})
-		if err != nil {
-			return nil, err
-		}
-		defer c.stop() //nolint:errcheck // the results are in
-		attached = append(attached, benchTxVariant{name: m.name, fn: benchAppendCommitTx(m.topic), woken: &obs.notified})
-	}
-	attached = append(attached, benchTxVariant{name: benchWideMode.name, fn: benchAppendCommitTx(benchWideMode.topic)})
 	ensure := func() error {
-		for _, m := range modes {
-			if _, err := schema.EnsureSegments(ctx, db.pool, m.topic); err != nil {
+		for _, t := range topics {
+			if _, err := schema.EnsureSegments(ctx, db.pool, t.mode.topic); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	// Warm up: connections, prepared statements, caches.
-	for _, v := range append(slices.Clone(variants), attached...) {
-		if _, err := (benchLoad{producers: 64, txSize: 10, oneHost: true, txFn: v.fn}).run(ctx, pool, 300*time.Millisecond, nil); err != nil {
+	if err := ensure(); err != nil {
+		return nil, err
+	}
+	notifies, err := listenNotifies(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	defer notifies.close()
+	for _, t := range topics {
+		if !t.attached {
+			continue
+		}
+		cpool, err := db.openConsumerPool(ctx, t.partitions)
+		if err != nil {
+			return nil, err
+		}
+		t.wakes = &benchWakeCounter{}
+		c, err := startBenchConsumer(ctx, cpool, pgevents.Config{GroupID: fmt.Sprintf("producers-%d", t.mode.topic), TopicID: t.mode.topic,
+			TotalPartitions: t.partitions, Observer: t.wakes})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t.mode.name, err)
+		}
+		t.consumer = c
+		defer c.stop() //nolint:errcheck // the results are in
+	}
+	pool, err := db.openPool(ctx, "bench-producer", 66, nil)
+	if err != nil {
+		return nil, err
+	}
+	variants := []benchTxVariant{{name: "ceiling", fn: benchCeilingTx(benchProducersCeilingSQL), ceiling: -1}}
+	for _, t := range topics {
+		variants = append(variants, benchTxVariant{name: "AppendCommit, " + t.mode.name, fn: benchAppendCommitTx(t.mode.topic), topic: t})
+	}
+	sqlCeiling := len(variants)
+	variants = append(variants, benchTxVariant{name: "ceiling, one statement", fn: benchCeilingStatementTx(benchProducersCeilingSQL), ceiling: -1, sql: true})
+	for _, t := range topics {
+		if t.sql {
+			variants = append(variants, benchTxVariant{name: "SQL append_event(s), " + t.mode.name, fn: benchSQLAppendTx(t.mode.topic), ceiling: sqlCeiling, topic: t, sql: true})
+		}
+	}
+	// Warm up: connections, prepared statements, caches, consumers.
+	for _, v := range variants {
+		if _, err := (benchLoad{producers: 64, txSize: 10, oneHost: true, txFn: v.fn}).run(ctx, pool, 300*time.Millisecond, benchAppended(v)); err != nil {
 			return nil, fmt.Errorf("%s: %w", v.name, err)
+		}
+		if v.topic != nil && v.topic.consumer != nil {
+			if _, err := v.topic.caughtUp(ctx); err != nil {
+				return nil, fmt.Errorf("%s: %w", v.name, err)
+			}
 		}
 	}
 
 	var out []benchResult
 	for _, size := range []int{1, 10} {
-		for _, producers := range []int{1, 4, 16, 64} {
+		for _, producers := range []int{16, 64} {
 			if err := ensure(); err != nil {
 				return out, err
 			}
-			vs := variants
-			if producers >= 16 {
-				vs = append(slices.Clone(variants), attached...)
-			}
-			turns, err := benchTakeTurns(ctx, e, db, pool, vs, size, producers)
+			turns, err := benchTakeTurns(ctx, e, db, pool, notifies, variants, size, producers)
 			if err != nil {
 				return out, err
 			}
-			rates := turns.rates
-			cell := fmt.Sprintf("%d-event tx of 1 host, %d producer(s)", size, producers)
-			out = append(out, newBenchResult("producers", cell+": ceiling", "events/s", rates[0]).
-				noted("plain table, offsets from a sequence, no counter and no NOTIFY; BEGIN, then INSERT pipelined with COMMIT; %.0f µs CPU per event (bench and server); producers' sessions: %s",
-					turns.cpuUS[0], turns.waits[0]))
-			for k, v := range vs[1:] {
-				r := newBenchResult("producers", cell+": "+v.name, "events/s", rates[k+1])
-				if producers >= 16 && strings.HasPrefix(v.name, "partition") || v.woken != nil {
-					r = r.noted("%.0f µs CPU per event (bench and server); producers' sessions: %s", turns.cpuUS[k+1], turns.waits[k+1])
+			cell := fmt.Sprintf("%d-event tx of 1 host, %d producers", size, producers)
+			for k, v := range variants {
+				r := newBenchResult("producers", cell+": "+v.name, "events/s", turns.rates[k])
+				switch {
+				case v.ceiling < 0 && v.sql:
+					r = r.noted("plain table, offsets from a sequence, no lock held to commit, no NOTIFY, no consumer; the insert as one statement in autocommit on a pooled connection")
+				case v.ceiling < 0:
+					r = r.noted("plain table, offsets from a sequence, no lock held to commit, no NOTIFY, no consumer; BEGIN, then the INSERT pipelined with COMMIT")
+				case v.sql && size == 1:
+					r = r.noted("SELECT append_event(...) in autocommit on a pooled connection")
+				case v.sql:
+					r = r.noted("SELECT append_events(...) (a JSON array of %d events) in autocommit on a pooled connection", size)
+				default:
+					r = r.noted("pgevents.AppendCommit: BEGIN, then the append pipelined with COMMIT")
 				}
-				if v.woken != nil {
-					r = r.noted("the consumer was woken by %.2f notifications per transaction", turns.notified[k+1])
+				if v.topic != nil && v.topic.consumer != nil {
+					r = r.noted("a consumer group attached (no-op handler, batchSize %d), caught up before every slice: %s",
+						pgevents.DefaultBatchSize, turns.consumer[k])
+				}
+				if v.topic != nil {
+					r = r.noted("%.3f notifications per committed transaction from a fifth of each slice to its end, %.3f over whole slices, each starting with the consumer asleep (the bench's LISTEN on the topic's channel)",
+						turns.notified[k], turns.notifiedAll[k])
+				}
+				r = r.noted("%.0f µs CPU per event (bench process, its consumers and the server, from the slice's start until its consumer caught up); producers' sessions: %s",
+					turns.cpuUS[k], turns.waits[k])
+				out = append(out, r)
+			}
+			for k, v := range variants {
+				if v.ceiling < 0 {
+					continue
+				}
+				r := newBenchResult("producers", cell+": "+v.name+" / ceiling", "ratio", benchRatios(turns.rates[k], turns.rates[v.ceiling]))
+				if v.topic.target > 0 {
+					r = r.atLeast(v.topic.target)
 				}
 				out = append(out, r)
 			}
-			for k, v := range vs[1:] {
-				r := newBenchResult("producers", cell+": "+v.name+" / ceiling", "ratio", benchRatios(rates[k+1], rates[0]))
-				if (v.name == "partition scope, wake waiting" || v.name == benchWideMode.name) && producers >= 16 {
-					r = r.atLeast(0.7)
+			for _, pair := range [][2]int{{1, 2}, {4, 5}} {
+				w, a := variants[pair[0]], variants[pair[1]]
+				r := newBenchResult("producers", cell+": "+w.topic.mode.name+" / "+a.topic.mode.name, "ratio", benchRatios(turns.rates[pair[0]], turns.rates[pair[1]]))
+				if pair[0] == 1 {
+					r = r.atLeast(0.95).noted("the default wake-up mode no slower than a notification per append, within 5%% of noise; both with a consumer attached")
 				}
 				out = append(out, r)
 			}
-			out = append(out, newBenchResult("producers", cell+": default (wake waiting) / wake always", "ratio", benchRatios(rates[1], rates[2])).
-				atLeast(0.95).noted("the default mode no slower than before the wake-up change (a notification per append), within 5%% of noise"))
 		}
 	}
 	return out, nil
 }
 
-// benchWakeCounter is a consumer's Observer that counts the wake-ups, by
-// source.
-type benchWakeCounter struct {
-	notified atomic.Int64
-	sources  [8]atomic.Int64
-}
-
-// summary says how many wake-ups came from each source.
-func (o *benchWakeCounter) summary() string {
-	var parts []string
-	for s := range o.sources {
-		if n := o.sources[s].Load(); n > 0 {
-			parts = append(parts, fmt.Sprintf("%s %d", pgevents.WakeSource(s), n))
-		}
+// benchAppended returns the counter of events appended to the variant's
+// topic (nil for a ceiling).
+func benchAppended(v benchTxVariant) *atomic.Int64 {
+	if v.topic == nil {
+		return nil
 	}
-	if len(parts) == 0 {
-		return "no wake-ups"
-	}
-	return "wake-ups: " + strings.Join(parts, ", ")
-}
-
-func (o *benchWakeCounter) BatchCommitted(pgevents.BatchStats) {}
-func (o *benchWakeCounter) BatchFailed(int, pgevents.Class)    {}
-func (o *benchWakeCounter) ListenerConnected(bool)             {}
-func (o *benchWakeCounter) Skipped(int, int64, string)         {}
-func (o *benchWakeCounter) Woken(_ int, src pgevents.WakeSource) {
-	if src == pgevents.WakeNotify {
-		o.notified.Add(1)
-	}
-	if int(src) < len(o.sources) {
-		o.sources[src].Add(1)
-	}
+	return &v.topic.appended
 }
 
 // benchRatios returns a[i]/b[i] for each repetition.
@@ -256,13 +300,15 @@ func benchRatios(a, b []float64) []float64 {
 
 // benchTurns is what benchTakeTurns measured, by variant: the steady
 // rates of each repetition, the wait events of the producers' sessions
-// during the variant's slices, and the consumer's wake-ups by
-// notification per transaction (variants with a consumer).
+// during the variant's slices, the notifications per committed
+// transaction, the CPU per event, and what its consumer did.
 type benchTurns struct {
-	rates    [][]float64
-	waits    []string
-	notified []float64
-	cpuUS    []float64 // CPU µs per event of the bench process and the server
+	rates       [][]float64
+	waits       []string
+	notified    []float64 // from a fifth of each slice to its end
+	notifiedAll []float64 // over whole slices
+	cpuUS       []float64 // CPU µs per event of the bench process and the server
+	consumer    []string
 }
 
 // benchTakeTurns measures the steady rate of each variant with producers
@@ -270,15 +316,29 @@ type benchTurns struct {
 // the variants take turns in 300 ms slices, so that a slow spell of the
 // disk or a busy neighbour falls on all alike. Meanwhile the producers'
 // sessions are sampled in pg_stat_activity every 20 ms, the samples going
-// to the variant whose slice runs.
-func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool.Pool, variants []benchTxVariant, size, producers int) (benchTurns, error) {
+// to the variant whose slice runs. After a slice of a topic with a
+// consumer, the next slice starts once that consumer has handled every
+// event appended (so that each starts with every consumer caught up), and
+// once the bench's LISTEN connection has received every notification sent
+// (so that they are counted in the slice that sent them).
+func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool.Pool, notifies *benchNotifies, variants []benchTxVariant, size, producers int) (benchTurns, error) {
 	const slice = 300 * time.Millisecond
 	rounds := int(benchPick(e, 900*time.Millisecond, 600*time.Millisecond) / slice)
-	t := benchTurns{rates: make([][]float64, len(variants)), waits: make([]string, len(variants)), notified: make([]float64, len(variants)),
-		cpuUS: make([]float64, len(variants))}
-	cpu := make([]time.Duration, len(variants))
-	all := make([]int64, len(variants))
-	waits := make([]*benchWaits, len(variants))
+	n := len(variants)
+	t := benchTurns{rates: make([][]float64, n), waits: make([]string, n), notified: make([]float64, n),
+		notifiedAll: make([]float64, n), cpuUS: make([]float64, n), consumer: make([]string, n)}
+	cpu := make([]time.Duration, n)
+	all := make([]int64, n)
+	txs := make([]int64, n)
+	notified := make([]int64, n)
+	steadyNotified := make([]int64, n)
+	steadyTxs := make([]int64, n)
+	wakes := make([]benchWakes, n)
+	maxLag := make([]int64, n)
+	maxCatchUp := make([]time.Duration, n)
+	emptyClaims := make([]int64, n)
+	batches := make([]int64, n)
+	waits := make([]*benchWaits, n)
 	for k := range waits {
 		waits[k] = &benchWaits{}
 	}
@@ -299,29 +359,93 @@ func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool
 		stopSampling()
 		<-sampled
 	}()
-	txs := make([]int64, len(variants))
-	woken := make([]int64, len(variants))
 	for rep := range e.reps {
-		events := make([]int64, len(variants))
-		spans := make([]time.Duration, len(variants))
+		events := make([]int64, n)
+		spans := make([]time.Duration, n)
 		for round := range rounds {
 			for i := range variants {
-				k := (i + rep + round) % len(variants)
+				k := (i + rep + round) % n
 				v := variants[k]
-				var w0 int64
-				if v.woken != nil {
-					w0 = v.woken.Load()
+				tp := v.topic
+				var w0 benchWakes
+				var n0 int64
+				var st0 pgevents.Stats
+				if tp != nil {
+					n0 = notifies.count(tp.mode.topic)
+					if tp.consumer != nil {
+						if lag := tp.lag(); lag != 0 {
+							return t, fmt.Errorf("%s: the consumer is %d events behind before the slice", v.name, lag)
+						}
+						w0, st0 = tp.wakes.read(), tp.consumer.Stats()
+					}
+				}
+				// The notifications of the slice's steady part (from a fifth
+				// of it, as its rate) are those received after a sync sent
+				// then, per transaction committed after the sync did: every
+				// slice starts with the consumer asleep on its partitions,
+				// whose first appends notify.
+				mid := make(chan error, 1)
+				var n1 int64
+				var counting atomic.Bool
+				var counted atomic.Int64 // events committed after the sync
+				if tp != nil {
+					go func() {
+						timer := time.NewTimer(slice / 5)
+						defer timer.Stop()
+						select {
+						case <-ctx.Done():
+							mid <- ctx.Err()
+							return
+						case <-timer.C:
+						}
+						err := notifies.syncThen(ctx, db, func() { counting.Store(true) })
+						n1 = notifies.count(tp.mode.topic)
+						mid <- err
+					}()
 				}
 				current.Store(int32(k))
 				c0 := e.cpu()
-				lr, err := (benchLoad{producers: producers, txSize: size, oneHost: true, txFn: v.fn}).run(ctx, pool, slice, nil)
-				cpu[k] += e.cpu().since(c0).own
+				load := benchLoad{producers: producers, txSize: size, oneHost: true, txFn: v.fn}
+				if tp != nil {
+					load.onCommit = func(evs []pgevents.Event, _ benchTxTimes) {
+						if counting.Load() {
+							counted.Add(int64(len(evs)))
+						}
+					}
+				}
+				lr, err := load.run(ctx, pool, slice, benchAppended(v))
 				current.Store(-1)
+				if tp != nil {
+					if merr := <-mid; err == nil {
+						err = merr
+					}
+				}
 				if err != nil {
 					return t, fmt.Errorf("%s: %w", v.name, err)
 				}
-				if v.woken != nil {
-					woken[k] += v.woken.Load() - w0
+				if tp != nil && tp.consumer != nil {
+					maxLag[k] = max(maxLag[k], tp.lag())
+					d, err := tp.caughtUp(ctx)
+					if err != nil {
+						return t, fmt.Errorf("%s: %w", v.name, err)
+					}
+					maxCatchUp[k] = max(maxCatchUp[k], d)
+				}
+				cpu[k] += e.cpu().since(c0).own
+				if tp != nil {
+					if err := notifies.sync(ctx, db); err != nil {
+						return t, err
+					}
+					n2 := notifies.count(tp.mode.topic)
+					notified[k] += n2 - n0
+					steadyNotified[k] += n2 - n1
+					steadyTxs[k] += counted.Load() / int64(size)
+					if tp.consumer != nil {
+						wakes[k] = wakes[k].add(tp.wakes.read().since(w0))
+						st1 := tp.consumer.Stats()
+						emptyClaims[k] += st1.EmptyClaims - st0.EmptyClaims
+						batches[k] += st1.Batches - st0.Batches
+					}
 				}
 				txs[k] += lr.events / int64(size)
 				all[k] += lr.events
@@ -332,15 +456,18 @@ func benchTakeTurns(ctx context.Context, e *benchEnv, db *benchDB, pool *pgxpool
 		line := fmt.Sprintf("producers: %2d-event tx, %2d producers, rep %d:", size, producers, rep+1)
 		for k, v := range variants {
 			t.rates[k] = append(t.rates[k], float64(events[k])/spans[k].Seconds())
-			line += fmt.Sprintf(" %s %.0f/s", v.name, t.rates[k][rep])
+			line += fmt.Sprintf(" %s %.0f/s;", v.name, t.rates[k][rep])
 		}
 		e.logf("%s", line)
 	}
 	for k := range variants {
 		t.waits[k] = waits[k].summary("bench-producer")
 		if txs[k] > 0 {
-			t.notified[k] = float64(woken[k]) / float64(txs[k])
+			t.notified[k] = float64(steadyNotified[k]) / float64(max(1, steadyTxs[k]))
+			t.notifiedAll[k] = float64(notified[k]) / float64(txs[k])
 			t.cpuUS[k] = float64(cpu[k].Microseconds()) / float64(all[k])
+			t.consumer[k] = fmt.Sprintf("%s; %.1f events per batch, %d empty claims; lag at the end of a slice at most %d events, caught up within %s",
+				wakes[k].summary(txs[k]), float64(all[k])/float64(max(1, batches[k])), emptyClaims[k], maxLag[k], maxCatchUp[k].Round(time.Millisecond))
 		}
 	}
 	return t, nil
@@ -370,15 +497,55 @@ func benchAppendCommitTx(topic int) benchTxFunc {
 	}
 }
 
+// benchSQLEvent is an element of append_events' JSON array.
+type benchSQLEvent struct {
+	HostID    string          `json:"host_id"`
+	UserID    string          `json:"user_id"`
+	EventType string          `json:"event_type"`
+	Payload   json.RawMessage `json:"payload"`
+}
+
+// benchSQLAppendTx returns a producer transaction that appends its events
+// to topic in SQL, as a producer in another language would: one statement
+// in autocommit on a pooled connection (its own transaction), SELECT
+// append_event(...) for one event, SELECT append_events(...) with a JSON
+// array for more.
+func benchSQLAppendTx(topic int) benchTxFunc {
+	return func(ctx context.Context, pool *pgxpool.Pool, evs []pgevents.Event) error {
+		if len(evs) == 1 {
+			ev := &evs[0]
+			_, err := pool.Exec(ctx, `SELECT append_event($1, $2, $3, $4, $5::jsonb)`, topic, ev.HostID, ev.UserID, ev.EventType, string(ev.Payload))
+			return err
+		}
+		arr := make([]benchSQLEvent, len(evs))
+		for i, ev := range evs {
+			arr[i] = benchSQLEvent{ev.HostID, ev.UserID, ev.EventType, ev.Payload}
+		}
+		b, err := json.Marshal(arr)
+		if err != nil {
+			return err
+		}
+		_, err = pool.Exec(ctx, `SELECT append_events($1, $2::jsonb)`, topic, string(b))
+		return err
+	}
+}
+
+// benchCeilingArgs returns the arguments of benchProducersCeilingSQL for
+// evs.
+func benchCeilingArgs(evs []pgevents.Event) []any {
+	hosts, users, types, payloads := make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
+	for i := range evs {
+		hosts[i], users[i], types[i], payloads[i] = evs[i].HostID, evs[i].UserID, evs[i].EventType, string(evs[i].Payload)
+	}
+	return []any{benchTopic, benchProducersPartitions, hosts, users, types, payloads}
+}
+
 // benchCeilingTx returns a producer transaction that inserts its events
 // with statement (benchProducersCeilingSQL): BEGIN, then the insert and
 // COMMIT in one round trip, as benchAppendCommitTx does.
 func benchCeilingTx(statement string) benchTxFunc {
 	return func(ctx context.Context, pool *pgxpool.Pool, evs []pgevents.Event) error {
-		hosts, users, types, payloads := make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
-		for i := range evs {
-			hosts[i], users[i], types[i], payloads[i] = evs[i].HostID, evs[i].UserID, evs[i].EventType, string(evs[i].Payload)
-		}
+		args := benchCeilingArgs(evs)
 		conn, err := pool.Acquire(ctx)
 		if err != nil {
 			return err
@@ -389,13 +556,23 @@ func benchCeilingTx(statement string) benchTxFunc {
 			return err
 		}
 		var b pgx.Batch
-		b.Queue(statement, benchTopic, benchProducersPartitions, hosts, users, types, payloads)
+		b.Queue(statement, args...)
 		b.Queue("COMMIT")
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return err
 		}
 		return nil
+	}
+}
+
+// benchCeilingStatementTx returns a producer transaction that inserts its
+// events with statement (benchProducersCeilingSQL) in autocommit, as
+// benchSQLAppendTx appends.
+func benchCeilingStatementTx(statement string) benchTxFunc {
+	return func(ctx context.Context, pool *pgxpool.Pool, evs []pgevents.Event) error {
+		_, err := pool.Exec(ctx, statement, benchCeilingArgs(evs)...)
+		return err
 	}
 }
 

@@ -13,32 +13,43 @@ import (
 	"time"
 )
 
-// benchResourcesRate is the offered load of the resources case, in events/s
-// (100-event transactions).
-const benchResourcesRate = 10000
+// benchResourcesLoad is an offered load of the resources case.
+type benchResourcesLoad struct {
+	rate      float64 // events/s
+	txSize    int
+	producers int
+}
+
+// benchResourcesLoads are the resources case's loads: 10,000 events/s in
+// 100-event transactions, and 1,000/s in single-event transactions (what
+// an idle-ish consumer's wake-ups and per-batch costs come to per event).
+var benchResourcesLoads = []benchResourcesLoad{{10000, 100, 4}, {1000, 1, 4}}
 
 // benchResourcesGroup is the consumer group of the separate process.
 const benchResourcesGroup = "resources"
 
 // benchResources runs this very binary as `consumer run` with a yml
-// configuration (8 partitions) in a separate process, offers it
-// benchResourcesRate, and reads its CPU time and peak RSS from /proc: once
+// configuration (8 partitions) in a separate process, offers it a load,
+// and reads its CPU time and peak RSS from /proc: once
 // with a no-op SQL handler (SELECT 1, one round trip per event) and once
-// with the log handler writing to /dev/null (no round trip per event).
+// with the log handler writing to /dev/null (no round trip per event), at
+// each of benchResourcesLoads.
 func benchResources(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	var out []benchResult
-	for _, v := range []struct{ name, handler string }{
-		{"sql handler SELECT 1", "type: sql\n    statement: SELECT 1"},
-		{"log handler to /dev/null", "type: log\n    output: /dev/null"},
-	} {
-		rs, err := benchResourcesRun(ctx, e, exe, v.name, v.handler)
-		out = append(out, rs...)
-		if err != nil {
-			return out, err
+	for _, l := range benchResourcesLoads {
+		for _, v := range []struct{ name, handler string }{
+			{"sql handler SELECT 1", "type: sql\n    statement: SELECT 1"},
+			{"log handler to /dev/null", "type: log\n    output: /dev/null"},
+		} {
+			rs, err := benchResourcesRun(ctx, e, exe, v.name, v.handler, l)
+			out = append(out, rs...)
+			if err != nil {
+				return out, err
+			}
 		}
 	}
 	return out, nil
@@ -47,7 +58,7 @@ func benchResources(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 // benchResourcesRun measures one consumer process with the given handler
 // configuration: CPU per event over e.reps windows of steady load, each
 // window ending when the process has caught up, and VmHWM at the end.
-func benchResourcesRun(ctx context.Context, e *benchEnv, exe, name, handler string) ([]benchResult, error) {
+func benchResourcesRun(ctx context.Context, e *benchEnv, exe, name, handler string, l benchResourcesLoad) ([]benchResult, error) {
 	const partitions = 8
 	db, err := e.newDB(ctx, partitions)
 	if err != nil {
@@ -108,7 +119,10 @@ FROM consumer_offsets o WHERE o.group_id = $1 AND o.topic_id = $3`, benchResourc
 	if err := benchWait(ctx, 30*time.Second, "consumer process started", caughtUp); err != nil {
 		return fail(err)
 	}
-	load := benchLoad{producers: 4, txSize: 100, rate: newBenchRate(benchResourcesRate)}
+	load := benchLoad{producers: l.producers, txSize: l.txSize, rate: newBenchRate(l.rate)}
+	if l.txSize == 1 {
+		load.txFn = benchAppendCommitTx(benchTopic)
+	}
 	// Warm up, then measure windows, each from caught up to caught up.
 	if _, err := load.run(ctx, ppool, time.Second, nil); err != nil {
 		return fail(err)
@@ -136,7 +150,7 @@ FROM consumer_offsets o WHERE o.group_id = $1 AND o.topic_id = $3`, benchResourc
 		}
 		us := float64((cpu1 - cpu0).Microseconds()) / float64(lr.events)
 		perEvent = append(perEvent, us)
-		e.logf("resources: %s, window %d: %d events, %.2f µs CPU/event", name, rep+1, lr.events, us)
+		e.logf("resources: %s, %g events/s in %d-event tx, window %d: %d events, %.2f µs CPU/event", name, l.rate, l.txSize, rep+1, lr.events, us)
 	}
 	hwm, err := benchProcStatusKB(pid, "VmHWM")
 	if err != nil {
@@ -161,9 +175,13 @@ FROM consumer_offsets o WHERE o.group_id = $1 AND o.topic_id = $3`, benchResourc
 		return fail(errors.New("did not exit within 20 s of SIGTERM"))
 	}
 	e.logf("resources: %s: VmHWM %d kB, VmRSS %d kB", name, hwm, rss)
-	proc := fmt.Sprintf("separate `consumer run` process, 8 partitions, batchSize 100, %d events/s offered in 100-event tx", benchResourcesRate)
+	proc := fmt.Sprintf("separate `consumer run` process, 8 partitions, batchSize 100, %g events/s offered in %d-event tx by %d paced producers", l.rate, l.txSize, l.producers)
+	if l.txSize == 1 {
+		proc += " (AppendCommit)"
+	}
+	name = fmt.Sprintf("%g events/s in %d-event tx, %s", l.rate, l.txSize, name)
 	return []benchResult{
-		newBenchResult("resources", name+": CPU per event", "µs", perEvent).
+		newBenchResult("resources", name+": consumer CPU per event", "µs", perEvent).
 			noted("%s; utime+stime from /proc/<pid>/stat over windows of %s, each ending when the process has caught up", proc, window),
 		newBenchResult("resources", name+": peak RSS (VmHWM)", "MiB", []float64{float64(hwm) / 1024}).atMost(64).
 			noted("VmRSS at the end %.1f MiB", float64(rss)/1024),
