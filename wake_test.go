@@ -302,3 +302,56 @@ func TestNoRowUpdatedPerAppendOrBatch(t *testing.T) {
 		t.Fatalf("%d positions, want at least one per partition", n)
 	}
 }
+
+// TestSleepAfterAnAppendThatHoldsNoSleepKey plays the other half of the
+// race: an append that could not take its partition's sleep key (the
+// previous append of the partition still held it, committing) notifies
+// nobody, being marked in flight. A consumer that goes to sleep before it
+// commits must find it in flight and stay awake, or its event would wait
+// for the poll (an hour here).
+func TestSleepAfterAnAppendThatHoldsNoSleepKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 1, Scope: schema.ScopePartition})
+	mustExec(t, pool, handledTable)
+	startConsumer(t, pool, Config{TotalPartitions: 1, WaitPeriod: time.Hour, Handlers: recordingHandlers()})
+	pgtest.WaitFor(t, 10*time.Second, "the consumer asleep on the idle partition", func() bool { return sleepers(t, pool, 0) == 1 })
+	appendTx(t, pool, ev("a", "t", `{}`)) // wakes it (a notification)
+	waitHandled(t, pool, 1, 10*time.Second)
+	pgtest.WaitFor(t, 10*time.Second, "the consumer awake", func() bool { return sleepers(t, pool, 0) == 0 })
+	// The previous append, committing, still holds the sleep key: a
+	// transaction of the test's holds it exclusive.
+	prev, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prev.Rollback(ctx) //nolint:errcheck
+	if _, err := prev.Exec(ctx, `SELECT pg_advisory_xact_lock(lock_key('sleep', '1/0'))`); err != nil {
+		t.Fatal(err)
+	}
+	// The append: it cannot take the key, and sends nothing.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := Append(ctx, tx, ev("a", "t", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	// The previous append commits; the consumer, the partition quiet, tries
+	// to sleep for a while (several quiet periods).
+	if err := prev.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * quietMin)
+	for time.Now().Before(deadline) {
+		if sleepers(t, pool, 0) != 0 {
+			t.Fatal("the consumer went to sleep while an append that notifies nobody was in flight")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitHandled(t, pool, 2, 5*time.Second)
+}

@@ -60,9 +60,10 @@ type watcher struct {
 
 // watched is what the watcher knows of one partition.
 type watched struct {
-	tail int64         // the highest tail read
-	news time.Time     // when the tail last moved, or the partition woke
-	gap  time.Duration // mean gap between news, smoothed
+	tail  int64         // the highest tail read
+	news  time.Time     // when the tail last moved, or the partition woke
+	moved time.Time     // when the tail last moved (zero: not yet)
+	gap   time.Duration // mean gap between the tail's moves, smoothed
 }
 
 func newWatcher(c *Consumer) *watcher {
@@ -205,10 +206,15 @@ func (w *watcher) step(ctx context.Context) bool {
 	for i, p := range awake {
 		wp, tl := w.parts[p], tails[i]
 		if tl.Offset > wp.tail {
-			if !wp.news.IsZero() {
-				wp.gap = (4*wp.gap + now.Sub(wp.news)) / 5
+			// The gap between moves of the tail, not between news: a
+			// wake-up (a notification, an append in flight) is news that
+			// the tail moves next, and would shrink the gap to nothing
+			// (and the partition would sleep between its events, each of
+			// which would then notify).
+			if !wp.moved.IsZero() {
+				wp.gap = (4*wp.gap + now.Sub(wp.moved)) / 5
 			}
-			wp.tail, wp.news = tl.Offset, now
+			wp.tail, wp.news, wp.moved = tl.Offset, now, now
 		}
 		wk := held[p]
 		switch {
@@ -236,13 +242,14 @@ func (w *watcher) step(ctx context.Context) bool {
 	var undo []int
 	for i, p := range sleepy {
 		if !slept[i].Got {
-			continue // an append holds the key: it commits soon
+			continue // an append holds the key, or is in flight: it commits soon
 		}
 		w.asleep[p] = true
+		w.parts[p].moved = time.Time{} // no gap is measured across a sleep
 		if wp := w.parts[p]; slept[i].Tail > wp.tail {
 			// An append committed before the key was taken: awake after
 			// all, and its events are handled.
-			wp.tail, wp.news = slept[i].Tail, now
+			wp.tail, wp.news, wp.moved = slept[i].Tail, now, now
 			undo = append(undo, p)
 			if held[p].hint(slept[i].Tail) {
 				c.cfg.Observer.Woken(p, WakeTail)

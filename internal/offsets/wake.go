@@ -17,17 +17,21 @@ import (
 //     partition_tails, which the appends write anyway;
 //   - once a partition has been quiet for a while, it goes to sleep on it
 //     (Sleep): it takes the partition's sleep key, an advisory lock, shared,
-//     and keeps it on its connection. An append that cannot take the key
-//     exclusive notifies the topic's channel; one that can holds it to
-//     commit and notifies nobody. Waking (Wake) releases the key;
+//     and keeps it on its connection, unless an append is in flight there
+//     (it holds the partition's flight key). An append to a partition where
+//     a consumer sleeps notifies the topic's channel; one that finds nobody
+//     asleep holds the key exclusive to commit and notifies nobody. Waking
+//     (Wake) releases the key;
 //   - every WaitPeriod it polls the log itself (Pending), the safety net.
 //
 // The race between an append that found nobody asleep and a consumer that
-// goes to sleep is closed by the lock: the append holds the key exclusive
-// from its check to its commit, so the consumer takes it only after that
-// append committed, and reads the tail once more then (Sleep does both in
-// one statement): what that append wrote is found there, and every later
-// append notifies.
+// goes to sleep is closed by the locks (SQL wake_sleepers has the whole
+// argument): an append holds the sleep key exclusive from its look to its
+// commit, or else is marked in flight from its start to its commit, or else
+// notifies; a consumer takes the sleep key, then gives it back if an append
+// is in flight, and reads the tail once more after that (in a statement of
+// its own): what an append that committed meanwhile wrote is found there,
+// and every later append notifies.
 const (
 	// tailsSQL returns, for each partition in $2, its tail: the highest
 	// offset committed there (0 for none), and whether an append is in
@@ -52,11 +56,17 @@ FROM unnest($2::integer[]) WITH ORDINALITY AS u(p, i)
 ORDER BY u.i`
 
 	// sleepSQL tries to take, shared and for the session, the sleep key of
-	// each partition in $2. Sleep reads the tails in a statement of its own
-	// after it: a statement's snapshot is taken when it starts, before its
-	// tries, and would miss an append that released the key meanwhile.
-	sleepSQL = `SELECT pg_try_advisory_lock_shared({schema}lock_key('sleep', $1::integer || '/' || u.p))
+	// each partition in $2, and then looks at its flight key: an append in
+	// flight there holds it, and the sleep key is given back (false: the
+	// consumer stays awake). Sleep reads the tails in a statement of its
+	// own after it: a statement's snapshot is taken when it starts, before
+	// its tries, and would miss an append that committed meanwhile.
+	sleepSQL = `SELECT CASE WHEN NOT pg_try_advisory_lock_shared(k.sleep) THEN false
+            WHEN pg_try_advisory_lock(k.flight) THEN pg_advisory_unlock(k.flight)
+            ELSE NOT pg_advisory_unlock_shared(k.sleep) END
 FROM unnest($2::integer[]) WITH ORDINALITY AS u(p, i)
+CROSS JOIN LATERAL (SELECT {schema}lock_key('sleep', $1::integer || '/' || u.p) AS sleep,
+                           {schema}lock_key('flight', $1::integer || '/' || u.p) AS flight) k
 ORDER BY u.i`
 
 	// appendsSQL reads the topic's appends counter (log_counter.appends),
@@ -112,7 +122,8 @@ func Tails(ctx context.Context, db Querier, topic int, partitions []int) ([]Tail
 type Asleep struct {
 	// Got says that the session now holds the partition's sleep key: appends
 	// to the partition notify from now on. False when an append in flight
-	// holds it: the caller stays awake and looks again.
+	// holds the key, or is marked in flight: the caller stays awake and
+	// looks again.
 	Got bool
 	// Tail is the partition's tail, read once the key was held (when Got).
 	Tail int64

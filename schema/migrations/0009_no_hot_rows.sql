@@ -186,27 +186,66 @@ BEGIN
 END;
 $$;
 
--- notify_sleepers notifies the topic's channel for the partitions written
--- (parts, with the highest offset written in each, maxes) where a consumer
--- may be asleep, or for all of them under wake 'always'; it sends at most
--- one notification. A consumer going to sleep on a partition takes its
--- sleep key shared and keeps it; an append tries to take it exclusive,
--- holds it to commit if it can (nobody sleeps: no notification), and
--- notifies if it cannot. The race between an append that found nobody
--- asleep and a consumer going to sleep is closed by the lock: the consumer
--- cannot take the key while that append holds it, so it goes to sleep only
--- after the append committed, and looks once more then. While the consumer
--- holds it, every append notifies. A notification is delivered at commit,
--- so it never announces an invisible event.
+-- The wake-up keys. A consumer going to sleep on a partition takes its
+-- sleep key shared and keeps it, and then looks at the partition's flight
+-- key (below): if an append is in flight there, it gives the sleep key
+-- back and stays awake. An append marks itself in flight when it starts,
+-- and, once its events are written, tries to take the sleep key exclusive,
+-- holding it to commit if it can: nobody sleeps, no notification. If it
+-- cannot, either a consumer sleeps there (it holds the key shared: the key
+-- can then be taken shared) and the append notifies, or another append
+-- holds it (a commit releases its keys in no particular order, so the next
+-- append of a partition often finds the previous one's sleep key still
+-- held). Such an append notifies nobody if it is marked in flight: a
+-- consumer that goes to sleep before it commits finds it in flight and
+-- stays awake. An append that neither holds the key nor is marked
+-- notifies. So a consumer asleep on a partition is notified of every
+-- append that commits after it took the key, and finds the others in
+-- flight, or in the tail it reads once it holds the key; a notification
+-- is delivered at commit, so it never announces an invisible event.
+--
+-- wake_sleepers returns, of the partitions parts of a topic an append
+-- wrote, those it must notify: all of them under wake 'always'; else those
+-- whose sleep key it could not take, where it can take the key shared (a
+-- consumer sleeps there) or where the append is not marked in flight
+-- (unmarked, from mark_flight).
+CREATE FUNCTION wake_sleepers(p_topic_id integer, p_wake text, parts integer[], unmarked integer[])
+RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    p   integer;
+    k   bigint;
+    out integer[] := '{}';
+BEGIN
+    IF p_wake = 'always' THEN
+        RETURN parts;
+    END IF;
+    FOREACH p IN ARRAY parts LOOP
+        k := lock_key('sleep', p_topic_id || '/' || p);
+        IF NOT pg_try_advisory_xact_lock(k)
+           AND (p = ANY (unmarked) OR pg_try_advisory_xact_lock_shared(k)) THEN
+            out := out || p;
+        END IF;
+    END LOOP;
+    RETURN out;
+END;
+$$;
+
+-- notify_sleepers notifies the topic's channel, in one notification, for
+-- the partitions written (parts, with the highest offset written in each,
+-- maxes) that wake_sleepers names, none of them marked in flight: for the
+-- bridges adopt installed before this migration.
 CREATE FUNCTION notify_sleepers(p_topic_id integer, p_channel text, p_wake text, parts integer[], maxes bigint[])
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    msg text;
+    msg  text;
+    woke integer[];
 BEGIN
+    woke := wake_sleepers(p_topic_id, p_wake, parts, parts);
     SELECT p_topic_id || ':' || string_agg(u.p || '/' || u.m, ',' ORDER BY u.p) INTO msg
       FROM unnest(parts, maxes) AS u(p, m)
-     WHERE p_wake = 'always' OR NOT pg_try_advisory_xact_lock(lock_key('sleep', p_topic_id || '/' || u.p));
+     WHERE u.p = ANY (woke);
     IF msg IS NULL THEN
         RETURN;
     END IF;
@@ -219,41 +258,21 @@ $$;
 
 -- mark_flight marks an append in flight on partitions parts of a topic: it
 -- takes their flight keys shared, without waiting, until the transaction
--- ends. A consumer with nothing to do in a partition looks at its flight
--- key (taking it exclusive without waiting, and releasing it at once): an
--- append holds it, so it waits for it (taking it exclusive, then releasing
--- it), in the round trip of its claim, and reads that append's events as
--- soon as they commit. The key never makes an append wait or notify: taken
--- shared by appends, and only tried; an append that cannot take it (a
--- consumer is taking it, or waiting for it) goes unmarked, and is found in
--- the tails.
-CREATE FUNCTION mark_flight(p_topic_id integer, parts integer[]) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    p integer;
-BEGIN
-    FOREACH p IN ARRAY parts LOOP
-        PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', p_topic_id || '/' || p));
-    END LOOP;
-END;
-$$;
-
--- try_sleep_keys tries to take the sleep keys of partitions parts of a
--- topic, exclusive, until the transaction ends (see notify_sleepers), and
--- returns the partitions whose key it could not take: a consumer sleeps
--- there, and the append notifies them at commit. Under wake 'always' it
--- takes nothing and returns them all.
-CREATE FUNCTION try_sleep_keys(p_topic_id integer, p_wake text, parts integer[]) RETURNS integer[]
+-- ends, and returns the partitions where it could not (a consumer was
+-- looking at the key, or waiting for it): see wake_sleepers. A consumer
+-- with nothing to do in a partition looks at its flight key (taking it
+-- exclusive without waiting, and releasing it at once): an append holds
+-- it, so it waits for it (taking it exclusive, then releasing it), in the
+-- round trip of its claim, and reads that append's events as soon as they
+-- commit. The key never makes an append wait.
+CREATE FUNCTION mark_flight(p_topic_id integer, parts integer[]) RETURNS integer[]
 LANGUAGE plpgsql AS $$
 DECLARE
     p   integer;
     out integer[] := '{}';
 BEGIN
-    IF p_wake = 'always' THEN
-        RETURN parts;
-    END IF;
     FOREACH p IN ARRAY parts LOOP
-        IF NOT pg_try_advisory_xact_lock(lock_key('sleep', p_topic_id || '/' || p)) THEN
+        IF NOT pg_try_advisory_xact_lock_shared(lock_key('flight', p_topic_id || '/' || p)) THEN
             out := out || p;
         END IF;
     END LOOP;
@@ -316,6 +335,7 @@ DECLARE
     np2    integer;
     p      integer;
     off    bigint;
+    marked boolean;
 BEGIN
     IF host_id IS NULL OR host_id = '' THEN
         RAISE EXCEPTION 'append_event: host_id is required (got %)',
@@ -345,7 +365,7 @@ BEGIN
     -- key exclusive).
     np := t.total_partitions;
     p := event_partition(append_one.host_id, np);
-    PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_one.topic_id || '/' || p));
+    marked := pg_try_advisory_xact_lock_shared(lock_key('flight', append_one.topic_id || '/' || p));
     -- The tails are read here, not through tail(), whose plan would be
     -- made again at every call (an SQL function with a subquery is not
     -- inlined); this function's plans are kept.
@@ -353,7 +373,7 @@ BEGIN
         np2 := lock_layout(append_one.topic_id);
         IF np2 <> np THEN
             p := event_partition(append_one.host_id, np2);
-            PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_one.topic_id || '/' || p));
+            marked := pg_try_advisory_xact_lock_shared(lock_key('flight', append_one.topic_id || '/' || p));
         END IF;
         PERFORM pg_advisory_xact_lock(lock_key('append', append_one.topic_id || '/' || p));
         off := coalesce((SELECT pt.c_offset FROM partition_tails pt
@@ -364,7 +384,7 @@ BEGIN
         SELECT c.total_partitions INTO np2 FROM log_counter c WHERE c.topic_id = append_one.topic_id;
         IF np2 <> np THEN
             p := event_partition(append_one.host_id, np2);
-            PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_one.topic_id || '/' || p));
+            marked := pg_try_advisory_xact_lock_shared(lock_key('flight', append_one.topic_id || '/' || p));
         END IF;
         IF t.allocation = 'sequence' THEN
             off := nextval(offset_sequence(append_one.topic_id)::regclass);
@@ -384,7 +404,9 @@ BEGIN
          txid_current(), append_one.event_type,
          append_one.payload, append_one.metadata);
     INSERT INTO partition_tails VALUES (append_one.topic_id, p, off);
-    IF t.wake = 'always' OR NOT pg_try_advisory_xact_lock(lock_key('sleep', append_one.topic_id || '/' || p)) THEN
+    -- See wake_sleepers, which this is for one partition.
+    IF t.wake = 'always' OR (NOT pg_try_advisory_xact_lock(lock_key('sleep', append_one.topic_id || '/' || p))
+                             AND (NOT marked OR pg_try_advisory_xact_lock_shared(lock_key('sleep', append_one.topic_id || '/' || p)))) THEN
         PERFORM pg_notify(t.channel, append_one.topic_id || ':' || p || '/' || off);
     END IF;
     RETURN off;
@@ -423,6 +445,7 @@ DECLARE
     np2      integer;
     first    bigint;
     sleeping integer[]; -- the partitions written that a consumer sleeps on
+    unmarked integer[]; -- the partitions not marked in flight
     msg      text;
     ps     integer[];  -- each event's partition, in array order
     offs   bigint[];   -- each event's offset, in array order
@@ -476,7 +499,7 @@ BEGIN
     SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord) INTO ps
       FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord);
     SELECT array_agg(DISTINCT u.p ORDER BY u.p) INTO parts FROM unnest(ps) AS u(p);
-    PERFORM mark_flight(append_many.topic_id, parts);
+    unmarked := mark_flight(append_many.topic_id, parts);
     IF t.offset_scope = 'partition' THEN
         np2 := lock_layout(append_many.topic_id);
         IF np2 <> np THEN
@@ -484,7 +507,7 @@ BEGIN
             SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord) INTO ps
               FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord);
             SELECT array_agg(DISTINCT u.p ORDER BY u.p) INTO parts FROM unnest(ps) AS u(p);
-            PERFORM mark_flight(append_many.topic_id, parts);
+            unmarked := unmarked || mark_flight(append_many.topic_id, parts);
         END IF;
         PERFORM lock_partitions(append_many.topic_id, parts);
         -- Each partition's events take the offsets after its tail, in array
@@ -503,7 +526,7 @@ BEGIN
             np := np2;
             SELECT array_agg(DISTINCT x.p ORDER BY x.p) INTO parts
               FROM (SELECT event_partition(e.e->>'host_id', np) AS p FROM jsonb_array_elements(events) AS e(e)) x;
-            PERFORM mark_flight(append_many.topic_id, parts);
+            unmarked := unmarked || mark_flight(append_many.topic_id, parts);
         END IF;
         IF t.allocation = 'sequence' THEN
             -- Under the lock no other append draws from the sequence, so the
@@ -535,7 +558,7 @@ BEGIN
     SELECT array_agg(x.p ORDER BY x.p), array_agg(x.m ORDER BY x.p) INTO parts, maxes
       FROM (SELECT u.p, max(u.o) AS m FROM unnest(ps, offs) AS u(p, o) GROUP BY u.p) x;
     INSERT INTO partition_tails SELECT append_many.topic_id, u.p, u.m FROM unnest(parts, maxes) AS u(p, m);
-    sleeping := try_sleep_keys(append_many.topic_id, t.wake, parts);
+    sleeping := wake_sleepers(append_many.topic_id, t.wake, parts, unmarked);
     IF cardinality(sleeping) > 0 THEN
         SELECT append_many.topic_id || ':' || string_agg(u.p || '/' || u.m, ',' ORDER BY u.p) INTO msg
           FROM unnest(parts, maxes) AS u(p, m) WHERE u.p = ANY (sleeping);
