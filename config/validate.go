@@ -172,6 +172,7 @@ func (c *Config) problems() []*Error {
 	if c.Pprof && c.MetricsAddr == "" {
 		add("pprof", "needs metricsAddr, the server it is served on")
 	}
+	c.consoleProblems(add)
 
 	if len(c.Groups) > 0 && len(c.Handlers) > 0 {
 		add(keyHandlers, "must not be set at the top level when groups lists the groups: set them in each group")
