@@ -166,12 +166,14 @@ func clientAddr(r *http.Request) string {
 }
 
 // crossSite reports whether the browser says the request comes from
-// another site: an Origin that is not this host, or Sec-Fetch-Site.
+// another site: Sec-Fetch-Site when the browser sends it, else an Origin
+// that is not this host ("null", which a browser sends when it hides the
+// origin, says nothing either way: the CSRF token decides).
 func crossSite(r *http.Request) bool {
-	if s := r.Header.Get("Sec-Fetch-Site"); s != "" && s != "same-origin" && s != "none" {
-		return true
+	if s := r.Header.Get("Sec-Fetch-Site"); s != "" {
+		return s != "same-origin" && s != "none"
 	}
-	if o := r.Header.Get("Origin"); o != "" {
+	if o := r.Header.Get("Origin"); o != "" && o != "null" {
 		u, err := url.Parse(o)
 		return err != nil || u.Host != r.Host
 	}
@@ -282,10 +284,18 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 	id, _ := c.sessions.create(name)
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: id, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Secure: c.opts.SecureCookie || r.TLS != nil, MaxAge: int(c.opts.SessionTTL / time.Second),
+		Secure: c.secure(r), MaxAge: int(c.opts.SessionTTL / time.Second),
 	})
 	c.log.Info().Str("actor", name).Str("remote", addr).Msg("signed in")
 	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// secure reports whether the session cookie is Secure: the request came
+// over TLS, through a proxy that says it did (X-Forwarded-Proto: a
+// Secure cookie the client then does not send back over plain HTTP is
+// the worst a lying header does), or Options.SecureCookie.
+func (c *Console) secure(r *http.Request) bool {
+	return c.opts.SecureCookie || r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"
 }
 
 // signout ends the session.
@@ -294,7 +304,7 @@ func (c *Console) signout(w http.ResponseWriter, r *http.Request, a *actor) {
 		c.sessions.end(ck.Value)
 	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Secure: c.opts.SecureCookie || r.TLS != nil, MaxAge: -1})
+		Secure: c.secure(r), MaxAge: -1})
 	c.log.Info().Str("actor", a.name).Str("remote", a.remote).Msg("signed out")
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }

@@ -63,8 +63,9 @@ type Options struct {
 	// failed sign-in); nil logs nothing.
 	Logger *zerolog.Logger
 	// SecureCookie marks the session cookie Secure whatever the request:
-	// set it when a proxy terminates TLS in front of the console. A request
-	// that arrived over TLS gets a Secure cookie anyway.
+	// set it when a proxy terminates TLS in front of the console and does
+	// not send X-Forwarded-Proto. A request that arrived over TLS, or says
+	// it did in X-Forwarded-Proto, gets a Secure cookie anyway.
 	SecureCookie bool
 	// QueryTimeout bounds the statements behind one page; default
 	// DefaultQueryTimeout.
@@ -185,7 +186,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
-	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Referrer-Policy", "same-origin") // no-referrer would make browsers send Origin: null
 	h.Set("Cache-Control", "no-store")
 	r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 	c.mux.ServeHTTP(w, r)

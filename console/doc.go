@@ -52,7 +52,8 @@
 //
 //   - Actions need the token (Options.Token, there is no default): a
 //     browser signs in with a form that sets a session cookie (HttpOnly,
-//     SameSite=Strict, Secure when the request came over TLS), a script
+//     SameSite=Strict, Secure when the request came over TLS or through a
+//     proxy that sends X-Forwarded-Proto: https), a script
 //     sends "Authorization: Bearer TOKEN". A request without valid
 //     credentials gets 401, and changes nothing.
 //   - Every action from a browser session carries the session's CSRF token

@@ -191,6 +191,11 @@ func TestSignIn(t *testing.T) {
 		t.Fatalf("sign-in over TLS: %d, Set-Cookie %q; want Secure", r.status, ck)
 	}
 
+	r = e.client().do(http.MethodPost, "/signin", url.Values{"token": {testToken}}, map[string]string{"X-Forwarded-Proto": "https"})
+	if ck := r.header.Get("Set-Cookie"); !strings.Contains(ck, "Secure") {
+		t.Fatalf("sign-in behind a TLS proxy: Set-Cookie %q; want Secure", ck)
+	}
+
 	// Sign-out ends the session: its cookie, kept by a thief, no longer
 	// acts.
 	c.signIn("ada", testToken)
