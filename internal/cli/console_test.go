@@ -124,10 +124,12 @@ func TestDemoServesConsole(t *testing.T) {
 	t.Parallel()
 	p := start(t, pgtest.NewDB(t), "demo", "--dir", t.TempDir(), "--duration", "4s", "--rate", "200")
 	addr := waitURL(t, p, `console: (http://\S+/) \(sign in with token [0-9a-f]{32} `)
-	status, body := httpDo(t, http.MethodGet, addr, "")
-	if status != http.StatusOK || !strings.Contains(body, `data-group="demo"`) {
-		t.Fatalf("GET %s during the demo: %d\n%s", addr, status, body)
-	}
+	// The console serves from the start; the group shows once its
+	// consumer subscribed.
+	pgtest.WaitFor(t, 20*time.Second, "the demo's group on the console", func() bool {
+		status, body := httpDo(t, http.MethodGet, addr, "")
+		return status == http.StatusOK && strings.Contains(body, `data-group="demo"`)
+	})
 	select {
 	case code := <-p.exitCh:
 		if code != 0 || !strings.Contains(p.out.String(), "done:") {
