@@ -8,8 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/partition"
@@ -140,12 +142,14 @@ func (p *FailurePolicy) UnmarshalText(text []byte) error {
 // result once, and the consumer trusts it after. The YAML file of `consumer
 // run` (package config) mirrors these fields and reads the same constants.
 type Config struct {
-	// GroupID names the consumer group; required. Each group has its own
-	// position in every partition.
+	// GroupID names the consumer group; required, at most
+	// MaxGroupIDLength (200) characters. Each group has its own position in
+	// every partition.
 	GroupID string
 	// TopicID is the topic consumed; default DefaultTopic (1).
 	TopicID int
-	// TotalPartitions is the partition count the consumer expects; required.
+	// TotalPartitions is the partition count the consumer expects;
+	// required, 1 to schema.MaxPartitions (1024).
 	// Run refuses to start (PartitionMismatchError) when the topic records
 	// another count, because hosts would map to other partitions.
 	TotalPartitions int
@@ -160,7 +164,8 @@ type Config struct {
 	ReplicaID string
 	// LeaseDuration is how long a partition lease lives without a heartbeat
 	// (sent every third of it), and so how soon a dead or frozen replica's
-	// partitions are taken over; default DefaultLeaseDuration (1 s).
+	// partitions are taken over; default DefaultLeaseDuration (1 s), at
+	// least MinLeaseDuration (100 ms).
 	LeaseDuration time.Duration
 	// BatchSize is the number of events read per batch, before extension
 	// to the end of a producer transaction; default DefaultBatchSize (100).
@@ -172,7 +177,8 @@ type Config struct {
 	// "": the topic's (recorded when the topic was created, see
 	// schema.ChannelFor, and changed by schema.SetChannel). When set, it must
 	// be the topic's: Run refuses to start otherwise
-	// (*ChannelMismatchError). A running consumer follows a change of the
+	// (*ChannelMismatchError). It must be an identifier
+	// (schema.ValidIdentifier). A running consumer follows a change of the
 	// topic's channel either way.
 	Channel string
 	// UnknownEventType is the policy for events without a handler; default
@@ -181,8 +187,8 @@ type Config struct {
 	// RetryInitial is the first backoff after a failed batch; default
 	// DefaultRetryInitial (100 ms).
 	RetryInitial time.Duration
-	// RetryMax caps the backoff; default DefaultRetryMax (30 s), and never
-	// less than RetryInitial.
+	// RetryMax caps the backoff; at least RetryInitial. Default
+	// DefaultRetryMax (30 s), or RetryInitial when that is longer.
 	RetryMax time.Duration
 	// MaxAttempts is how often a failure of class ClassUnknown is retried
 	// before it is treated as permanent; default DefaultMaxAttempts (5).
@@ -214,6 +220,10 @@ type Config struct {
 	Logger *zerolog.Logger
 	// Observer receives what the consumer does, for metrics; default none.
 	Observer Observer
+	// TracerProvider, when set, traces the consumer with OpenTelemetry: a
+	// span per batch and one per handler call, linked to the producers'
+	// spans (see Append). Default nil: no tracing, at no cost.
+	TracerProvider trace.TracerProvider
 	// StartFrom is where the group starts the first time it runs:
 	// "earliest" (DefaultStartFrom: the first retained event, so that a new
 	// projection sees the history), "latest", "offset:N" or
@@ -237,14 +247,14 @@ type Config struct {
 }
 
 // WithDefaults returns c with every zero field set to its default (the
-// Default constants). ReplicaID and Observer are set by NewConsumer.
+// Default constants; a zero RetryMax is DefaultRetryMax, or RetryInitial
+// when that is longer). ReplicaID and Observer are set by NewConsumer.
 func (c Config) WithDefaults() Config {
 	c.TopicID = cmp.Or(c.TopicID, DefaultTopic)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.WaitPeriod = cmp.Or(c.WaitPeriod, DefaultWaitPeriod)
 	c.RetryInitial = cmp.Or(c.RetryInitial, DefaultRetryInitial)
-	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
-	c.RetryMax = max(c.RetryMax, c.RetryInitial)
+	c.RetryMax = cmp.Or(c.RetryMax, max(DefaultRetryMax, c.RetryInitial))
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.MaxDeadLetters = cmp.Or(c.MaxDeadLetters, DefaultMaxDeadLetters)
 	c.DeadLetterWindow = cmp.Or(c.DeadLetterWindow, DefaultDeadLetterWindow)
@@ -256,6 +266,14 @@ func (c Config) WithDefaults() Config {
 	c.MaintenanceInterval = cmp.Or(c.MaintenanceInterval, DefaultMaintenanceInterval)
 	return c
 }
+
+// Limits of Config's fields.
+const (
+	// MaxGroupIDLength is the longest GroupID, in characters.
+	MaxGroupIDLength = 200
+	// MinLeaseDuration is the shortest LeaseDuration.
+	MinLeaseDuration = 100 * time.Millisecond
+)
 
 // ConfigError is returned by NewConsumer for a Config field whose value
 // cannot be used; Field is the field's name.
@@ -269,60 +287,97 @@ type ConfigError struct {
 // Error names the field and what is wrong with it.
 func (e *ConfigError) Error() string { return "pgevents: Config." + e.Field + " " + e.Msg }
 
+// Validate reports every field of c that NewConsumer would refuse once its
+// defaults are applied (WithDefaults): nil when c is usable, otherwise the
+// errors.Join of a *ConfigError per field at fault, in field order
+// (errors.As finds the first). These are the only rules of a consumer's
+// configuration: the YAML file of `consumer run` (package config) maps to
+// a Config and reports what Validate finds under its own key names.
+func (c Config) Validate() error {
+	var errs []error
+	d := c.WithDefaults()
+	for _, e := range d.problems() {
+		errs = append(errs, e)
+	}
+	return errors.Join(errs...)
+}
+
 // validate checks a Config with its defaults applied and returns a
 // *ConfigError for the first field that is not usable.
 func (c *Config) validate() error {
-	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)}
-	}
-	positive := []struct {
-		field string
-		d     time.Duration
-	}{
-		{"WaitPeriod", c.WaitPeriod}, {"RetryInitial", c.RetryInitial}, {"RetryMax", c.RetryMax},
-		{"DeadLetterWindow", c.DeadLetterWindow}, {"HandlerTimeout", c.HandlerTimeout},
-		{"ShutdownTimeout", c.ShutdownTimeout}, {"LeaseDuration", c.LeaseDuration},
-		{"DeadAfter", c.DeadAfter}, {"MaintenanceInterval", c.MaintenanceInterval},
-	}
-	switch {
-	case c.GroupID == "":
-		return bad("GroupID", "is required")
-	case c.TopicID <= 0:
-		return bad("TopicID", "must be positive, got %d", c.TopicID)
-	case c.TotalPartitions <= 0:
-		return bad("TotalPartitions", "must be positive, got %d", c.TotalPartitions)
-	case c.BatchSize <= 0:
-		return bad("BatchSize", "must be positive, got %d", c.BatchSize)
-	case c.MaxAttempts <= 0:
-		return bad("MaxAttempts", "must be positive, got %d", c.MaxAttempts)
-	case c.UnknownEventType < 0 || int(c.UnknownEventType) >= len(unknownEventNames):
-		return bad("UnknownEventType", "is not a policy: %d", int(c.UnknownEventType))
-	case c.OnPermanentFailure < 0 || int(c.OnPermanentFailure) >= len(policyNames):
-		return bad("OnPermanentFailure", "is not a policy: %d", int(c.OnPermanentFailure))
-	case c.Handlers == nil || c.Handlers.Len() == 0:
-		return bad("Handlers", "must register at least one handler")
-	case c.LeaseDuration < 100*time.Millisecond && c.LeaseDuration > 0:
-		return bad("LeaseDuration", "must be at least 100ms, got %s", c.LeaseDuration)
-	}
-	for _, p := range positive {
-		if p.d < 0 {
-			return bad(p.field, "must be positive, got %s", p.d)
-		}
-	}
-	if c.Schema != "" {
-		if err := schema.ValidName(c.Schema); err != nil {
-			return bad("Schema", "%v", err)
-		}
-	}
-	if _, err := ParseStartPosition(c.StartFrom); err != nil {
-		return bad("StartFrom", "%v", err)
-	}
-	if c.Partitions != nil {
-		if _, err := partition.Assign(c.TotalPartitions, c.Partitions); err != nil {
-			return bad("Partitions", "%v", err)
-		}
+	if problems := c.problems(); len(problems) > 0 {
+		return problems[0]
 	}
 	return nil
+}
+
+// problems returns a *ConfigError for each field of c, a Config with its
+// defaults applied, that is not usable, in field order.
+func (c *Config) problems() []*ConfigError {
+	var errs []*ConfigError
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &ConfigError{Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	positive := func(field string, v int64, show any) {
+		if v <= 0 {
+			bad(field, "must be greater than 0, got %v", show)
+		}
+	}
+	switch n := utf8.RuneCountInString(c.GroupID); {
+	case strings.TrimSpace(c.GroupID) == "":
+		bad("GroupID", "is required")
+	case n > MaxGroupIDLength:
+		bad("GroupID", "must be at most %d characters long, got %d", MaxGroupIDLength, n)
+	}
+	positive("TopicID", int64(c.TopicID), c.TopicID)
+	totalOK := schema.ValidPartitions(c.TotalPartitions) == nil
+	if !totalOK {
+		bad("TotalPartitions", "%v", schema.ValidPartitions(c.TotalPartitions))
+	}
+	if c.Partitions != nil && totalOK {
+		if _, err := partition.Assign(c.TotalPartitions, c.Partitions); err != nil {
+			bad("Partitions", "must hold partitions between 0 and %d (TotalPartitions - 1), got %v", c.TotalPartitions-1, c.Partitions)
+		}
+	}
+	if c.LeaseDuration < MinLeaseDuration {
+		bad("LeaseDuration", "must be at least %s (leases between %s and a few seconds hand a dead replica's partitions over quickly), got %s",
+			MinLeaseDuration, MinLeaseDuration, c.LeaseDuration)
+	}
+	positive("BatchSize", int64(c.BatchSize), c.BatchSize)
+	positive("WaitPeriod", int64(c.WaitPeriod), c.WaitPeriod)
+	if c.Channel != "" {
+		if err := schema.ValidIdentifier(c.Channel); err != nil {
+			bad("Channel", "%v", err)
+		}
+	}
+	if c.UnknownEventType < 0 || int(c.UnknownEventType) >= len(unknownEventNames) {
+		bad("UnknownEventType", "is not a policy: %d", int(c.UnknownEventType))
+	}
+	positive("RetryInitial", int64(c.RetryInitial), c.RetryInitial)
+	if c.RetryInitial > 0 && c.RetryMax < c.RetryInitial {
+		bad("RetryMax", "must be at least RetryInitial (%s), got %s", c.RetryInitial, c.RetryMax)
+	}
+	positive("MaxAttempts", int64(c.MaxAttempts), c.MaxAttempts)
+	if c.OnPermanentFailure < 0 || int(c.OnPermanentFailure) >= len(policyNames) {
+		bad("OnPermanentFailure", "is not a policy: %d", int(c.OnPermanentFailure))
+	}
+	positive("DeadLetterWindow", int64(c.DeadLetterWindow), c.DeadLetterWindow)
+	positive("HandlerTimeout", int64(c.HandlerTimeout), c.HandlerTimeout)
+	positive("ShutdownTimeout", int64(c.ShutdownTimeout), c.ShutdownTimeout)
+	if c.Handlers == nil || c.Handlers.Len() == 0 {
+		bad("Handlers", "must register at least one handler")
+	}
+	if _, err := ParseStartPosition(c.StartFrom); err != nil {
+		bad("StartFrom", "%v", err)
+	}
+	positive("DeadAfter", int64(c.DeadAfter), c.DeadAfter)
+	positive("MaintenanceInterval", int64(c.MaintenanceInterval), c.MaintenanceInterval)
+	if c.Schema != "" {
+		if err := schema.ValidName(c.Schema); err != nil {
+			bad("Schema", "%v", err)
+		}
+	}
+	return errs
 }
 
 // StartPosition is where a group starts reading the first time it runs

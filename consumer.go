@@ -109,6 +109,9 @@ type Consumer struct {
 	wakeAlways atomic.Bool
 	// watch finds new events between notifications (watcher.go).
 	watch *watcher
+	// trace starts the spans of batches and handler calls; nil when
+	// Config.TracerProvider is (tracing.go).
+	trace *tracing
 	// idleCut is how long a batch may go without a statement of its own
 	// before it stops taking units and commits, so that the server's
 	// idle_in_transaction_session_timeout never ends it; 0: no limit.
@@ -154,6 +157,7 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 		replicaID: cfg.ReplicaID,
 	}
 	c.watch = newWatcher(c)
+	c.trace = newTracing(cfg.TracerProvider, cfg.GroupID, cfg.TopicID)
 	return c, nil
 }
 

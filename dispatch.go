@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgevents/pgevents/internal/batching"
 )
@@ -23,7 +24,7 @@ func (c *Consumer) dispatch(ctx context.Context, tx handlerTx, evs []Event, hand
 	var failed *Event
 	if gh := c.cfg.Handlers.groups; gh != nil {
 		err := batching.EachRun(keys, evs, func(run []Event) error {
-			err := callGroup(ctx, tx, gh, run)
+			err := c.callGroup(ctx, tx, gh, run)
 			if err == nil {
 				err = tx.check(&run[0])
 			}
@@ -67,13 +68,23 @@ func (c *Consumer) call(ctx context.Context, tx handlerTx, ev *Event) (err error
 		}
 		return fmt.Errorf("%w %q", ErrUnknownEventType, ev.EventType)
 	}
+	if c.trace != nil {
+		var span trace.Span
+		ctx, span = c.trace.startHandler(ctx, ev, nil)
+		defer func() { endHandler(span, err) }() // after recoverPanic set err
+	}
 	defer recoverPanic(&err)
 	return h.Handle(ctx, tx, ev)
 }
 
 // callGroup runs a group handler on a run, turning a panic into a
 // PanicError.
-func callGroup(ctx context.Context, tx handlerTx, gh GroupHandler, run []Event) (err error) {
+func (c *Consumer) callGroup(ctx context.Context, tx handlerTx, gh GroupHandler, run []Event) (err error) {
+	if c.trace != nil {
+		var span trace.Span
+		ctx, span = c.trace.startHandler(ctx, &run[0], run)
+		defer func() { endHandler(span, err) }()
+	}
 	defer recoverPanic(&err)
 	return gh.HandleGroup(ctx, tx, run)
 }

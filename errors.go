@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // Class says what the consumer does with a failed batch.
@@ -110,13 +109,14 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 //
 //   - a ClassifiedError (from Permanent, Retryable, RetryAfter or
 //     Deployment): its Class. Handlers that talk to systems outside
-//     PostgreSQL classify those systems' errors this way: sink/kafka (see
-//     its Classify: broker unreachable, timeouts, not enough replicas,
-//     leader changes are transient; unknown topics and authorization
-//     failures are deployment; records too large or invalid are
-//     permanent) and sink/http (408, 429, 5xx and connection errors are
-//     transient; 401, 403, 407 and redirects are deployment; other 4xx
-//     are permanent);
+//     PostgreSQL classify those systems' errors themselves and return them
+//     wrapped this way, so that this package knows none of those systems:
+//     sink/kafka classifies Kafka's error codes (see its Classify: broker
+//     unreachable, timeouts, not enough replicas, leader changes are
+//     transient; unknown topics and authorization failures are deployment;
+//     records too large or invalid are permanent) and sink/webhook HTTP
+//     answers (408, 429, 5xx and connection errors are transient; 401, 403,
+//     407 and redirects are deployment; other 4xx are permanent);
 //   - a PanicError, ErrUnknownEventType or ErrAbortedTransaction:
 //     ClassPermanent;
 //   - SQLSTATE classes 08 (connection), 40 (serialization failure,
@@ -128,14 +128,6 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 //     name): ClassDeployment;
 //   - SQLSTATE classes 22 (data exception) and 23 (integrity constraint
 //     violation): ClassPermanent;
-//   - a Kafka error code (franz-go's kerr.Error, also when wrapped, as in a
-//     record that timed out after it): a record too large or invalid
-//     (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE, INVALID_RECORD,
-//     INVALID_TIMESTAMP) is ClassPermanent; an unknown or invalid topic,
-//     authorization and SASL failures, an unsupported version are
-//     ClassDeployment; the codes Kafka calls retriable (NOT_ENOUGH_REPLICAS,
-//     NOT_LEADER_FOR_PARTITION, REQUEST_TIMED_OUT, NETWORK_EXCEPTION, ...)
-//     are ClassTransient; other codes are ClassUnknown;
 //   - a context deadline, a network error, a connection closed or refused:
 //     ClassTransient;
 //   - anything else: ClassUnknown.
@@ -166,10 +158,6 @@ func Classify(err error) Class {
 		}
 		return ClassUnknown
 	}
-	var ke *kerr.Error
-	if errors.As(err, &ke) {
-		return kafkaClass(ke)
-	}
 	var netErr net.Error
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) ||
 		pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
@@ -177,36 +165,6 @@ func Classify(err error) Class {
 	}
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
-		return ClassTransient
-	}
-	return ClassUnknown
-}
-
-// Kafka error codes by class, beyond their retriable flag.
-var (
-	// kafkaPermanent refuse the record itself: retrying cannot succeed.
-	kafkaPermanent = []*kerr.Error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord, kerr.InvalidTimestamp}
-	// kafkaDeployment say that the deployment is wrong: a topic that does
-	// not exist (yet), credentials or ACLs, a broker too old.
-	kafkaDeployment = []*kerr.Error{kerr.UnknownTopicOrPartition, kerr.UnknownTopicID, kerr.InvalidTopicException,
-		kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed, kerr.TransactionalIDAuthorizationFailed,
-		kerr.SaslAuthenticationFailed, kerr.UnsupportedSaslMechanism, kerr.IllegalSaslState,
-		kerr.UnsupportedVersion, kerr.InvalidRequiredAcks, kerr.UnsupportedForMessageFormat, kerr.PolicyViolation}
-)
-
-// kafkaClass is the class of a Kafka error code.
-func kafkaClass(ke *kerr.Error) Class {
-	for _, e := range kafkaDeployment {
-		if ke == e {
-			return ClassDeployment
-		}
-	}
-	for _, e := range kafkaPermanent {
-		if ke == e {
-			return ClassPermanent
-		}
-	}
-	if ke.Retriable || ke == kerr.CorruptMessage {
 		return ClassTransient
 	}
 	return ClassUnknown

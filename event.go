@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/pgeventstype"
@@ -16,8 +17,8 @@ import (
 )
 
 // Event is one event of the log. Append reads TopicID, HostID, UserID,
-// EventType, Payload and Metadata; the database sets the other fields, and a
-// handler receives them all.
+// EventType, Payload, Metadata and IdempotencyKey; the database sets the
+// other fields, and a handler receives them all but IdempotencyKey.
 type Event = pgeventstype.Event
 
 // DefaultTopic is the topic an event is appended to when its TopicID is 0.
@@ -39,11 +40,27 @@ type Querier interface {
 var ErrInvalidEvent = errors.New("invalid event")
 
 type appendItem struct {
-	HostID    string          `json:"host_id"`
-	UserID    string          `json:"user_id,omitempty"`
-	EventType string          `json:"event_type"`
-	Payload   json.RawMessage `json:"payload,omitempty"`
-	Metadata  json.RawMessage `json:"metadata,omitempty"`
+	HostID         string          `json:"host_id"`
+	UserID         string          `json:"user_id,omitempty"`
+	EventType      string          `json:"event_type"`
+	Payload        json.RawMessage `json:"payload,omitempty"`
+	Metadata       json.RawMessage `json:"metadata,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+}
+
+// AppendResult is what an append did with one event.
+type AppendResult struct {
+	// Offset is the event's offset, or, for a duplicate, the offset its
+	// idempotency key was appended at.
+	Offset int64
+	// Partition is the event's partition, or the duplicate's original's.
+	Partition int
+	// Duplicate says that the event carried an idempotency key appended to
+	// its topic before, within the topic's idempotency window: nothing was
+	// appended. Offset and Partition are the first append's. (When
+	// retention has removed that event since, they name an event the log
+	// no longer holds.)
+	Duplicate bool
 }
 
 // WithSchema returns a context under which Append, AppendCommit and every
@@ -63,8 +80,9 @@ func WithSchema(ctx context.Context, name string) context.Context {
 // ascending topic order (a fixed order, so that producers cannot deadlock on
 // the topics' append locks), one round trip each.
 //
-// The topic's append lock (its counter row, or its partitions' counter rows
-// under offset scope 'partition') stays held until q's transaction ends:
+// The topic's append lock (an advisory lock: the topic's, or its
+// partitions' under offset scope 'partition') stays held until q's
+// transaction ends:
 // append as late in the transaction as possible, or use AppendCommit. Given
 // a pool, Append runs in a transaction of its own, the fastest way to
 // append: the lock is held for the server's work and the commit only.
@@ -84,18 +102,58 @@ func WithSchema(ctx context.Context, name string) context.Context {
 // which Classify classes ClassTransient, and its transaction is aborted.
 // Append all of a transaction's events of a topic in one call; otherwise
 // roll back and run the whole transaction again on 40P01.
+//
+// When ctx carries a valid OpenTelemetry span, Append records its W3C
+// trace context in each event's metadata (keys traceparent and tracestate,
+// beside the event's own; an event whose metadata has a traceparent keeps
+// it), and a consumer that traces links its spans to it. Metadata that is
+// not a JSON object is left as it is.
+//
+// An event with an IdempotencyKey is appended once per key and topic within
+// the topic's idempotency window: a second append of the key appends
+// nothing, and Append returns the first one's offset. AppendResults says
+// which were duplicates.
 func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
-	stmts, err := planAppend(events)
+	res, err := appendEvents(ctx, q, false, events)
+	return offsetsOf(res), err
+}
+
+// AppendResults is Append returning, for each event, its offset, its
+// partition and whether it was a duplicate of an event appended before with
+// its IdempotencyKey. It reads the partitions back, which costs a little
+// more per call than Append.
+func AppendResults(ctx context.Context, q Querier, events ...Event) ([]AppendResult, error) {
+	return appendEvents(ctx, q, true, events)
+}
+
+// appendEvents appends events in q's transaction, one statement per topic;
+// all of them with append_events_keyed when results are wanted (the
+// partitions come back only from it), else only the topics whose events
+// carry an idempotency key.
+func appendEvents(ctx context.Context, q Querier, results bool, events []Event) ([]AppendResult, error) {
+	stmts, err := planAppend(ctx, events, results)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]int64, len(events))
+	out := make([]AppendResult, len(events))
 	for i := range stmts {
 		if err := stmts[i].scan(q.QueryRow(ctx, schema.SQL(ctx, stmts[i].sql), stmts[i].args...), out); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// offsetsOf returns the offsets of res.
+func offsetsOf(res []AppendResult) []int64 {
+	if res == nil {
+		return nil
+	}
+	out := make([]int64, len(res))
+	for i, r := range res {
+		out[i] = r.Offset
+	}
+	return out
 }
 
 // AppendCommit appends events as the last statements of tx and commits tx,
@@ -118,7 +176,17 @@ func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 // Code "40P01" (ClassTransient), with tx rolled back; run the transaction
 // again.
 func AppendCommit(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
-	stmts, err := planAppend(events)
+	res, err := appendCommit(ctx, tx, false, events)
+	return offsetsOf(res), err
+}
+
+// AppendCommitResults is AppendCommit returning what AppendResults does.
+func AppendCommitResults(ctx context.Context, tx pgx.Tx, events ...Event) ([]AppendResult, error) {
+	return appendCommit(ctx, tx, true, events)
+}
+
+func appendCommit(ctx context.Context, tx pgx.Tx, results bool, events []Event) ([]AppendResult, error) {
+	stmts, err := planAppend(ctx, events, results)
 	if err != nil {
 		return nil, err
 	}
@@ -128,8 +196,8 @@ func AppendCommit(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, err
 	}
 	b.Queue("COMMIT")
 	br := tx.SendBatch(ctx, &b)
-	out := make([]int64, len(events))
-	fail := func(err error) ([]int64, error) {
+	out := make([]AppendResult, len(events))
+	fail := func(err error) ([]AppendResult, error) {
 		_ = br.Close()
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
@@ -152,18 +220,34 @@ func AppendCommit(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, err
 type appendStmt struct {
 	topic int
 	idx   []int // the events' indexes in Append's arguments
+	keyed bool  // append_events_keyed: partitions and duplicates come back
 	sql   string
 	args  []any
 }
 
-// scan reads the statement's offsets into out, at the events' indexes.
-func (s *appendStmt) scan(row pgx.Row, out []int64) error {
+// scan reads the statement's results into out, at the events' indexes.
+func (s *appendStmt) scan(row pgx.Row, out []AppendResult) error {
+	if s.keyed {
+		var offs []int64
+		var parts []int32
+		var dups []bool
+		if err := row.Scan(&offs, &parts, &dups); err != nil {
+			return fmt.Errorf("append: %w", err)
+		}
+		if len(offs) != len(s.idx) || len(parts) != len(s.idx) || len(dups) != len(s.idx) {
+			return fmt.Errorf("append: topic %d: %d results for %d events", s.topic, len(offs), len(s.idx))
+		}
+		for k, i := range s.idx {
+			out[i] = AppendResult{Offset: offs[k], Partition: int(parts[k]), Duplicate: dups[k]}
+		}
+		return nil
+	}
 	if len(s.idx) == 1 {
 		var off int64
 		if err := row.Scan(&off); err != nil {
 			return fmt.Errorf("append: %w", err)
 		}
-		out[s.idx[0]] = off
+		out[s.idx[0]].Offset = off
 		return nil
 	}
 	var offs []int64
@@ -174,17 +258,27 @@ func (s *appendStmt) scan(row pgx.Row, out []int64) error {
 		return fmt.Errorf("append: topic %d: appended %d events, expected %d", s.topic, len(offs), len(s.idx))
 	}
 	for k, i := range s.idx {
-		out[i] = offs[k]
+		out[i].Offset = offs[k]
 	}
 	return nil
 }
 
 // planAppend checks events and returns the statements that append them:
-// one per topic, in ascending topic order; append_event for a single event,
-// append_events with a JSON array otherwise.
-func planAppend(events []Event) ([]appendStmt, error) {
+// one per topic, in ascending topic order; append_events_keyed when results
+// are wanted or an event of the topic carries an idempotency key, else
+// append_event for a single event and append_events with a JSON array
+// otherwise.
+func planAppend(ctx context.Context, events []Event, results bool) ([]appendStmt, error) {
 	if len(events) == 0 {
 		return nil, nil
+	}
+	// The producer's span, recorded in each event's metadata (tracing.go).
+	sc := trace.SpanContextFromContext(ctx)
+	metadata := func(ev *Event) json.RawMessage {
+		if !sc.IsValid() {
+			return ev.Metadata
+		}
+		return withTraceContext(ev.Metadata, sc)
 	}
 	byTopic := map[int][]int{}
 	for i := range events {
@@ -215,23 +309,31 @@ func planAppend(events []Event) ([]appendStmt, error) {
 	stmts := make([]appendStmt, 0, len(topics))
 	for _, t := range topics {
 		idx := byTopic[t]
-		if len(idx) == 1 {
+		keyed := results
+		for _, i := range idx {
+			keyed = keyed || events[i].IdempotencyKey != ""
+		}
+		if len(idx) == 1 && !keyed {
 			ev := &events[idx[0]]
-			sql, args := offsets.AppendOneSQL(t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, ev.Metadata)
+			sql, args := offsets.AppendOneSQL(t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, metadata(ev))
 			stmts = append(stmts, appendStmt{topic: t, idx: idx, sql: sql, args: args})
 			continue
 		}
 		items := make([]appendItem, 0, len(idx))
 		for _, i := range idx {
 			ev := &events[i]
-			items = append(items, appendItem{HostID: ev.HostID, UserID: ev.UserID, EventType: ev.EventType, Payload: ev.Payload, Metadata: ev.Metadata})
+			items = append(items, appendItem{HostID: ev.HostID, UserID: ev.UserID, EventType: ev.EventType, Payload: ev.Payload,
+				Metadata: metadata(ev), IdempotencyKey: ev.IdempotencyKey})
 		}
 		body, err := json.Marshal(items)
 		if err != nil {
 			return nil, fmt.Errorf("append: encode: %w", err)
 		}
 		sql, args := offsets.AppendSQL(t, body)
-		stmts = append(stmts, appendStmt{topic: t, idx: idx, sql: sql, args: args})
+		if keyed {
+			sql, args = offsets.AppendKeyedSQL(t, body)
+		}
+		stmts = append(stmts, appendStmt{topic: t, idx: idx, keyed: keyed, sql: sql, args: args})
 	}
 	return stmts, nil
 }

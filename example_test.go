@@ -10,13 +10,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/pgeventstest"
 )
 
-// databaseURL is where the examples run: a fresh database of the test
-// harness, migrated, with topic 1 of 8 partitions (`consumer migrate` makes
-// the same). In an application it comes from the configuration.
-func databaseURL() string { return pgtest.ExampleDB(8) }
+// databaseURL is where the examples run: a fresh database from
+// pgeventstest, migrated, with topic 1 of 8 partitions (`consumer migrate`
+// makes the same). In an application it comes from the configuration.
+func databaseURL() string { return pgeventstest.ExampleDB(nil) }
 
 // Appending events inside the business transaction: they become visible,
 // and are handled, only if the transaction commits.

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
@@ -45,13 +44,6 @@ func TestClassify(t *testing.T) {
 		{&PanicError{Value: "x"}, ClassPermanent},
 		{fmt.Errorf("%w %q", ErrUnknownEventType, "x"), ClassPermanent},
 		{Permanent(pg("40001")), ClassPermanent}, // the handler's word wins
-		{kerr.NotEnoughReplicas, ClassTransient},
-		{fmt.Errorf("records have timed out, last err: %w", kerr.NotLeaderForPartition), ClassTransient},
-		{kerr.UnknownTopicOrPartition, ClassDeployment},
-		{kerr.TopicAuthorizationFailed, ClassDeployment},
-		{fmt.Errorf("%w (uncompressed_bytes=9)", kerr.MessageTooLarge), ClassPermanent},
-		{kerr.InvalidRecord, ClassPermanent},
-		{kerr.OffsetOutOfRange, ClassUnknown},
 		{errors.New("something else"), ClassUnknown},
 		{pg("P0001"), ClassUnknown},
 	}

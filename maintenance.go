@@ -41,8 +41,9 @@ type Maintenance struct {
 	// DeadGroups lists the groups whose subscription became DEAD.
 	DeadGroups []string
 	// Pruned counts the rows deleted from partition_tails and
-	// consumer_positions: all but the newest of each partition, which are
-	// what appends and batches read.
+	// consumer_positions (all but the newest of each partition, which are
+	// what appends and batches read) and from idempotency_keys (those past
+	// the topic's window).
 	Pruned int64
 	// Retention is what retention found and removed.
 	Retention pgeventstype.Retention
@@ -99,6 +100,11 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, topic int, logger *zerolo
 	}
 	if out.Pruned, err = offsets.PruneHistory(ctx, conn, topic); err != nil {
 		log.Warn().Err(err).Msg("could not prune the tails and positions appends and batches left behind")
+	}
+	if keys, err := offsets.PruneKeys(ctx, conn, topic); err != nil {
+		log.Warn().Err(err).Msg("could not delete the idempotency keys past the topic's window")
+	} else {
+		out.Pruned += keys
 	}
 	if out.Retention, err = offsets.ApplyRetention(ctx, conn, topic); err != nil {
 		return out, fmt.Errorf("pgevents: retention of topic %d: %w", topic, err)

@@ -46,6 +46,7 @@ func (w *worker) retry(ctx context.Context, err error) {
 		breakerOpen: w.breakerTripped(),
 	})
 	w.c.cfg.Observer.BatchFailed(w.partition, class)
+	w.failSpan(err, class, v.String())
 	if class == ClassDeployment {
 		w.c.deployment.Add(1)
 	}

@@ -73,9 +73,23 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		return false, nil
 	}
 
+	if w.c.trace != nil {
+		ctx, w.span = w.c.trace.startBatch(ctx, w.partition, evs)
+	}
 	st := batchState{w: w, ctx: ctx, tx: handlerTx{Tx: tx, epoch: epoch}, parked: cl.Parked,
 		first: evs[0].Offset, e2e: w.e2e[:0], lastSQL: start,
 		batch: &Batch{group: cfg.GroupID, topic: cfg.TopicID, partition: w.partition, start: evs[0].Offset}}
+	if w.span != nil {
+		defer func() {
+			if err == nil {
+				// Committed, or ended before its first unit (a halt, a
+				// cut). A failure's span is ended by retry, which decides
+				// what comes next.
+				endBatch(w.span, &st)
+				w.span = nil
+			}
+		}()
+	}
 	st.arm()
 	defer st.disarm()
 	committed := false
@@ -347,6 +361,9 @@ func (st *batchState) closeUnit() error {
 		if err != nil {
 			return err
 		}
+		if w.span != nil {
+			unitEvent(w.span, "dead-lettered", st.unitFirst, st.last, f.err.Error())
+		}
 		if park {
 			// The rest of this batch parks the unit's hosts too: every
 			// host of the unit was recorded by addParked as the unit went
@@ -361,6 +378,9 @@ func (st *batchState) closeUnit() error {
 	case actPark:
 		if err := offsets.ParkEvents(ctx, st.tx.Tx, w.sql, cfg.GroupID, cfg.TopicID, w.partition, st.unitFirst, st.last, st.parkFor); err != nil {
 			return err
+		}
+		if w.span != nil {
+			unitEvent(w.span, "parked", st.unitFirst, st.last, "")
 		}
 		st.parkedUnits++
 	}

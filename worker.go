@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgevents/pgevents/internal/batching"
 	"github.com/pgevents/pgevents/internal/offsets"
@@ -59,6 +60,9 @@ var keys = batching.Keys[Event]{
 // allows a transaction to sit idle beyond one unit's budget, so that slow
 // handlers that only call out never hit idle_in_transaction_session_timeout.
 type worker struct {
+	// span is the span of the batch in flight, or of the last one, failed,
+	// until retry ends it; nil when the consumer does not trace.
+	span      trace.Span
 	c         *Consumer
 	lr        *layoutRun
 	partition int
@@ -245,11 +249,13 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				// off: the batch rolled back, the new owner handles it.
 				w.epoch.CompareAndSwap(epoch, 0)
 				w.unpin()
+				w.failSpan(err, ClassTransient, "lease lost")
 				w.log.Warn().Int64("epoch", epoch).Int64("next_offset", w.next.Load()).Msg("partition lease lost; batch rolled back")
 				break
 			}
 			if err != nil {
 				if ctx.Err() != nil {
+					w.failSpan(err, Classify(err), "shutdown")
 					return nil
 				}
 				w.retry(ctx, err)
@@ -292,5 +298,14 @@ func (w *worker) lost() {
 	w.epoch.Store(0)
 	if cancel := w.hcancel.Load(); cancel != nil {
 		(*cancel)(offsets.ErrLeaseLost)
+	}
+}
+
+// failSpan ends the span of the batch that failed with err, if the
+// consumer traces, saying what comes next.
+func (w *worker) failSpan(err error, class Class, next string) {
+	if w.span != nil {
+		failBatch(w.span, err, class, next)
+		w.span = nil
 	}
 }

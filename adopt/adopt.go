@@ -179,11 +179,13 @@ func (o *Options) validate() error {
 			return fmt.Errorf("adopt: map %s: %q is not an expression", k, v)
 		}
 	}
-	if o.Partitions < 0 || o.Partitions > 1024 {
-		return fmt.Errorf("adopt: partitions must be between 1 and 1024, got %d", o.Partitions)
+	if o.Partitions != 0 {
+		if err := schema.ValidPartitions(o.Partitions); err != nil {
+			return fmt.Errorf("adopt: partitions %w", err)
+		}
 	}
-	if o.SegmentSize < 1000 {
-		return fmt.Errorf("adopt: segment size must be at least 1000, got %d", o.SegmentSize)
+	if o.SegmentSize < schema.MinSegmentSize {
+		return fmt.Errorf("adopt: segment size must be at least %d, got %d", schema.MinSegmentSize, o.SegmentSize)
 	}
 	return nil
 }

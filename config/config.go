@@ -5,16 +5,9 @@ import (
 	"time"
 )
 
-// Limits enforced by validation.
-const (
-	maxGroupIDLen      = 200
-	maxTotalPartitions = 1024
-	maxIdentifierLen   = 63
-
-	// maxMillis is the largest millisecond count that still fits in a
-	// time.Duration, so the duration helpers can never overflow.
-	maxMillis = int(math.MaxInt64 / int64(time.Millisecond))
-)
+// maxMillis is the largest millisecond count that still fits in a
+// time.Duration, so the duration helpers can never overflow.
+const maxMillis = int(math.MaxInt64 / int64(time.Millisecond))
 
 // envDatabaseURL names the environment variable that overrides databaseUrl.
 const envDatabaseURL = "DATABASE_URL"
@@ -37,13 +30,14 @@ type Config struct {
 	// the same names (an application's own log_counter or
 	// dead_letter_queue, say) and handlers still see the application's
 	// tables through the search_path. Defaults to "", the first schema of
-	// the search_path; otherwise it must satisfy [IsValidIdentifier] and
-	// not start with pg_. Top level only: every group of a process shares
-	// it.
+	// the search_path; otherwise it must be a schema name
+	// schema.ValidName accepts (a lowercase identifier, not starting with
+	// pg_). Top level only: every group of a process shares it.
 	Schema string `yaml:"schema"`
 
 	// GroupID names the consumer group whose offsets this process reads
-	// and commits. It is required and at most 200 characters long.
+	// and commits. It is required and at most
+	// pgevents.MaxGroupIDLength (200) characters long.
 	GroupID string `yaml:"groupId"`
 
 	// TopicID is the topic to consume. Defaults to 1; must be greater than
@@ -55,7 +49,7 @@ type Config struct {
 	BatchSize int `yaml:"batchSize"`
 
 	// TotalPartitions is the number of partitions events are spread over.
-	// Defaults to 8; must be between 1 and 1024.
+	// Defaults to 8; must be between 1 and schema.MaxPartitions (1024).
 	TotalPartitions int `yaml:"totalPartitions"`
 
 	// PartitionID is the one partition this process serves, or -1 for
@@ -71,8 +65,9 @@ type Config struct {
 	// Channel is the PostgreSQL LISTEN/NOTIFY channel announcing new
 	// events. It is a property of the topic: `consumer migrate` writes it,
 	// appends notify it, and a consumer configured with another channel
-	// refuses to start. Defaults to "event_channel"; must satisfy
-	// [IsValidIdentifier].
+	// refuses to start. Defaults to "": the topic's channel (see
+	// schema.ChannelFor); otherwise it must be an identifier
+	// (schema.ValidIdentifier).
 	Channel string `yaml:"channel"`
 
 	// LogLevel is the minimum level logged: "debug", "info", "warn" or
@@ -91,7 +86,8 @@ type Config struct {
 	UnknownEventType string `yaml:"unknownEventType"`
 
 	// MaxConns caps the database connection pool. Defaults to 0, meaning
-	// the number of partitions served plus 4; must not be negative.
+	// what the groups need (pgevents.PoolSize of the partitions each
+	// serves, summed); must not be negative. See [Config.PoolSize].
 	MaxConns int `yaml:"maxConns"`
 
 	// ShutdownTimeoutMs is how long, in milliseconds, a graceful shutdown
@@ -123,7 +119,7 @@ type Config struct {
 	// MaxDeadLetterRate is the circuit breaker against a bad deploy: when a
 	// partition has dead-lettered this many units within
 	// DeadLetterWindowMs, the next permanent failure halts it. Defaults to
-	// 100; -1 disables the breaker; otherwise must be greater than 0.
+	// 100; -1 (any negative value) disables the breaker; 0 is refused.
 	MaxDeadLetterRate int `yaml:"maxDeadLetterRate"`
 
 	// DeadLetterWindowMs is the breaker's window, in milliseconds.
@@ -132,8 +128,10 @@ type Config struct {
 
 	// HandlerTimeoutMs bounds the handling of one unit per batchSize events,
 	// in milliseconds; running out is a transient failure. Defaults to
-	// 30000; must be greater than 0, and shorter than
-	// IdleInTransactionTimeoutMs when that is set.
+	// 30000; must be greater than 0, and shorter than the sessions'
+	// idle_in_transaction_session_timeout (IdleInTransactionTimeoutMs,
+	// unless the URL sets another), which consumer run checks when it
+	// starts.
 	HandlerTimeoutMs int `yaml:"handlerTimeoutMs"`
 
 	// StatementTimeoutMs is the statement_timeout of consumer connections,
@@ -258,7 +256,9 @@ type Handler struct {
 	EventType string `yaml:"eventType"`
 
 	// Type is the kind of handler: "log" writes each event to Output;
-	// "sql" runs Statement. It is required.
+	// "sql" runs Statement; "kafka" and "http" relay events (see below);
+	// "go" runs the Go handler registered as Name in the binary
+	// (consumercli.CLI.Handlers). It is required.
 	Type string `yaml:"type"`
 
 	// Statement is the SQL run for each event. It is required when Type
@@ -271,11 +271,16 @@ type Handler struct {
 	// Type is "sql".
 	Output string `yaml:"output"`
 
-	// The keys below belong to the relays, types "kafka" and "http"
-	// (see the packages sink/kafka and sink/http); they must be empty for
-	// the other types.
+	// The keys below belong to the relays, types "kafka" and "http" (see
+	// the packages sink/kafka and sink/webhook, whose Options they map to
+	// and whose Validate checks them; see [Handler.KafkaOptions] and
+	// [Handler.WebhookOptions]), and name to type go too; they must be
+	// empty for the other types.
 
-	// Name tells a relay's metrics apart (label sink); default the type.
+	// Name is, for type go, the name the Go handler was registered under
+	// (required; a name the binary does not have is refused when consumer
+	// run starts). For a relay it tells its metrics apart (label sink);
+	// default the type.
 	Name string `yaml:"name"`
 	// Format is the shape of what a relay sends: "raw" (default) or
 	// "cloudevents" for kafka; "json" (default) or "cloudevents" for http.

@@ -11,8 +11,8 @@ import (
 // pgevents.Default constants, and the topic's are schema's.
 const (
 	// DefaultTotalPartitions is totalPartitions when the file leaves it
-	// out (pgevents.Config requires it).
-	DefaultTotalPartitions = 8
+	// out (pgevents.Config requires it): schema.DefaultPartitions.
+	DefaultTotalPartitions = schema.DefaultPartitions
 	// DefaultRetention is how long a topic keeps what every group handled.
 	DefaultRetention = "7d"
 	// DefaultZeroSubscriptionRetention is how long a topic without

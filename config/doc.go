@@ -22,6 +22,18 @@
 //  3. The environment override is applied (see below).
 //  4. The result is validated by the same rules as [Config.Validate].
 //
+// The rules of a value live once, where its option is defined: the keys of
+// a consumer group are mapped to a pgevents.Config ([Config.Consumer]) and
+// checked by pgevents.Config.Validate, the keys of a relay are mapped to
+// its Options ([Handler.KafkaOptions], [Handler.WebhookOptions]) and
+// checked by their Validate, identifiers by schema.ValidIdentifier. Their
+// errors are reported here under the file's keys. This package checks
+// only what the file alone has: its own keys (databaseUrl, logging, the
+// pool, retention, the metrics server), groups, handler types, and its
+// encoding of the others: durations in milliseconds, partitionId -1 for
+// every partition, and no 0 for a value whose zero means the default in
+// Go (leave the key out for the default).
+//
 // Keys use camelCase, exactly as spelled in the yaml tags documented on
 // [Config] and [Handler]. A typical file:
 //

@@ -242,7 +242,7 @@ var handlerInts = map[string]func(h *Handler) *int{
 // handler types that take it.
 var handlerKeyTypes = map[string][]string{
 	"statement": {handlerSQL}, "output": {handlerLog},
-	"name": {handlerKafka, handlerHTTP}, "format": {handlerKafka, handlerHTTP}, "source": {handlerKafka, handlerHTTP},
+	"name": {handlerKafka, handlerHTTP, handlerGo}, "format": {handlerKafka, handlerHTTP}, "source": {handlerKafka, handlerHTTP},
 	"tls": {handlerKafka, handlerHTTP}, "brokers": {handlerKafka}, "topic": {handlerKafka}, "key": {handlerKafka},
 	"sasl": {handlerKafka}, "deliveryTimeoutMs": {handlerKafka}, "maxRecordBytes": {handlerKafka},
 	"url": {handlerHTTP}, "method": {handlerHTTP}, "headers": {handlerHTTP}, "timeoutMs": {handlerHTTP},

@@ -14,7 +14,7 @@ import (
 )
 
 const (
-	// auditInsertSQL records an action (console_audit, migration 0010).
+	// auditInsertSQL records an action (console_audit, migration 0011).
 	auditInsertSQL = `INSERT INTO {schema}console_audit
     (actor, remote, action, topic_id, group_id, partition_id, dead_letter_id, detail, outcome)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`

@@ -37,7 +37,7 @@
 // DiscardDeadLetter through a [Resolver] (replay runs the group's
 // handlers, which a console is given by the process that serves it).
 // Each action writes a log line and a row of console_audit (migration
-// 0010), which the pages show: a reset, a pause, a resume and an unhalt
+// 0011), which the pages show: a reset, a pause, a resume and an unhalt
 // write their row in the action's own transaction, so the row exists if
 // and only if the action committed; a replay or discard writes it right
 // after, with the outcome. A reset is previewed first: the console runs

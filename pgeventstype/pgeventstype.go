@@ -39,6 +39,11 @@ type Event struct {
 	Metadata json.RawMessage `json:"metadata,omitempty"`
 	// CreatedAt is the database clock at append (clock_timestamp()).
 	CreatedAt time.Time `json:"created_at"`
+	// IdempotencyKey, when set, makes an append idempotent: within the
+	// topic's idempotency window, a second append of the key to the topic
+	// appends nothing and returns the first one's offset. Append reads it;
+	// it is not stored with the event (a handler sees it empty).
+	IdempotencyKey string `json:"-"`
 }
 
 // DeadLetter is a unit (the partition-local slice of one producer

@@ -59,25 +59,69 @@ func Name(ctx context.Context) string {
 	return n
 }
 
-// ValidName reports why name cannot be pgevents' schema, or nil: it must be
-// a lowercase identifier, [a-z_][a-z0-9_]*, of at most 63 bytes, not
-// starting with pg_ (reserved for the system).
-func ValidName(name string) error {
-	if name == "" || len(name) > 63 {
-		return fmt.Errorf("schema name %q: must be 1 to 63 bytes", name)
+// MaxIdentifierLength is the longest identifier PostgreSQL keeps: it
+// truncates longer names (NAMEDATALEN - 1 bytes).
+const MaxIdentifierLength = 63
+
+// ValidIdentifier reports why s cannot be written unquoted as a PostgreSQL
+// identifier (pgevents' schema, a topic's LISTEN channel) and still mean
+// exactly s, or nil: it must match [a-z_][a-z0-9_]*, be at most
+// MaxIdentifierLength bytes long (the server truncates longer names), and
+// not be a reserved key word. It is the one rule for identifiers: the YAML
+// configuration and pgevents.Config both check with it.
+func ValidIdentifier(s string) error {
+	if s == "" || len(s) > MaxIdentifierLength {
+		return fmt.Errorf("%q must be a lowercase identifier of 1 to %d bytes", s, MaxIdentifierLength)
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
+	for i := 0; i < len(s); i++ {
+		c := s[i]
 		if c == '_' || 'a' <= c && c <= 'z' || i > 0 && '0' <= c && c <= '9' {
 			continue
 		}
-		return fmt.Errorf("schema name %q: must be a lowercase identifier ([a-z_][a-z0-9_]*)", name)
+		return fmt.Errorf("%q must be a lowercase identifier ([a-z_][a-z0-9_]*)", s)
+	}
+	if _, reserved := reservedWords[s]; reserved {
+		return fmt.Errorf("%q is a reserved key word, which is not an identifier unquoted", s)
+	}
+	return nil
+}
+
+// ValidName reports why name cannot be pgevents' schema, or nil: it must
+// be a valid identifier (ValidIdentifier) not starting with pg_ (reserved
+// for the system).
+func ValidName(name string) error {
+	if err := ValidIdentifier(name); err != nil {
+		return fmt.Errorf("schema name %w", err)
 	}
 	if strings.HasPrefix(name, "pg_") {
 		return fmt.Errorf("schema name %q: names starting with pg_ are reserved for the system", name)
 	}
 	return nil
 }
+
+// reservedWords holds the PostgreSQL key words that cannot be used as an
+// unquoted identifier: the "reserved" and "reserved (can be function or
+// type)" categories of the key word table.
+var reservedWords = func() map[string]struct{} {
+	words := strings.Fields(`
+		all analyse analyze and any array as asc asymmetric authorization
+		binary both case cast check collate collation column concurrently
+		constraint create cross current_catalog current_date current_role
+		current_schema current_time current_timestamp current_user default
+		deferrable desc distinct do else end except false fetch for foreign
+		freeze from full grant group having ilike in initially inner
+		intersect into is isnull join lateral leading left like limit
+		localtime localtimestamp natural not notnull null offset on only or
+		order outer overlaps placing primary references returning right
+		select session_user similar some symmetric system_user table
+		tablesample then to trailing true union unique user using variadic
+		verbose when where window with`)
+	m := make(map[string]struct{}, len(words))
+	for _, w := range words {
+		m[w] = struct{}{}
+	}
+	return m
+}()
 
 // SQL returns sql with every Marker replaced by the schema of ctx, quoted
 // and followed by a dot, or removed when ctx names none. Results are

@@ -204,6 +204,24 @@ func ChannelUsers(ctx context.Context, db DB, channel string) ([]ChannelUser, er
 	return out, nil
 }
 
+// DefaultIdempotencyWindow is how long a topic keeps its idempotency keys
+// unless SetIdempotencyWindow says otherwise; see migration 0010.
+const DefaultIdempotencyWindow = 24 * time.Hour
+
+// SetIdempotencyWindow sets how long an idempotency key of the topic makes
+// a second append of it a duplicate. Keys older than that are appended
+// again, and maintenance deletes them, so the keys kept are about one
+// window's.
+func SetIdempotencyWindow(ctx context.Context, db DB, id int, window time.Duration) error {
+	if window <= 0 {
+		return fmt.Errorf("schema: idempotency window of topic %d: must be positive, got %s", id, window)
+	}
+	if _, err := db.Exec(ctx, SQL(ctx, `SELECT {schema}set_idempotency_window($1, $2::interval)`), id, window.String()); err != nil {
+		return fmt.Errorf("schema: idempotency window of topic %d: %w", id, err)
+	}
+	return nil
+}
+
 // Offset allocations of a topic; see migration 0006.
 const (
 	// AllocationCounter draws offsets from the topic's counter row: gapless

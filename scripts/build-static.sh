@@ -36,6 +36,6 @@ case "$1" in
 esac
 
 ldflags="-s -w"
-[ -z "$version" ] || ldflags="$ldflags -X 'github.com/pgevents/pgevents/internal/cli.version=$version'"
-[ -z "$commit" ] || ldflags="$ldflags -X 'github.com/pgevents/pgevents/internal/cli.commit=$commit'"
+[ -z "$version" ] || ldflags="$ldflags -X 'github.com/pgevents/pgevents/cmd/consumer/consumercli.version=$version'"
+[ -z "$commit" ] || ldflags="$ldflags -X 'github.com/pgevents/pgevents/cmd/consumer/consumercli.commit=$commit'"
 CGO_ENABLED=0 exec go build -trimpath -ldflags "$ldflags" -o "$out" ./cmd/consumer

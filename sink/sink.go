@@ -1,5 +1,5 @@
 // Package sink holds what the relay handlers share: sink/kafka produces
-// events to Kafka, sink/http sends them to an HTTP endpoint. Both are
+// events to Kafka, sink/webhook sends them to an HTTP endpoint. Both are
 // ordinary pgevents handlers, built in Go or from the `kafka` and `http`
 // handler types of db-event-consumer.yml.
 //
@@ -51,6 +51,10 @@ import (
 
 	"github.com/pgevents/pgevents"
 )
+
+// DefaultSource is the CloudEvents source attribute of the relays' events
+// in format cloudevents, unless their options name another.
+const DefaultSource = "pgevents"
 
 // Metrics are the relays' Prometheus metrics. One Metrics serves every
 // relay of a process; each relay records under its own labels (see
@@ -235,9 +239,21 @@ type TLSFiles struct {
 	KeyFile  string
 }
 
+// Validate reports what is wrong with the names themselves, without
+// reading the files: CertFile and KeyFile go together.
+func (f TLSFiles) Validate() error {
+	if (f.CertFile == "") != (f.KeyFile == "") {
+		return errors.New("tls: certFile and keyFile go together")
+	}
+	return nil
+}
+
 // Config loads the files into a TLS client configuration (TLS 1.2 or
 // later).
 func (f TLSFiles) Config() (*tls.Config, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if f.CAFile != "" {
 		pem, err := os.ReadFile(f.CAFile)
@@ -250,15 +266,59 @@ func (f TLSFiles) Config() (*tls.Config, error) {
 		}
 		cfg.RootCAs = pool
 	}
-	switch {
-	case f.CertFile != "" && f.KeyFile != "":
+	if f.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("tls: certFile/keyFile: %w", err)
 		}
 		cfg.Certificates = []tls.Certificate{cert}
-	case f.CertFile != "" || f.KeyFile != "":
-		return nil, errors.New("tls: certFile and keyFile go together")
 	}
 	return cfg, nil
 }
+
+// ErrInvalidOptions is wrapped by every *OptionError.
+var ErrInvalidOptions = errors.New("invalid options")
+
+// OptionError is an option a relay refuses, named by its key in
+// db-event-consumer.yml (brokers, topic, url, deliveryTimeoutMs, ...), so
+// that the YAML layer reports a relay's own rules under the file's keys
+// instead of restating them. A relay's Options.Validate returns every
+// OptionError of its options, joined (errors.Join); New returns the same.
+type OptionError struct {
+	// Relay is the relay's name in messages: "kafka sink" or "webhook".
+	Relay string
+	// Key is the option's key in the YAML file.
+	Key string
+	// Entry names the item of a list or map option at fault, as it
+	// extends Key in the file: "[1]" for brokers[1], ".Authorization" for
+	// headers.Authorization; empty when the option as a whole is at fault.
+	Entry string
+	// Msg says what is wrong.
+	Msg string
+}
+
+// Path returns the option's key with its entry: "brokers[1]".
+func (e *OptionError) Path() string { return e.Key + e.Entry }
+
+// Error names the relay and the option.
+func (e *OptionError) Error() string { return e.Relay + ": " + e.Path() + ": " + e.Msg }
+
+// Unwrap returns ErrInvalidOptions.
+func (e *OptionError) Unwrap() error { return ErrInvalidOptions }
+
+// OptionErrors collects the *OptionError values of a relay's options, for
+// its Options.Validate.
+type OptionErrors struct {
+	// Relay is the relay's name in messages, as OptionError.Relay.
+	Relay string
+	errs  []error
+}
+
+// Add records that the option at key (and entry, see OptionError) is
+// wrong, as the format says.
+func (o *OptionErrors) Add(key, entry, format string, args ...any) {
+	o.errs = append(o.errs, &OptionError{Relay: o.Relay, Key: key, Entry: entry, Msg: fmt.Sprintf(format, args...)})
+}
+
+// Err returns nil, or the errors.Join of every error added, in order.
+func (o *OptionErrors) Err() error { return errors.Join(o.errs...) }

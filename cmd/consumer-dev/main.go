@@ -7,19 +7,11 @@
 package main
 
 import (
-	"context"
-	"os"
-	"os/signal"
-	"syscall"
-
+	"github.com/pgevents/pgevents/cmd/consumer/consumercli"
 	"github.com/pgevents/pgevents/internal/bench"
-	"github.com/pgevents/pgevents/internal/cli"
 	"github.com/pgevents/pgevents/internal/demo"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, demo.Command, bench.Command)
-	stop()
-	os.Exit(code)
+	(&consumercli.CLI{Commands: []consumercli.Command{demo.Command, bench.Command}}).Execute()
 }

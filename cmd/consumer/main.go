@@ -1,19 +1,11 @@
 // Command consumer runs pgevents consumer groups and administers the log:
-// see package internal/cli for its commands, or run `consumer -h`.
+// see package consumercli for its commands, or run `consumer -h`. A
+// service with Go handlers builds the same binary around them with
+// consumercli.CLI.
 package main
 
-import (
-	"context"
-	"os"
-	"os/signal"
-	"syscall"
-
-	"github.com/pgevents/pgevents/internal/cli"
-)
+import "github.com/pgevents/pgevents/cmd/consumer/consumercli"
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, cli.Delegate("demo"), cli.Delegate("bench"))
-	stop()
-	os.Exit(code)
+	(&consumercli.CLI{Commands: []consumercli.Command{consumercli.Delegate("demo"), consumercli.Delegate("bench")}}).Execute()
 }

@@ -19,7 +19,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgevents/pgevents/internal/cli"
+	"github.com/pgevents/pgevents/cmd/consumer/consumercli"
 )
 
 // benchCase is one case of `consumer bench`: a name for --only, a line for
@@ -56,10 +56,10 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	dir := fs.String("dir", ".pgevents-bench", "folder of the throwaway PostgreSQL, unless DATABASE_URL is set")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (producers and in-process consumers) to `file`")
 	if err := fs.Parse(args); err != nil {
-		return cli.Usage(err)
+		return consumercli.Usage(err)
 	}
 	if fs.NArg() > 0 {
-		return cli.Usagef("bench: unexpected argument %q", fs.Arg(0))
+		return consumercli.Usagef("bench: unexpected argument %q", fs.Arg(0))
 	}
 	cases, err := selectBenchCases(*only)
 	if err != nil {
@@ -151,7 +151,7 @@ func selectBenchCases(only string) ([]benchCase, error) {
 			continue
 		}
 		if !slices.Contains(benchCaseNames(), n) {
-			return nil, cli.Usagef("bench: --only: unknown case %q (cases: %s)", n, strings.Join(benchCaseNames(), ", "))
+			return nil, consumercli.Usagef("bench: --only: unknown case %q (cases: %s)", n, strings.Join(benchCaseNames(), ", "))
 		}
 		want[n] = true
 	}
@@ -168,4 +168,4 @@ func selectBenchCases(only string) ([]benchCase, error) {
 }
 
 // Command is `consumer-dev bench`.
-var Command = cli.Command{Name: "bench", Run: benchCmd}
+var Command = consumercli.Command{Name: "bench", Run: benchCmd}

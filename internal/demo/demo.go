@@ -24,7 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/internal/cli"
+	"github.com/pgevents/pgevents/cmd/consumer/consumercli"
 	"github.com/pgevents/pgevents/internal/latency"
 	"github.com/pgevents/pgevents/internal/pgcluster"
 	"github.com/pgevents/pgevents/schema"
@@ -44,13 +44,13 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	sinkName := fs.String("sink", "log", "where handled events go: log (a JSON file) or kafka (relayed to an in-process Kafka broker)")
 	consoleAddr := fs.String("console", "127.0.0.1:0", "address of the operator console served while the demo runs (port 0: a free one); off: none")
 	if err := fs.Parse(args); err != nil {
-		return cli.Usage(err)
+		return consumercli.Usage(err)
 	}
 	if *sinkName != "log" && *sinkName != "kafka" {
-		return cli.Usagef("demo: --sink must be log or kafka, got %q", *sinkName)
+		return consumercli.Usagef("demo: --sink must be log or kafka, got %q", *sinkName)
 	}
 	if *rate <= 0 || *hosts <= 0 || *partitions <= 0 || *duration <= 0 {
-		return cli.Usagef("demo: --rate, --hosts, --partitions and --duration must be positive")
+		return consumercli.Usagef("demo: --rate, --hosts, --partitions and --duration must be positive")
 	}
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
 		return err
@@ -253,4 +253,4 @@ func fmtDur(d time.Duration) string {
 }
 
 // Command is `consumer-dev demo`.
-var Command = cli.Command{Name: "demo", Run: demoCmd}
+var Command = consumercli.Command{Name: "demo", Run: demoCmd}

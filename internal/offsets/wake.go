@@ -178,3 +178,13 @@ func PruneHistory(ctx context.Context, db Querier, topic int) (int64, error) {
 	}
 	return n, nil
 }
+
+// PruneKeys deletes the idempotency keys of topic older than its window
+// (SQL prune_keys), and returns how many it deleted.
+func PruneKeys(ctx context.Context, db Querier, topic int) (int64, error) {
+	var n int64
+	if err := db.QueryRow(ctx, schema.SQL(ctx, `SELECT {schema}prune_keys($1)`), topic).Scan(&n); err != nil {
+		return 0, fmt.Errorf("offsets: prune idempotency keys: %w", err)
+	}
+	return n, nil
+}

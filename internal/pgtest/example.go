@@ -3,49 +3,26 @@ package pgtest
 import (
 	"context"
 	"fmt"
-	neturl "net/url"
 	"sync"
 	"testing"
-
-	"github.com/pgevents/pgevents/schema"
 )
 
-// ExampleDB returns the URL of a fresh migrated database holding topic 1
-// with the given partition count, for a runnable example (an example has
-// no testing.TB). In schema mode the URL's sessions search pgevents'
-// schema first, so that an example's plain names find it. The database is
-// dropped when the test binary's tests and examples have run; a failure
-// panics, which fails the example.
-func ExampleDB(partitions int) string {
-	tb := &exampleTB{name: "example"}
-	url := MigratedDB(tb)
-	ctx := Context(context.Background())
-	pool := Pool(tb, url)
-	defer pool.Close()
-	if _, _, err := schema.EnsureTopicSpec(ctx, pool, schema.TopicSpec{ID: 1, Partitions: partitions, Scope: Scope()}); err != nil {
-		panic(fmt.Sprintf("pgtest: example topic: %v", err))
-	}
-	if n := Schema(); n != "" {
-		u, err := neturl.Parse(url)
-		if err != nil {
-			panic(fmt.Sprintf("pgtest: example URL: %v", err))
-		}
-		q := u.Query()
-		q.Set("search_path", n+",public")
-		u.RawQuery = q.Encode()
-		url = u.String()
-	}
-	return url
-}
+// ExampleTB returns the testing.TB of a runnable example, which has none,
+// for the helpers of this package and of pgeventstest: Fatal panics (which
+// fails the example), Errorf (a cleanup's) panics too, and Cleanup defers
+// to the end of the test binary, after its tests and examples have run
+// (Main). Methods the helpers do not call panic (the embedded interface is
+// nil).
+func ExampleTB(name string) testing.TB { return &exampleTB{name: name} }
 
-// exampleCleanups are the cleanups of ExampleDB's databases, run by Main
+// exampleCleanups are the cleanups of the examples' resources, run by Main
 // after the tests and examples.
 var (
 	exampleMu       sync.Mutex
 	exampleCleanups []func()
 )
 
-// runExampleCleanups runs the cleanups ExampleDB registered, newest first.
+// runExampleCleanups runs the cleanups ExampleTB registered, newest first.
 func runExampleCleanups() {
 	exampleMu.Lock()
 	defer exampleMu.Unlock()
@@ -55,10 +32,6 @@ func runExampleCleanups() {
 	exampleCleanups = nil
 }
 
-// exampleTB is the testing.TB of an example: Fatal panics (failing the
-// example), Errorf (a cleanup's) prints, Cleanup defers to the end of the
-// test binary. Methods pgtest does not call panic (the
-// embedded interface is nil).
 type exampleTB struct {
 	testing.TB
 	name string

@@ -1,5 +1,5 @@
 // Package sinktest holds test helpers for the relays (sink/kafka,
-// sink/http) and the binary's relay tests: running a consumer on the
+// sink/webhook) and the binary's relay tests: running a consumer on the
 // production pool settings, reading back what reached Kafka, and checking
 // it against the log: every event present, duplicates only of events
 // already delivered, per-host order once duplicates are removed.

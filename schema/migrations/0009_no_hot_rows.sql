@@ -261,13 +261,30 @@ BEGIN
 END;
 $$;
 
--- lock_partitions takes the append locks of partitions ps (ascending) of a
--- topic of scope 'partition' and returns the topic's partition count, read
--- under them: repartition_topic takes every partition's lock, so the count
--- cannot change before the caller's transaction ends. If it changed since
--- the caller computed ps with np, the caller computes them again and calls
--- once more.
-CREATE FUNCTION lock_partitions(p_topic_id integer, ps integer[]) RETURNS integer
+-- Append locks under scope 'partition'. An append takes the topic's append
+-- key shared, then reads the partition count, then takes the append keys
+-- of the partitions it writes, exclusive, in ascending order, all held to
+-- commit. lock_appends (repartition_topic) takes the topic's key exclusive,
+-- so the count cannot change while an append holds it, and every
+-- transaction takes these keys in one order (the topic's, then partitions
+-- ascending): one append call per transaction cannot deadlock, however the
+-- count changes. (A partition's key taken before the count was known, and
+-- a lower one after, would: found by TestFailureModel, seeds
+-- 1795532250383803670 and 1795532254678770967.)
+--
+-- lock_layout takes the topic's append key shared and returns the
+-- partition count, read under it.
+CREATE FUNCTION lock_layout(p_topic_id integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(lock_key('append', p_topic_id::text));
+    RETURN (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = p_topic_id);
+END;
+$$;
+
+-- lock_partitions takes the append keys of partitions ps (ascending) of a
+-- topic of scope 'partition', the caller holding lock_layout.
+CREATE FUNCTION lock_partitions(p_topic_id integer, ps integer[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     p integer;
@@ -275,16 +292,15 @@ BEGIN
     FOREACH p IN ARRAY ps LOOP
         PERFORM pg_advisory_xact_lock(lock_key('append', p_topic_id || '/' || p));
     END LOOP;
-    RETURN (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = p_topic_id);
 END;
 $$;
 
--- append_event appends one event in the caller's transaction and returns its
--- offset (per partition under scope 'partition'). Call it as late in the
--- transaction as possible: the append lock (the partition's under scope
--- 'partition', the topic's under scope 'topic') stays held from here to
--- commit.
-CREATE OR REPLACE FUNCTION append_event(
+-- append_one appends one event in the caller's transaction and returns its
+-- offset (per partition under scope 'partition'); append_event calls it.
+-- Call it as late in the transaction as possible: the append lock (the
+-- partition's under scope 'partition', the topic's under scope 'topic')
+-- stays held from here to commit.
+CREATE FUNCTION append_one(
     topic_id integer,
     host_id text,
     user_id text,
@@ -313,9 +329,9 @@ BEGIN
     END IF;
     PERFORM refuse_snapshot();
     SELECT c.offset_scope, c.allocation, c.channel, c.wake, c.total_partitions, c.appends INTO t
-      FROM log_counter c WHERE c.topic_id = append_event.topic_id;
+      FROM log_counter c WHERE c.topic_id = append_one.topic_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'pgevents: topic % does not exist', append_event.topic_id
+        RAISE EXCEPTION 'pgevents: topic % does not exist', append_one.topic_id
             USING ERRCODE = '23503', HINT = 'create it with: consumer migrate --config FILE';
     END IF;
     IF t.appends IS NOT NULL THEN
@@ -324,65 +340,79 @@ BEGIN
     -- The partition's flight key, shared, before anything waits, and held
     -- to commit: a consumer that looks now sees an append in flight on the
     -- partition, and waits for its commit (see mark_flight). The partition
-    -- is computed again if the count changed before the append's lock was
-    -- had (repartition_topic changes it holding every append lock of the
-    -- topic).
+    -- is computed again if the count changed before the append's locks
+    -- were had (repartition_topic changes it holding the topic's append
+    -- key exclusive).
     np := t.total_partitions;
-    p := event_partition(append_event.host_id, np);
-    PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_event.topic_id || '/' || p));
+    p := event_partition(append_one.host_id, np);
+    PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_one.topic_id || '/' || p));
     -- The tails are read here, not through tail(), whose plan would be
     -- made again at every call (an SQL function with a subquery is not
     -- inlined); this function's plans are kept.
     IF t.offset_scope = 'partition' THEN
-        LOOP
-            PERFORM pg_advisory_xact_lock(lock_key('append', append_event.topic_id || '/' || p));
-            SELECT c.total_partitions INTO np2 FROM log_counter c WHERE c.topic_id = append_event.topic_id;
-            EXIT WHEN np2 = np;
-            np := np2;
-            p := event_partition(append_event.host_id, np);
-            PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_event.topic_id || '/' || p));
-        END LOOP;
+        np2 := lock_layout(append_one.topic_id);
+        IF np2 <> np THEN
+            p := event_partition(append_one.host_id, np2);
+            PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_one.topic_id || '/' || p));
+        END IF;
+        PERFORM pg_advisory_xact_lock(lock_key('append', append_one.topic_id || '/' || p));
         off := coalesce((SELECT pt.c_offset FROM partition_tails pt
-                          WHERE pt.topic_id = append_event.topic_id AND pt.partition_id = p
+                          WHERE pt.topic_id = append_one.topic_id AND pt.partition_id = p
                           ORDER BY pt.c_offset DESC LIMIT 1), 0) + 1;
     ELSE
-        PERFORM pg_advisory_xact_lock(lock_key('append', append_event.topic_id::text));
-        SELECT c.total_partitions INTO np2 FROM log_counter c WHERE c.topic_id = append_event.topic_id;
+        PERFORM pg_advisory_xact_lock(lock_key('append', append_one.topic_id::text));
+        SELECT c.total_partitions INTO np2 FROM log_counter c WHERE c.topic_id = append_one.topic_id;
         IF np2 <> np THEN
-            p := event_partition(append_event.host_id, np2);
-            PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_event.topic_id || '/' || p));
+            p := event_partition(append_one.host_id, np2);
+            PERFORM pg_try_advisory_xact_lock_shared(lock_key('flight', append_one.topic_id || '/' || p));
         END IF;
         IF t.allocation = 'sequence' THEN
-            off := nextval(offset_sequence(append_event.topic_id)::regclass);
+            off := nextval(offset_sequence(append_one.topic_id)::regclass);
         ELSE
             off := coalesce((SELECT pt.c_offset FROM partition_tails pt
-                              WHERE pt.topic_id = append_event.topic_id AND pt.partition_id = -1
+                              WHERE pt.topic_id = append_one.topic_id AND pt.partition_id = -1
                               ORDER BY pt.c_offset DESC LIMIT 1), 0) + 1;
-            INSERT INTO partition_tails VALUES (append_event.topic_id, -1, off);
+            INSERT INTO partition_tails VALUES (append_one.topic_id, -1, off);
         END IF;
     END IF;
     INSERT INTO outbox_message_t
         (c_offset, topic_id, partition_id, host_id, user_id,
          transaction_id, event_type, payload, metadata)
     VALUES
-        (off, append_event.topic_id, p,
-         append_event.host_id, coalesce(append_event.user_id, ''),
-         txid_current(), append_event.event_type,
-         append_event.payload, append_event.metadata);
-    INSERT INTO partition_tails VALUES (append_event.topic_id, p, off);
-    IF t.wake = 'always' OR NOT pg_try_advisory_xact_lock(lock_key('sleep', append_event.topic_id || '/' || p)) THEN
-        PERFORM pg_notify(t.channel, append_event.topic_id || ':' || p || '/' || off);
+        (off, append_one.topic_id, p,
+         append_one.host_id, coalesce(append_one.user_id, ''),
+         txid_current(), append_one.event_type,
+         append_one.payload, append_one.metadata);
+    INSERT INTO partition_tails VALUES (append_one.topic_id, p, off);
+    IF t.wake = 'always' OR NOT pg_try_advisory_xact_lock(lock_key('sleep', append_one.topic_id || '/' || p)) THEN
+        PERFORM pg_notify(t.channel, append_one.topic_id || ':' || p || '/' || off);
     END IF;
     RETURN off;
 END;
 $$;
 
--- append_events appends a JSON array of events, in one statement. Each
+-- append_event appends one event in the caller's transaction and returns
+-- its offset: append_one's, in SQL, so that a call is inlined into the
+-- caller's statement.
+CREATE OR REPLACE FUNCTION append_event(
+    topic_id integer,
+    host_id text,
+    user_id text,
+    event_type text,
+    payload jsonb,
+    metadata jsonb DEFAULT NULL
+)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+RETURN append_one(topic_id, host_id, user_id, event_type, payload, metadata);
+
+-- append_many appends a JSON array of events, in one statement. Each
 -- element is an object with keys host_id, user_id, event_type, payload and
 -- metadata. It returns the offsets in array order: consecutive under scope
 -- 'topic'; under scope 'partition', consecutive within each partition, in
 -- array order, the partitions' append locks taken in ascending order.
-CREATE OR REPLACE FUNCTION append_events(topic_id integer, events jsonb)
+-- append_events calls it.
+CREATE FUNCTION append_many(topic_id integer, events jsonb)
 RETURNS SETOF bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -430,9 +460,9 @@ BEGIN
     END IF;
     PERFORM refuse_snapshot();
     SELECT c.offset_scope, c.allocation, c.channel, c.wake, c.total_partitions, c.appends INTO t
-      FROM log_counter c WHERE c.topic_id = append_events.topic_id;
+      FROM log_counter c WHERE c.topic_id = append_many.topic_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'pgevents: topic % does not exist', append_events.topic_id
+        RAISE EXCEPTION 'pgevents: topic % does not exist', append_many.topic_id
             USING ERRCODE = '23503', HINT = 'create it with: consumer migrate --config FILE';
     END IF;
     IF t.appends IS NOT NULL THEN
@@ -446,47 +476,47 @@ BEGIN
     SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord) INTO ps
       FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord);
     SELECT array_agg(DISTINCT u.p ORDER BY u.p) INTO parts FROM unnest(ps) AS u(p);
-    PERFORM mark_flight(append_events.topic_id, parts);
+    PERFORM mark_flight(append_many.topic_id, parts);
     IF t.offset_scope = 'partition' THEN
-        LOOP
-            np2 := lock_partitions(append_events.topic_id, parts);
-            EXIT WHEN np2 = np;
+        np2 := lock_layout(append_many.topic_id);
+        IF np2 <> np THEN
             np := np2;
             SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord) INTO ps
               FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord);
             SELECT array_agg(DISTINCT u.p ORDER BY u.p) INTO parts FROM unnest(ps) AS u(p);
-            PERFORM mark_flight(append_events.topic_id, parts);
-        END LOOP;
+            PERFORM mark_flight(append_many.topic_id, parts);
+        END IF;
+        PERFORM lock_partitions(append_many.topic_id, parts);
         -- Each partition's events take the offsets after its tail, in array
         -- order.
         SELECT array_agg(x.o ORDER BY x.ord) INTO offs
           FROM (SELECT u.ord, tl.o + row_number() OVER (PARTITION BY u.p ORDER BY u.ord) AS o
                   FROM unnest(ps) WITH ORDINALITY AS u(p, ord)
                   JOIN (SELECT q.p, coalesce((SELECT pt.c_offset FROM partition_tails pt
-                                               WHERE pt.topic_id = append_events.topic_id AND pt.partition_id = q.p
+                                               WHERE pt.topic_id = append_many.topic_id AND pt.partition_id = q.p
                                                ORDER BY pt.c_offset DESC LIMIT 1), 0) AS o
                           FROM unnest(parts) AS q(p)) tl ON tl.p = u.p) x;
     ELSE
-        PERFORM pg_advisory_xact_lock(lock_key('append', append_events.topic_id::text));
-        np2 := (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = append_events.topic_id);
+        PERFORM pg_advisory_xact_lock(lock_key('append', append_many.topic_id::text));
+        np2 := (SELECT c.total_partitions FROM log_counter c WHERE c.topic_id = append_many.topic_id);
         IF np2 <> np THEN
             np := np2;
             SELECT array_agg(DISTINCT x.p ORDER BY x.p) INTO parts
               FROM (SELECT event_partition(e.e->>'host_id', np) AS p FROM jsonb_array_elements(events) AS e(e)) x;
-            PERFORM mark_flight(append_events.topic_id, parts);
+            PERFORM mark_flight(append_many.topic_id, parts);
         END IF;
         IF t.allocation = 'sequence' THEN
             -- Under the lock no other append draws from the sequence, so the
             -- block is contiguous.
-            first := nextval(offset_sequence(append_events.topic_id)::regclass);
+            first := nextval(offset_sequence(append_many.topic_id)::regclass);
             IF n > 1 THEN
-                PERFORM setval(offset_sequence(append_events.topic_id)::regclass, first + n - 1);
+                PERFORM setval(offset_sequence(append_many.topic_id)::regclass, first + n - 1);
             END IF;
         ELSE
             first := coalesce((SELECT pt.c_offset FROM partition_tails pt
-                                WHERE pt.topic_id = append_events.topic_id AND pt.partition_id = -1
+                                WHERE pt.topic_id = append_many.topic_id AND pt.partition_id = -1
                                 ORDER BY pt.c_offset DESC LIMIT 1), 0) + 1;
-            INSERT INTO partition_tails VALUES (append_events.topic_id, -1, first + n - 1);
+            INSERT INTO partition_tails VALUES (append_many.topic_id, -1, first + n - 1);
         END IF;
         SELECT array_agg(event_partition(e.e->>'host_id', np) ORDER BY e.ord),
                array_agg(first + e.ord - 1 ORDER BY e.ord)
@@ -496,7 +526,7 @@ BEGIN
     INSERT INTO outbox_message_t
         (c_offset, topic_id, partition_id, host_id, user_id,
          transaction_id, event_type, payload, metadata)
-    SELECT offs[e.ord], append_events.topic_id, ps[e.ord], e.e->>'host_id', coalesce(e.e->>'user_id', ''),
+    SELECT offs[e.ord], append_many.topic_id, ps[e.ord], e.e->>'host_id', coalesce(e.e->>'user_id', ''),
            txid_current(), e.e->>'event_type',
            nullif(e.e->'payload', 'null'::jsonb), nullif(e.e->'metadata', 'null'::jsonb)
       FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord)
@@ -504,19 +534,28 @@ BEGIN
      ORDER BY ps[e.ord], offs[e.ord];
     SELECT array_agg(x.p ORDER BY x.p), array_agg(x.m ORDER BY x.p) INTO parts, maxes
       FROM (SELECT u.p, max(u.o) AS m FROM unnest(ps, offs) AS u(p, o) GROUP BY u.p) x;
-    INSERT INTO partition_tails SELECT append_events.topic_id, u.p, u.m FROM unnest(parts, maxes) AS u(p, m);
-    sleeping := try_sleep_keys(append_events.topic_id, t.wake, parts);
+    INSERT INTO partition_tails SELECT append_many.topic_id, u.p, u.m FROM unnest(parts, maxes) AS u(p, m);
+    sleeping := try_sleep_keys(append_many.topic_id, t.wake, parts);
     IF cardinality(sleeping) > 0 THEN
-        SELECT append_events.topic_id || ':' || string_agg(u.p || '/' || u.m, ',' ORDER BY u.p) INTO msg
+        SELECT append_many.topic_id || ':' || string_agg(u.p || '/' || u.m, ',' ORDER BY u.p) INTO msg
           FROM unnest(parts, maxes) AS u(p, m) WHERE u.p = ANY (sleeping);
         IF length(msg) > 7000 THEN
-            msg := append_events.topic_id || ':*';
+            msg := append_many.topic_id || ':*';
         END IF;
         PERFORM pg_notify(t.channel, msg);
     END IF;
     RETURN QUERY SELECT unnest(offs);
 END;
 $$;
+
+-- append_events appends a JSON array of events in the caller's transaction:
+-- append_many's, in SQL.
+CREATE OR REPLACE FUNCTION append_events(topic_id integer, events jsonb)
+RETURNS SETOF bigint
+LANGUAGE sql VOLATILE
+BEGIN ATOMIC
+    SELECT o FROM append_many(topic_id, events) AS o;
+END;
 
 -- reserve_offsets reserves count offsets of a topic of scope 'topic' and
 -- returns the first and the partition count, leaving the topic's append
@@ -614,29 +653,20 @@ END;
 $$;
 
 -- lock_appends holds the topic's appends off until the caller's
--- transaction ends, waiting for those in flight: under scope 'partition'
--- every partition's append lock, in ascending order, for every partition
--- the topic has had; under scope 'topic' the topic's. It locks the topic's
--- row (FOR NO KEY UPDATE), which orders the callers, and returns it.
+-- transaction ends, waiting for those in flight: it takes the topic's
+-- append key exclusive, which every append holds (shared under scope
+-- 'partition', see lock_layout) to commit. It locks the topic's row (FOR NO
+-- KEY UPDATE), which orders the callers, and returns it.
 CREATE OR REPLACE FUNCTION lock_appends(p_topic_id integer) RETURNS log_counter
 LANGUAGE plpgsql AS $$
 DECLARE
     c log_counter;
-    p integer;
 BEGIN
     SELECT * INTO c FROM log_counter lc WHERE lc.topic_id = p_topic_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pgevents: topic % does not exist', p_topic_id USING ERRCODE = '23503';
     END IF;
-    IF c.offset_scope = 'partition' THEN
-        FOR p IN SELECT pc.partition_id FROM partition_counters pc WHERE pc.topic_id = p_topic_id
-                 UNION SELECT g FROM generate_series(0, c.total_partitions - 1) AS g
-                 ORDER BY 1 LOOP
-            PERFORM pg_advisory_xact_lock(lock_key('append', p_topic_id || '/' || p));
-        END LOOP;
-    ELSE
-        PERFORM pg_advisory_xact_lock(lock_key('append', p_topic_id::text));
-    END IF;
+    PERFORM pg_advisory_xact_lock(lock_key('append', p_topic_id::text));
     RETURN c;
 END;
 $$;
@@ -663,11 +693,6 @@ BEGIN
     IF c.total_partitions = p_partitions THEN
         RAISE EXCEPTION 'pgevents: topic % already has % partitions', p_topic_id, p_partitions
             USING ERRCODE = '22023';
-    END IF;
-    IF c.offset_scope = 'partition' THEN
-        -- The new partitions' locks too, before any append can take them.
-        PERFORM pg_advisory_xact_lock(lock_key('append', p_topic_id || '/' || g))
-           FROM generate_series(0, p_partitions - 1) AS g ORDER BY g;
     END IF;
     SELECT max(version) INTO v FROM topic_layouts WHERE topic_id = p_topic_id;
     INSERT INTO partition_counters (topic_id, partition_id)

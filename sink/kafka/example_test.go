@@ -2,23 +2,38 @@ package kafka_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/pgeventstest"
 	"github.com/pgevents/pgevents/sink/kafka"
 )
 
 // A consumer group that relays every event to Kafka, one topic per event
-// type, each host's records in one Kafka partition.
+// type, each host's records in one Kafka partition; here to an in-process
+// broker (kfake), read back as another service would.
 func Example() {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	ctx, stop := context.WithTimeout(context.Background(), time.Minute)
+	defer stop()
+	broker, err := kfake.NewCluster(kfake.SeedTopics(1, "portal.order.placed")) // in production: your brokers
 	if err != nil {
 		log.Fatal(err)
 	}
-	relay, err := kafka.New(kafka.Options{Brokers: []string{"kafka-1:9092"}, Topic: "portal.{event_type}"})
+	defer broker.Close()
+	pool, err := pgxpool.New(ctx, pgeventstest.ExampleDB(nil)) // migrated, topic 1 of 8 partitions
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	relay, err := kafka.New(kafka.Options{Brokers: broker.ListenAddrs(), Topic: "portal.{event_type}"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -29,7 +44,28 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := c.Run(ctx); err != nil {
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+
+	if _, err := pgevents.Append(ctx, pool, pgevents.Event{HostID: "tenant-7", EventType: "order.placed",
+		Payload: json.RawMessage(`{"order_id": 42}`)}); err != nil {
 		log.Fatal(err)
 	}
+	reader, err := kgo.NewClient(kgo.SeedBrokers(broker.ListenAddrs()...), kgo.ConsumeTopics("portal.order.placed"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer reader.Close()
+	rec := reader.PollFetches(ctx).Records()[0]
+	headers := map[string]string{}
+	for _, h := range rec.Headers {
+		headers[h.Key] = string(h.Value)
+	}
+	fmt.Printf("%s: key %s, value %s, event_type %s, event_id set: %v\n",
+		rec.Topic, rec.Key, rec.Value, headers["event_type"], headers["event_id"] != "")
+	stop()
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
+	// Output: portal.order.placed: key tenant-7, value {"order_id": 42}, event_type order.placed, event_id set: true
 }

@@ -79,11 +79,16 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
+	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -117,7 +122,7 @@ const (
 	// DefaultKey keeps a host's records in one Kafka partition.
 	DefaultKey = "host_id"
 	// DefaultSource is the CloudEvents source of FormatCloudEvents.
-	DefaultSource = "pgevents"
+	DefaultSource = sink.DefaultSource
 	// DefaultDeliveryTimeout bounds the wait for a record to be sent; it is
 	// shorter than the consumer's default handler timeout (30 s), which
 	// bounds the whole flush.
@@ -185,22 +190,72 @@ type SASL struct {
 	Password string
 }
 
-// ErrInvalidOptions is wrapped by New's errors; *OptionError says which
-// option.
-var ErrInvalidOptions = errors.New("kafka sink: invalid options")
+// ErrInvalidOptions is wrapped by New's errors about its options (and
+// by every *OptionError).
+var ErrInvalidOptions = sink.ErrInvalidOptions
 
-// OptionError is an invalid option, named by its YAML key (brokers, topic,
-// key, format, sasl.mechanism, deliveryTimeoutMs, maxRecordBytes).
-type OptionError struct {
-	Key string
-	Msg string
+// OptionError is an invalid option, named by its YAML key (brokers,
+// brokers[i], topic, key, format, sasl.mechanism, sasl.user,
+// sasl.password, deliveryTimeoutMs, maxRecordBytes).
+type OptionError = sink.OptionError
+
+// relayName is the relay's name in its errors.
+const relayName = "kafka sink"
+
+// Validate reports every option of o that New refuses: nil, or the
+// errors.Join of an *OptionError per option at fault, named by its key in
+// db-event-consumer.yml. Zero values are valid: they take the defaults.
+// These are the relay's only option rules; the YAML layer reports them
+// under the handler's keys.
+func (o Options) Validate() error {
+	errs := sink.OptionErrors{Relay: relayName}
+	bad := errs.Add
+	if len(o.Brokers) == 0 {
+		bad("brokers", "", "is required: a list of the brokers to bootstrap from, host:port")
+	}
+	for i, b := range o.Brokers {
+		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || port == "" {
+			bad("brokers", fmt.Sprintf("[%d]", i), "must be host:port, got %q", b)
+		}
+	}
+	if o.Topic == "" {
+		bad("topic", "", `is required: a topic, or a template such as "portal.{event_type}"`)
+	} else if topic, err := tmpl.Parse(o.Topic); err != nil {
+		bad("topic", "", "%v", err)
+	} else if t, static := topic.Static(); static {
+		if err := validTopic(t); err != nil {
+			bad("topic", "", "%v", err)
+		}
+	}
+	if o.Key != "" {
+		if _, err := tmpl.ParseKey(o.Key); err != nil {
+			bad("key", "", "%v", err)
+		}
+	}
+	switch o.Format {
+	case "", FormatRaw, FormatCloudEvents:
+	default:
+		bad("format", "", "must be raw or cloudevents, got %q", o.Format)
+	}
+	if s := o.SASL; s != nil {
+		if _, ok := mechanisms[s.Mechanism]; !ok {
+			bad("sasl.mechanism", "", "must be one of %s, got %q", strings.Join(slices.Sorted(maps.Keys(mechanisms)), ", "), s.Mechanism)
+		}
+		if s.User == "" {
+			bad("sasl.user", "", "is required")
+		}
+		if s.Password == "" {
+			bad("sasl.password", "", "is required (in the YAML file, it may be ${AN_ENVIRONMENT_VARIABLE})")
+		}
+	}
+	if d := o.DeliveryTimeout; d != 0 && d < time.Second {
+		bad("deliveryTimeoutMs", "", "must be at least 1000 (1 s), got %d", d.Milliseconds())
+	}
+	if n := o.MaxRecordBytes; n != 0 && (n < 512 || n > 1<<30) {
+		bad("maxRecordBytes", "", "must be between 512 and %d, got %d", 1<<30, n)
+	}
+	return errs.Err()
 }
-
-// Error names the option.
-func (e *OptionError) Error() string { return fmt.Sprintf("kafka sink: %s: %s", e.Key, e.Msg) }
-
-// Unwrap returns ErrInvalidOptions.
-func (e *OptionError) Unwrap() error { return ErrInvalidOptions }
 
 // Sink is the Kafka relay handler. Register it for the event types to
 // relay; Close it after the consumer stopped.
@@ -229,53 +284,20 @@ type part struct {
 	metrics *sink.Recorder
 }
 
-// New validates opts and returns the relay. It does not connect: the
-// clients connect on first use.
+// New validates opts (see Options.Validate) and returns the relay. It
+// does not connect: the clients connect on first use.
 func New(opts Options) (*Sink, error) {
-	if opts.Name == "" {
-		opts.Name = "kafka"
+	if err := opts.Validate(); err != nil {
+		return nil, err
 	}
-	if len(opts.Brokers) == 0 {
-		return nil, &OptionError{"brokers", "at least one broker is required"}
-	}
-	topic, err := tmpl.Parse(opts.Topic)
-	if err != nil {
-		return nil, &OptionError{"topic", err.Error()}
-	}
-	if t, static := topic.Static(); static {
-		if err := validTopic(t); err != nil {
-			return nil, &OptionError{"topic", err.Error()}
-		}
-	}
-	if opts.Key == "" {
-		opts.Key = DefaultKey
-	}
-	key, err := tmpl.ParseKey(opts.Key)
-	if err != nil {
-		return nil, &OptionError{"key", err.Error()}
-	}
-	switch opts.Format {
-	case "":
-		opts.Format = FormatRaw
-	case FormatRaw, FormatCloudEvents:
-	default:
-		return nil, &OptionError{"format", fmt.Sprintf("must be raw or cloudevents, got %q", opts.Format)}
-	}
-	if opts.Source == "" {
-		opts.Source = DefaultSource
-	}
-	if opts.DeliveryTimeout == 0 {
-		opts.DeliveryTimeout = DefaultDeliveryTimeout
-	}
-	if opts.DeliveryTimeout < time.Second {
-		return nil, &OptionError{"deliveryTimeoutMs", fmt.Sprintf("must be at least 1000 (1 s), got %d", opts.DeliveryTimeout.Milliseconds())}
-	}
-	if opts.MaxRecordBytes == 0 {
-		opts.MaxRecordBytes = DefaultMaxRecordBytes
-	}
-	if opts.MaxRecordBytes < 512 || opts.MaxRecordBytes > 1<<30 {
-		return nil, &OptionError{"maxRecordBytes", fmt.Sprintf("must be between 512 and %d, got %d", 1<<30, opts.MaxRecordBytes)}
-	}
+	opts.Name = cmp.Or(opts.Name, "kafka")
+	opts.Key = cmp.Or(opts.Key, DefaultKey)
+	opts.Format = cmp.Or(opts.Format, FormatRaw)
+	opts.Source = cmp.Or(opts.Source, DefaultSource)
+	opts.DeliveryTimeout = cmp.Or(opts.DeliveryTimeout, DefaultDeliveryTimeout)
+	opts.MaxRecordBytes = cmp.Or(opts.MaxRecordBytes, DefaultMaxRecordBytes)
+	topic, _ := tmpl.Parse(opts.Topic) // validated
+	key, _ := tmpl.ParseKey(opts.Key)  // validated
 	base := []kgo.Opt{
 		kgo.SeedBrokers(opts.Brokers...),
 		kgo.ClientID("pgevents"),
@@ -288,34 +310,29 @@ func New(opts Options) (*Sink, error) {
 	if opts.TLS != nil {
 		base = append(base, kgo.DialTLSConfig(opts.TLS.Clone()))
 	}
-	if opts.SASL != nil {
-		m, err := opts.SASL.mechanism()
-		if err != nil {
-			return nil, err
-		}
-		base = append(base, kgo.SASL(m))
+	if s := opts.SASL; s != nil {
+		base = append(base, kgo.SASL(mechanisms[s.Mechanism](s.User, s.Password)))
 	}
 	base = append(base, opts.ClientOptions...)
 	// Let franz-go check the options now rather than at the first event.
 	cl, err := kgo.NewClient(base...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		return nil, fmt.Errorf("%s: %w: %w", relayName, ErrInvalidOptions, err)
 	}
 	cl.Close()
 	return &Sink{opts: opts, topic: topic, topicPerEvent: variesWithinHost(topic), key: key, base: base,
 		parts: map[sink.PartKey]*part{}, metrics: opts.Metrics.For("", opts.Name, "kafka")}, nil
 }
 
-func (s *SASL) mechanism() (sasl.Mechanism, error) {
-	switch s.Mechanism {
-	case "PLAIN":
-		return plain.Auth{User: s.User, Pass: s.Password}.AsMechanism(), nil
-	case "SCRAM-SHA-256":
-		return scram.Auth{User: s.User, Pass: s.Password}.AsSha256Mechanism(), nil
-	case "SCRAM-SHA-512":
-		return scram.Auth{User: s.User, Pass: s.Password}.AsSha512Mechanism(), nil
-	}
-	return nil, &OptionError{"sasl.mechanism", fmt.Sprintf("must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", s.Mechanism)}
+// mechanisms are the SASL mechanisms, by name, and how each authenticates.
+var mechanisms = map[string]func(user, password string) sasl.Mechanism{
+	"PLAIN": func(u, p string) sasl.Mechanism { return plain.Auth{User: u, Pass: p}.AsMechanism() },
+	"SCRAM-SHA-256": func(u, p string) sasl.Mechanism {
+		return scram.Auth{User: u, Pass: p}.AsSha256Mechanism()
+	},
+	"SCRAM-SHA-512": func(u, p string) sasl.Mechanism {
+		return scram.Auth{User: u, Pass: p}.AsSha512Mechanism()
+	},
 }
 
 // errClosed is returned by Handle after Close.

@@ -339,6 +339,9 @@ func TestClassify(t *testing.T) {
 		{kerr.RecordListTooLarge, pgevents.ClassPermanent},
 		{kerr.InvalidRecord, pgevents.ClassPermanent},
 		{kerr.OffsetOutOfRange, pgevents.ClassUnknown},
+		{fmt.Errorf("records have timed out, last err: %w", kerr.NotLeaderForPartition), pgevents.ClassTransient},
+		{kerr.InvalidTimestamp, pgevents.ClassPermanent},
+		{pgevents.Permanent(kerr.NotEnoughReplicas), pgevents.ClassPermanent}, // the relay's word wins
 	} {
 		if got := kafka.Classify(tc.err); got != tc.want {
 			t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)

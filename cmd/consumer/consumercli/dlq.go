@@ -1,0 +1,140 @@
+package consumercli
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
+)
+
+const dlqUsage = `usage:
+  consumer dlq list    [--config FILE] [--group G] [--json]
+  consumer dlq replay  (ID | --all) [--group G] [--config FILE]
+  consumer dlq discard ID [--config FILE]
+
+replay runs the configured group's handlers again on a dead-lettered unit and
+on the events parked behind it, in offset order, under the partition's lock,
+and removes them when all succeed. discard removes a dead letter without
+handling it and handles the events parked behind it, in order.
+`
+
+func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, dlqUsage)
+		return usagef("dlq: a subcommand is required")
+	}
+	sub := args[0]
+	fs := flag.NewFlagSet("dlq "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", defaultConfigPath, "configuration file: the database and, for replay and discard, the group's handlers")
+	group := fs.String("group", "", "consumer group (replay and discard: default the configuration's only group)")
+	asJSON := fs.Bool("json", false, "list as JSON")
+	all := fs.Bool("all", false, "replay every dead letter of the group, oldest first")
+	if err := fs.Parse(args[1:]); err != nil {
+		return &usageError{err}
+	}
+	ctx, cfg, pool, err := connect(ctx, *path, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	switch sub {
+	case "list":
+		dls, err := pgevents.ListDeadLetters(ctx, pool, *group)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			if dls == nil {
+				dls = []pgevents.DeadLetter{}
+			}
+			return enc.Encode(dls)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tGROUP\tTOPIC\tPARTITION\tOFFSETS\tEVENTS\tPARKED\tATTEMPTS\tLAST FAILURE\tERROR")
+		for _, d := range dls {
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d-%d\t%d\t%d\t%d\t%s\t%s\n", d.ID, d.Group, d.Topic, d.Partition,
+				d.FirstOffset, d.LastOffset, len(d.EventIDs), d.Parked, d.Attempts,
+				d.LastFailedAt.Format("2006-01-02 15:04:05Z07:00"), shorten(d.Error, 80))
+		}
+		return tw.Flush()
+	case "replay", "discard":
+	default:
+		fmt.Fprint(stderr, dlqUsage)
+		return usagef("dlq: unknown subcommand %q", sub)
+	}
+
+	// The handlers that run are those of the group in the configuration.
+	groups := cfg.GroupConfigs()
+	g := slices.IndexFunc(groups, func(gc config.Config) bool {
+		return gc.GroupID == *group || (*group == "" && len(groups) == 1)
+	})
+	if g < 0 {
+		return usagef("dlq %s: the configuration has no group %q: name one of its groups with --group, whose handlers will run", sub, *group)
+	}
+	var ids []int64
+	switch {
+	case *all && sub == "replay":
+		if fs.NArg() != 0 {
+			return usagef("dlq replay: give an ID or --all, not both")
+		}
+		dls, err := pgevents.ListDeadLetters(ctx, pool, groups[g].GroupID)
+		if err != nil {
+			return err
+		}
+		for _, d := range dls {
+			ids = append(ids, d.ID)
+		}
+	case fs.NArg() == 1:
+		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
+		if err != nil {
+			return usagef("dlq %s: %q is not a dead letter id", sub, fs.Arg(0))
+		}
+		ids = []int64{id}
+	default:
+		return usagef("dlq %s: exactly one dead letter ID is required", sub)
+	}
+
+	log := newLogger(cfg, stderr)
+	handlers, closeHandlers, err := c.buildHandlers(cfg, g, stdout)
+	if err != nil {
+		return inFile(err, *path)
+	}
+	defer closeHandlers()
+	consumer, err := pgevents.NewConsumer(pool, groups[g].Consumer(handlers, &log))
+	if err != nil {
+		return inFile(cfg.ConsumerError(g, err), *path)
+	}
+	for _, id := range ids {
+		var n int
+		if sub == "replay" {
+			n, err = consumer.ReplayDeadLetter(ctx, id)
+		} else {
+			n, err = consumer.DiscardDeadLetter(ctx, id)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "dead letter %d %sed: %d events handled\n", id, strings.TrimSuffix(sub, "e"), n)
+	}
+	return nil
+}
+
+func shorten(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		return s[:n-1] + "…"
+	}
+	return s
+}

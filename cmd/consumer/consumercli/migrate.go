@@ -1,0 +1,118 @@
+package consumercli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/schema"
+)
+
+func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, schema, topicId and totalPartitions")
+	print := fs.Bool("print", false, "write the migration SQL to stdout instead of applying it (into the configured schema, when the file exists)")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	if *print {
+		// The file is optional here: without it, the SQL creates pgevents
+		// in the first schema of the search_path.
+		name := ""
+		if cfg, err := config.Load(*path); err == nil {
+			name = cfg.Schema
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		_, err := io.WriteString(stdout, schema.ScriptIn(name, 0))
+		return err
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	ctx = schema.WithName(ctx, cfg.Schema)
+	pc, err := pgevents.ParsePoolConfig(cfg.DatabaseURL)
+	if err != nil {
+		return &config.Error{File: *path, Key: "databaseUrl", Msg: err.Error()}
+	}
+	conn, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	applied, err := schema.Migrate(ctx, conn)
+	if err != nil {
+		return err
+	}
+	where := "the first schema of the search_path"
+	if cfg.Schema != "" {
+		where = "schema " + cfg.Schema
+	}
+	fmt.Fprintf(stdout, "pgevents in %s at version %d (applied: %v)\n", where, schema.Latest(), applied)
+	// Every topic the configured groups consume.
+	for _, g := range cfg.GroupConfigs() {
+		topic, created, err := schema.EnsureTopicSpec(ctx, conn, schema.TopicSpec{
+			ID: g.TopicID, Partitions: g.TotalPartitions, SegmentSize: g.SegmentSize, Scope: g.OffsetScope})
+		if err != nil {
+			return err
+		}
+		if topic.Scope != g.OffsetScope {
+			return &config.Error{File: *path, Key: "offsetScope",
+				Msg: fmt.Sprintf("topic %d was created with offset scope %q, not %q; a topic's scope is chosen when it is created", topic.ID, topic.Scope, g.OffsetScope)}
+		}
+		if err := schema.SetRetention(ctx, conn, g.TopicID, retentionOf(&g)); err != nil {
+			return err
+		}
+		if err := schema.SetAllocation(ctx, conn, g.TopicID, g.OffsetAllocation); err != nil {
+			return err
+		}
+		if g.Channel != "" {
+			// A channel two installations share wakes each one's consumers
+			// for the other's appends; by default they never do (see
+			// schema.ChannelFor), so one set by hand is checked.
+			users, err := schema.ChannelUsers(ctx, conn, g.Channel)
+			if err != nil {
+				return err
+			}
+			if len(users) > 0 {
+				return &config.Error{File: *path, Key: "channel",
+					Msg: fmt.Sprintf("channel %q is notified by %s already; two installations on one channel wake each other's consumers for nothing: choose another channel, or leave channel unset", g.Channel, users[0])}
+			}
+			if err := schema.SetChannel(ctx, conn, g.TopicID, g.Channel); err != nil {
+				return err
+			}
+		}
+		if topic.Partitions != g.TotalPartitions {
+			return &config.Error{File: *path, Key: "totalPartitions",
+				Msg: fmt.Sprintf("topic %d already has %d partitions, not %d; change it with `consumer repartition --topic %d --partitions %d`",
+					topic.ID, topic.Partitions, g.TotalPartitions, topic.ID, g.TotalPartitions)}
+		}
+		verb := "exists"
+		if created {
+			verb = "created"
+		}
+		fmt.Fprintf(stdout, "topic %d %s with %d partitions, offsets per %s, %s allocation\n", topic.ID, verb, topic.Partitions, topic.Scope, g.OffsetAllocation)
+	}
+	return nil
+}
+
+// retentionOf reads the topic's retention settings from a validated
+// configuration.
+func retentionOf(c *config.Config) schema.Retention {
+	r := schema.Retention{}
+	r.Retention, _ = config.ParseDuration(c.Retention)
+	r.ZeroSubscription, _ = config.ParseDuration(c.ZeroSubscriptionRetention)
+	if c.MaxRetention != "" {
+		r.Max, _ = config.ParseDuration(c.MaxRetention)
+	}
+	return r
+}

@@ -1,0 +1,236 @@
+package consumercli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/schema"
+)
+
+const defaultConfigPath = "db-event-consumer.yml"
+
+// runCmd is `consumer run`: every group of the file, with the built-in
+// handlers it configures and the Go handlers it names, until ctx ends.
+// Everything the file says is checked before the database is reached: a
+// group's pgevents.Config (pgevents.Config.Validate) and the Go handlers
+// it names.
+func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", defaultConfigPath, "configuration file")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr)
+
+	// One consumer per group, all on the pool, stopped together.
+	groups := cfg.GroupConfigs()
+	ccfgs := make([]pgevents.Config, len(groups))
+	for i := range groups {
+		handlers, closeHandlers, err := c.buildHandlers(cfg, i, stdout)
+		if err != nil {
+			return inFile(err, *path)
+		}
+		defer closeHandlers()
+		ccfgs[i] = groups[i].Consumer(handlers, &log)
+		if err := ccfgs[i].Validate(); err != nil {
+			return inFile(cfg.ConsumerError(i, err), *path)
+		}
+	}
+	pool, err := openPool(ctx, cfg, *path)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ctx = schema.WithName(ctx, cfg.Schema)
+	return groupError(runConsumers(ctx, cfg, pool, ccfgs), *path)
+}
+
+// inFile returns err with path as the File of the *config.Error in it.
+func inFile(err error, path string) error {
+	var ce *config.Error
+	if errors.As(err, &ce) && ce.File == "" {
+		ce.File = path
+	}
+	return err
+}
+
+// groupError names the configuration key behind a consumer's refusal to
+// start.
+func groupError(err error, path string) error {
+	var mismatch *pgevents.PartitionMismatchError
+	if errors.As(err, &mismatch) {
+		return &config.Error{File: path, Key: "totalPartitions", Msg: mismatch.Error()}
+	}
+	var channel *pgevents.ChannelMismatchError
+	if errors.As(err, &channel) {
+		return &config.Error{File: path, Key: "channel", Msg: channel.Error()}
+	}
+	var timeouts *pgevents.TimeoutError
+	if errors.As(err, &timeouts) {
+		return &config.Error{File: path, Key: "handlerTimeoutMs", Msg: timeouts.Error()}
+	}
+	if errors.Is(err, schema.ErrTopicNotFound) {
+		return &config.Error{File: path, Key: "topicId",
+			Msg: fmt.Sprintf("%v; create it with `consumer migrate --config %s`", err, path)}
+	}
+	return err
+}
+
+// connect loads the configuration file at path and opens a pool on its
+// database; when topic points to 0, it is set to the configuration's
+// topicId. The context it returns names the configured schema (every
+// statement run with it finds pgevents there).
+func connect(ctx context.Context, path string, topic *int) (context.Context, *config.Config, *pgxpool.Pool, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return ctx, nil, nil, err
+	}
+	if topic != nil && *topic == 0 {
+		*topic = cfg.TopicID
+	}
+	pool, err := openPool(ctx, cfg, path)
+	if err != nil {
+		return ctx, nil, nil, err
+	}
+	return schema.WithName(ctx, cfg.Schema), cfg, pool, nil
+}
+
+// openPool connects to the configured database with the file's session
+// timeouts and room for every group's consumer (Config.PoolSize).
+func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Pool, error) {
+	pc, err := pgevents.NewPoolConfig(cfg.DatabaseURL, cfg.PoolOptions())
+	if err != nil {
+		return nil, &config.Error{File: path, Key: "databaseUrl", Msg: err.Error()}
+	}
+	pc.MaxConns = int32(cfg.PoolSize())
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
+// buildHandlers creates the handlers group g of cfg configures: the
+// built-in ones, and the Go handlers of c its handlers of type go name. A
+// name nobody registered is a configuration error naming the key.
+func (c *CLI) buildHandlers(cfg *config.Config, g int, stdout io.Writer) (*pgevents.Handlers, func(), error) {
+	group := cfg.GroupConfigs()[g]
+	hs := &pgevents.Handlers{}
+	var files []*os.File
+	var sinks []func()
+	closeAll := func() {
+		for _, f := range files {
+			_ = f.Close()
+		}
+		for _, closeSink := range sinks {
+			closeSink()
+		}
+	}
+	keyErr := func(i int, key, msg string) error {
+		closeAll()
+		return &config.Error{Key: cfg.KeyPath(g, fmt.Sprintf("handlers[%d].%s", i, key)), Msg: msg}
+	}
+	for i, h := range group.Handlers {
+		var handler pgevents.Handler
+		switch h.Type {
+		case "sql":
+			handler = pgevents.SQLHandler(group.GroupID, h.Statement)
+		case "log":
+			var out io.Writer
+			switch h.Output {
+			case "", "stdout":
+				out = stdout
+			case "stderr":
+				out = os.Stderr
+			default:
+				f, err := os.OpenFile(h.Output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+				if err != nil {
+					return nil, nil, keyErr(i, "output", err.Error())
+				}
+				files = append(files, f)
+				out = f
+			}
+			handler = pgevents.LogHandler(out)
+		case "go":
+			handler = c.Handlers[h.Name]
+			if handler == nil {
+				return nil, nil, keyErr(i, "name", c.unregistered(h.Name))
+			}
+		case "kafka", "http":
+			s, closeSink, err := buildSink(cfg, g, i, &h)
+			if err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+			sinks = append(sinks, closeSink)
+			handler = s
+		}
+		if h.EventType == "*" {
+			hs.HandleAll(handler)
+		} else {
+			hs.Handle(h.EventType, handler)
+		}
+	}
+	return hs, closeAll, nil
+}
+
+// unregistered says that no Go handler is registered as name, and which
+// are.
+func (c *CLI) unregistered(name string) string {
+	var names []string
+	for n, h := range c.Handlers {
+		if h != nil {
+			names = append(names, strconv.Quote(n))
+		}
+	}
+	if len(names) == 0 {
+		return fmt.Sprintf("no Go handler is registered as %q: this binary has none (a service registers its own in consumercli.CLI.Handlers)", name)
+	}
+	slices.Sort(names)
+	return fmt.Sprintf("no Go handler is registered as %q (registered: %s)", name, strings.Join(names, ", "))
+}
+
+// newLogger builds the process logger: JSON, or human-readable console
+// output when logFormat says so or, with "auto", when stderr is a terminal.
+func newLogger(cfg *config.Config, w io.Writer) zerolog.Logger {
+	level, err := zerolog.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		level = zerolog.InfoLevel
+	}
+	console := cfg.LogFormat == "console"
+	if cfg.LogFormat == "auto" {
+		if f, ok := w.(*os.File); ok {
+			if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+				console = true
+			}
+		}
+	}
+	if console {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}

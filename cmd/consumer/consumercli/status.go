@@ -1,0 +1,348 @@
+package consumercli
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pgevents/pgevents/metrics"
+)
+
+const statusUsage = `usage: consumer status [--config FILE] [--group G] [--json] [--watch [--interval D]]
+
+Shows, for the configured topic, every consumer group that has a position
+(or only --group G) × every partition: the group's next offset, the log end
+(highest offset in the partition), the lag in events (counted up to a cap,
+shown as ">=N" when reached) and in seconds (age of the first unhandled
+event, on the database clock), open dead letters, and whether the
+partition is halted (at which offset, and why). "-" means none, or no
+position (no process of the group has served the partition yet).
+
+--watch redraws the table every --interval (default 2s) until interrupted;
+with --json it prints one JSON document per line instead.
+
+--json prints one object; its field names are stable:
+
+  topic_id                  the topic
+  total_partitions          its partition count
+  database_time             the database clock when read (RFC 3339)
+  notification_queue_usage  pg_notification_queue_usage(), 0 to 1
+  lag_cap                   the cap on lag_events
+  partitions                one object per group and partition, by group
+                            then partition:
+    group_id, partition_id
+    next_offset             the group's position; null without one
+    log_end                 the highest offset in the partition; null when empty
+    lag_events              events at or after next_offset, up to lag_cap
+    lag_capped              true when counting stopped at lag_cap
+    lag_seconds             database clock minus created_at of the first
+                            unhandled event; 0 when none
+    dead_letters_open       rows of dead_letter_queue
+    halted                  null, or {"offset", "reason", "since"}
+    lease                   null when no replica holds a live lease, or
+                            {"owner", "epoch", "heartbeat"}
+    subscription            the group's state: ACTIVE, PAUSED, DEAD or
+                            CANCELLED; null without a subscription
+    skipped                 events retention removed before the group
+                            handled them
+
+Flags:
+`
+
+// statusJSON is the document of consumer status --json. Its field names are
+// a contract with scripts: add fields, never rename or remove one.
+type statusJSON struct {
+	TopicID                int               `json:"topic_id"`
+	TotalPartitions        int               `json:"total_partitions"`
+	DatabaseTime           time.Time         `json:"database_time"`
+	NotificationQueueUsage float64           `json:"notification_queue_usage"`
+	LagCap                 int64             `json:"lag_cap"`
+	Partitions             []partitionStatus `json:"partitions"`
+}
+
+// partitionStatus is one group's state in one partition.
+type partitionStatus struct {
+	GroupID         string      `json:"group_id"`
+	PartitionID     int         `json:"partition_id"`
+	NextOffset      *int64      `json:"next_offset"`
+	LogEnd          *int64      `json:"log_end"`
+	LagEvents       int64       `json:"lag_events"`
+	LagCapped       bool        `json:"lag_capped"`
+	LagSeconds      float64     `json:"lag_seconds"`
+	DeadLettersOpen int64       `json:"dead_letters_open"`
+	Halted          *haltStatus `json:"halted"`
+	// Lease is the live lease of the partition's owner; Subscription the
+	// group's subscription state.
+	Lease        *leaseStatus `json:"lease"`
+	Subscription *string      `json:"subscription"`
+	// Skipped counts events retention removed before the group handled
+	// them.
+	Skipped int64 `json:"skipped"`
+}
+
+// haltStatus says where and why a partition is halted.
+type haltStatus struct {
+	Offset int64     `json:"offset"`
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+}
+
+// leaseStatus is the live lease of the replica that owns a partition.
+type leaseStatus struct {
+	Owner     string    `json:"owner"`
+	Epoch     int64     `json:"epoch"`
+	Heartbeat time.Time `json:"heartbeat"`
+}
+
+// statusFrom converts a reading of the database into the status document.
+func statusFrom(st metrics.State) statusJSON {
+	out := statusJSON{
+		TopicID:                st.Topic,
+		TotalPartitions:        st.TotalPartitions,
+		DatabaseTime:           st.DatabaseTime,
+		NotificationQueueUsage: st.NotificationQueueUsage,
+		LagCap:                 st.LagCap,
+		Partitions:             make([]partitionStatus, 0, len(st.Partitions)),
+	}
+	for _, p := range st.Partitions {
+		ps := partitionStatus{
+			GroupID: p.Group, PartitionID: p.Partition, NextOffset: p.NextOffset, LogEnd: p.LogEnd,
+			LagEvents: p.LagEvents, LagCapped: p.LagCapped, LagSeconds: p.LagSeconds, DeadLettersOpen: p.DeadLettersOpen,
+		}
+		if p.Halt != nil {
+			ps.Halted = &haltStatus{Offset: p.Halt.Offset, Reason: p.Halt.Reason, Since: p.Halt.Since}
+		}
+		if p.Lease != nil {
+			ps.Lease = &leaseStatus{Owner: p.Lease.Owner, Epoch: p.Lease.Epoch, Heartbeat: p.Lease.Heartbeat}
+		}
+		if p.Subscription != "" {
+			sub := p.Subscription
+			ps.Subscription = &sub
+		}
+		ps.Skipped = p.Skipped
+		out.Partitions = append(out.Partitions, ps)
+	}
+	return out
+}
+
+// statusColumn is a column of the status table. A column with optional
+// set appears only when some row has a value for it.
+type statusColumn struct {
+	header   string
+	cell     func(p *partitionStatus) string
+	optional bool
+}
+
+// statusColumns are the status table's columns, in order. To add one,
+// add an entry here (and the field to partitionStatus).
+var statusColumns = []statusColumn{
+	{header: "GROUP", cell: func(p *partitionStatus) string { return p.GroupID }},
+	{header: "PARTITION", cell: func(p *partitionStatus) string { return strconv.Itoa(p.PartitionID) }},
+	{header: "NEXT OFFSET", cell: func(p *partitionStatus) string { return optInt(p.NextOffset) }},
+	{header: "LOG END", cell: func(p *partitionStatus) string { return optInt(p.LogEnd) }},
+	{header: "LAG", cell: func(p *partitionStatus) string {
+		switch {
+		case p.NextOffset == nil:
+			return "-"
+		case p.LagCapped:
+			return ">=" + strconv.FormatInt(p.LagEvents, 10)
+		}
+		return strconv.FormatInt(p.LagEvents, 10)
+	}},
+	{header: "LAG AGE", cell: func(p *partitionStatus) string {
+		if p.NextOffset == nil {
+			return "-"
+		}
+		return formatSeconds(p.LagSeconds)
+	}},
+	{header: "DEAD LETTERS", cell: func(p *partitionStatus) string { return strconv.FormatInt(p.DeadLettersOpen, 10) }},
+	{header: "HALTED", cell: func(p *partitionStatus) string {
+		if p.Halted == nil {
+			return "-"
+		}
+		return fmt.Sprintf("at %d: %s", p.Halted.Offset, shorten(p.Halted.Reason, 60))
+	}},
+	{header: "OWNER", optional: true, cell: func(p *partitionStatus) string {
+		if p.Lease == nil {
+			return ""
+		}
+		return p.Lease.Owner
+	}},
+	{header: "EPOCH", optional: true, cell: func(p *partitionStatus) string {
+		if p.Lease == nil {
+			return ""
+		}
+		return strconv.FormatInt(p.Lease.Epoch, 10)
+	}},
+	{header: "HEARTBEAT", optional: true, cell: func(p *partitionStatus) string {
+		if p.Lease == nil {
+			return ""
+		}
+		return p.Lease.Heartbeat.Format(time.TimeOnly)
+	}},
+	{header: "SUBSCRIPTION", optional: true, cell: func(p *partitionStatus) string {
+		if p.Subscription == nil {
+			return ""
+		}
+		return *p.Subscription
+	}},
+	{header: "SKIPPED", optional: true, cell: func(p *partitionStatus) string {
+		if p.Skipped == 0 {
+			return ""
+		}
+		return strconv.FormatInt(p.Skipped, 10)
+	}},
+}
+
+func optInt(v *int64) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.FormatInt(*v, 10)
+}
+
+// formatSeconds renders a lag age: "0s", "850ms", "12.3s", "4m5s".
+func formatSeconds(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// writeStatusTable renders the status document as an aligned table,
+// followed by a line of database-wide values.
+func writeStatusTable(w io.Writer, s *statusJSON) error {
+	var cols []statusColumn
+	for _, c := range statusColumns {
+		if c.optional && !anyCell(s.Partitions, c) {
+			continue
+		}
+		cols = append(cols, c)
+	}
+	if len(s.Partitions) == 0 {
+		fmt.Fprintf(w, "no consumer group has a position on topic %d\n", s.TopicID)
+	} else {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for i, c := range cols {
+			if i > 0 {
+				fmt.Fprint(tw, "\t")
+			}
+			fmt.Fprint(tw, c.header)
+		}
+		fmt.Fprintln(tw)
+		for i := range s.Partitions {
+			for j, c := range cols {
+				if j > 0 {
+					fmt.Fprint(tw, "\t")
+				}
+				fmt.Fprint(tw, c.cell(&s.Partitions[i]))
+			}
+			fmt.Fprintln(tw)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintf(w, "\ntopic %d: %d partitions; notification queue usage %.2f%%; lag counted up to %d events\n",
+		s.TopicID, s.TotalPartitions, 100*s.NotificationQueueUsage, s.LagCap)
+	return err
+}
+
+func anyCell(ps []partitionStatus, c statusColumn) bool {
+	for i := range ps {
+		if c.cell(&ps[i]) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// ANSI sequences of --watch: cursor home, then clear the screen.
+const ansiHomeClear = "\x1b[H\x1b[2J"
+
+func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, statusUsage)
+		fs.PrintDefaults()
+	}
+	path := fs.String("config", defaultConfigPath, "configuration file: the database and the topic")
+	group := fs.String("group", "", "show this consumer group only (default: every group with a position on the topic)")
+	asJSON := fs.Bool("json", false, "print JSON (field names documented above)")
+	watch := fs.Bool("watch", false, "refresh every --interval until interrupted")
+	interval := fs.Duration("interval", 2*time.Second, "refresh interval of --watch")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	if fs.NArg() != 0 {
+		return usagef("status: unexpected argument %q", fs.Arg(0))
+	}
+	if *interval <= 0 {
+		return usagef("status: --interval must be positive, got %s", *interval)
+	}
+	ctx, cfg, pool, err := connect(ctx, *path, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	show := func() error {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		st, err := metrics.ReadState(rctx, pool, *group, cfg.TopicID, metrics.DefaultLagCap)
+		if err != nil {
+			return err
+		}
+		doc := statusFrom(st)
+		switch {
+		case *asJSON && *watch:
+			return json.NewEncoder(stdout).Encode(doc) // one document per line
+		case *asJSON:
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(doc)
+		case *watch:
+			var b strings.Builder
+			fmt.Fprintf(&b, "%sconsumer status, every %s: %s\n\n", ansiHomeClear, *interval,
+				doc.DatabaseTime.Local().Format(time.DateTime))
+			if err := writeStatusTable(&b, &doc); err != nil {
+				return err
+			}
+			_, err := io.WriteString(stdout, b.String()) // one write, so the screen never shows half a table
+			return err
+		}
+		return writeStatusTable(stdout, &doc)
+	}
+	if !*watch {
+		return show()
+	}
+	t := time.NewTicker(*interval)
+	defer t.Stop()
+	for {
+		if err := show(); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			// Keep watching through a database restart.
+			fmt.Fprintf(stderr, "consumer status: %v\n", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
