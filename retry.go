@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -158,22 +159,42 @@ func (w *worker) halt(ctx context.Context) error {
 	w.halted.Store(true)
 	w.c.halts.Add(1)
 	w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).
-		Msg("partition HALTED: fix the cause and restart the consumer; nothing from this offset on is handled")
+		Msg("partition HALTED: fix the cause and restart the consumer (or unhalt it); nothing from this offset on is handled")
 	return nil
 }
 
+// haltCheck is how often a halted worker looks whether an operator
+// removed its partition's halt record.
+const haltCheck = time.Second
+
 // waitHalted keeps a halted partition stopped, repeating why every minute,
-// until ctx is cancelled.
+// until ctx is cancelled, or until an operator removes the partition's
+// halt record (offsets.Unhalt: the console's unhalt): then the worker
+// forgets the unit's failures and returns, to try the unit again as a
+// restart would (if it fails permanently again, it halts again).
 func (w *worker) waitHalted(ctx context.Context) error {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
+	check := time.NewTicker(haltCheck)
+	defer check.Stop()
+	cfg := &w.c.cfg
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-check.C:
+			halts, err := offsets.Halts(ctx, w.c.pool, cfg.GroupID, cfg.TopicID)
+			if err != nil || slices.ContainsFunc(halts, func(h offsets.HaltRecord) bool { return h.Partition == w.partition }) {
+				continue
+			}
+			w.log.Warn().Int64("offset", w.haltAt.unitFirst).Msg("partition unhalted by an operator: trying the unit again")
+			delete(w.tries, w.haltAt.txID)
+			w.haltAt, w.haltRecord = nil, false
+			w.halted.Store(false)
+			return nil
 		case <-t.C:
 			w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).
-				Msg("partition HALTED: fix the cause and restart the consumer; nothing from this offset on is handled")
+				Msg("partition HALTED: fix the cause and restart the consumer (or unhalt it); nothing from this offset on is handled")
 		}
 	}
 }

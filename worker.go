@@ -238,7 +238,10 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				break
 			}
 			if w.halted.Load() {
-				return w.waitHalted(ctx)
+				if err := w.waitHalted(ctx); err != nil || ctx.Err() != nil {
+					return err
+				}
+				continue // unhalted
 			}
 			more, err := w.batch(bctx, epoch)
 			if errors.Is(err, offsets.ErrLeaseLost) {

@@ -216,6 +216,10 @@ type Config struct {
 	// Defaults to false.
 	Pprof bool `yaml:"pprof"`
 
+	// Console configures the operator console (see [Console]); nil, the
+	// default, serves none. Top level only.
+	Console *Console `yaml:"console"`
+
 	// Handlers lists the built-in handlers, in the order given. It may be
 	// empty.
 	Handlers []Handler `yaml:"handlers"`

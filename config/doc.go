@@ -12,7 +12,8 @@
 //     *Id keys, a string for the others, a list of mappings for handlers;
 //     in a handler, a list of strings for brokers, mappings for tls, sasl
 //     and headers, integers for deliveryTimeoutMs, maxRecordBytes,
-//     timeoutMs and concurrency).
+//     timeoutMs and concurrency; a mapping of addr, token and readOnly for
+//     console).
 //  2. Every key the file leaves out takes its default (see [Default] and
 //     the documentation of each [Config] field). A key that is present
 //     keeps its value even when that value is the zero value, so
@@ -55,7 +56,9 @@
 // replaces databaseUrl from the file, so credentials can stay out of the
 // file. A database URL is required from one source or the other. In the
 // relays' handlers, sasl.password and headers values may name environment
-// variables as ${NAME}; each must be set.
+// variables as ${NAME}; each must be set. PGEVENTS_CONSOLE_TOKEN, when set
+// and non-empty, replaces console.token (of a file with a console
+// section), which may also name environment variables as ${NAME}.
 //
 // # Errors
 //

@@ -58,6 +58,7 @@ func Parse(data []byte) (*Config, error) {
 	if url := os.Getenv(envDatabaseURL); url != "" {
 		p.cfg.DatabaseURL = url
 	}
+	p.cfg.consoleEnv()
 	defaultOutputs(p.cfg.Handlers)
 	for i := range p.cfg.Groups {
 		g := &p.cfg.Groups[i]
@@ -415,6 +416,9 @@ func (p *parser) topLevel(m *yaml.Node) *Error {
 		if name == keyGroups {
 			groups = v
 			return nil
+		}
+		if name == keyConsole {
+			return p.console(v)
 		}
 		if name == keyHandlers {
 			hs, err := p.handlers(v, keyHandlers)

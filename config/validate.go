@@ -110,6 +110,7 @@ func (c *Config) problems() []*Error {
 	if c.Pprof && c.MetricsAddr == "" {
 		add("pprof", "needs metricsAddr, the server it is served on")
 	}
+	c.consoleProblems(add)
 
 	seen := map[string]int{}
 	for i, g := range c.GroupConfigs() {

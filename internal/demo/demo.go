@@ -42,6 +42,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	hosts := fs.Int("hosts", 200, "number of hosts (tenants)")
 	partitions := fs.Int("partitions", 8, "partitions of the demo topic, when it is created")
 	sinkName := fs.String("sink", "log", "where handled events go: log (a JSON file) or kafka (relayed to an in-process Kafka broker)")
+	consoleAddr := fs.String("console", "127.0.0.1:0", "address of the operator console served while the demo runs (port 0: a free one); off: none")
 	if err := fs.Parse(args); err != nil {
 		return consumercli.Usage(err)
 	}
@@ -79,7 +80,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	pc.MaxConns = int32(*partitions + 12)
+	pc.MaxConns = int32(*partitions + 16) // the consumer, the producers and the console
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return err
@@ -135,6 +136,13 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer stopConsumer()
 	var cg errgroup.Group
 	cg.Go(func() error { return c.Run(consumerCtx) })
+	if *consoleAddr != "off" {
+		if err := serveConsole(consumerCtx, &cg, pool, c, *consoleAddr, &log, stdout); err != nil {
+			stopConsumer()
+			_ = cg.Wait()
+			return err
+		}
+	}
 
 	var appended atomic.Int64
 	prodCtx, stopProducers := context.WithTimeout(ctx, *duration)

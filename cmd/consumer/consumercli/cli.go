@@ -59,6 +59,8 @@
 //	consumer maintain [--once]       segments, dead groups and retention without a consumer
 //	consumer adopt   [--partitions N] [--dry-run|--print] [--bridge] | --unbridge
 //	                                   move a seed-style deployment onto pgevents
+//	consumer console [--config FILE] [--addr HOST:PORT]
+//	                                   the operator console, without consumers
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL (consumer-dev)
 //	consumer bench   [--quick] [--only CASES] [--json]  the benchmark table (consumer-dev)
 //	consumer version                   the module version and the commit built
@@ -123,6 +125,8 @@ commands:
            create segments, sweep dead groups, apply retention (where no consumer runs)
   adopt    [--partitions N] [--dry-run | --print] [--bridge] | --unbridge
            move a seed-style deployment (its log and every group's position) onto pgevents
+  console  [--addr HOST:PORT]
+           serve the operator console (the file's console section), without consumers
   demo     run producers and a consumer group against a local PostgreSQL (consumer-dev)
   bench    [--quick] [--only CASES] [--json]  the benchmark table, BENCHMARKS.md (consumer-dev)
   version  print the module version and the commit the binary was built from
@@ -197,6 +201,8 @@ func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer)
 		err = maintainCmd(ctx, args[1:], stdout, stderr)
 	case "adopt":
 		err = adoptCmd(ctx, args[1:], stdout, stderr)
+	case "console":
+		err = c.consoleCmd(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		err = versionCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":

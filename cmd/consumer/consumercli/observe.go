@@ -157,6 +157,13 @@ func runConsumers(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, c
 		}
 		obs.Attach(i, consumers[i])
 	}
+	if cfg.Console != nil {
+		if err := serveConsole(gctx, g, cfg, consumers, log); err != nil {
+			cancel()
+			_ = g.Wait()
+			return err
+		}
+	}
 	var running sync.WaitGroup
 	for _, c := range consumers {
 		running.Add(1)

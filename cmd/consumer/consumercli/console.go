@@ -1,0 +1,182 @@
+package consumercli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/console"
+)
+
+// consolePoolSize is the console's own pool: its pages read a few
+// statements at a time, and an action holds one transaction.
+const consolePoolSize = 4
+
+const consoleUsage = `usage: consumer console [--config FILE] [--addr HOST:PORT]
+
+Serves the operator console (see package console), without consumers:
+pages on the log, the groups, dead letters, hosts and replicas, and, with
+the token, actions (pause, resume, reset, unhalt, replay, discard). The
+file's console section configures it (addr, token, readOnly;
+PGEVENTS_CONSOLE_TOKEN replaces the token); replay and discard run the
+handlers of the file's groups.
+
+Flags:
+`
+
+// consoleCmd is `consumer console`: the console alone, apart from the
+// consumers.
+func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("console", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, consoleUsage)
+		fs.PrintDefaults()
+	}
+	path := fs.String("config", defaultConfigPath, "configuration file: the database, the console section and the groups whose handlers replay dead letters")
+	addr := fs.String("addr", "", "address to listen on (default: the file's console.addr)")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	if fs.NArg() != 0 {
+		return usagef("console: unexpected argument %q", fs.Arg(0))
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	if *addr != "" {
+		if cfg.Console == nil {
+			cfg.Console = &config.Console{}
+			cfg.Console.Token = os.Getenv(config.EnvConsoleToken)
+		}
+		cfg.Console.Addr = *addr
+		if err := cfg.Validate(); err != nil {
+			var ce *config.Error
+			if errors.As(err, &ce) {
+				ce.File = *path
+			}
+			return err
+		}
+	}
+	if cfg.Console == nil {
+		return &config.Error{File: *path, Key: "console.addr",
+			Msg: "the file has no console section: add `console: {addr: 127.0.0.1:8080, token: ...}`, or give --addr"}
+	}
+	log := newLogger(cfg, stderr)
+	pool, err := openConsolePool(ctx, cfg, *path)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// The groups' handlers, for replay and discard: consumers that never run.
+	groups := cfg.GroupConfigs()
+	consumers := make([]*pgevents.Consumer, len(groups))
+	for i, g := range groups {
+		handlers, closeHandlers, err := c.buildHandlers(cfg, i, stdout)
+		if err != nil {
+			log.Warn().Err(err).Str("group", g.GroupID).Msg("console: no handlers for the group: its dead letters cannot be replayed here")
+			continue
+		}
+		defer closeHandlers()
+		if consumers[i], err = pgevents.NewConsumer(pool, g.Consumer(handlers, &log)); err != nil {
+			return inFile(cfg.ConsumerError(i, err), *path)
+		}
+	}
+	var g errgroup.Group
+	if err := startConsole(ctx, &g, cfg, pool, consumers, &log, stdout); err != nil {
+		return err
+	}
+	return g.Wait()
+}
+
+// startConsole listens on the configured console's address (so that a
+// busy address fails before anything else starts) and serves in g until
+// ctx ends. consumers are the file's groups, in GroupConfigs order (nil
+// for a group without handlers), whose handlers replay dead letters.
+func startConsole(ctx context.Context, g *errgroup.Group, cfg *config.Config, pool *pgxpool.Pool,
+	consumers []*pgevents.Consumer, log *zerolog.Logger, stdout io.Writer) error {
+	groups := cfg.GroupConfigs()
+	resolvers := map[string]console.Resolver{}
+	for i, c := range consumers {
+		if c != nil && i < len(groups) {
+			resolvers[fmt.Sprintf("%d/%s", groups[i].TopicID, groups[i].GroupID)] = c
+		}
+	}
+	c, err := console.New(pool, console.Options{
+		Schema:   cfg.Schema,
+		Token:    cfg.Console.Token,
+		ReadOnly: cfg.Console.ReadOnly,
+		Logger:   log,
+		Resolvers: func(group string, topic int) console.Resolver {
+			return resolvers[fmt.Sprintf("%d/%s", topic, group)]
+		},
+	})
+	if err != nil {
+		return err
+	}
+	srv, err := console.Listen(cfg.Console.Addr, c)
+	if err != nil {
+		return fmt.Errorf("console.addr %s: %w", cfg.Console.Addr, err)
+	}
+	log.Info().Str("addr", srv.Addr()).Bool("read_only", cfg.Console.ReadOnly).Msg("console listening")
+	fmt.Fprintf(stdout, "console: %s\n", srv.URL())
+	g.Go(func() error { return srv.Run(ctx) })
+	return nil
+}
+
+// openConsolePool connects the console to the configured database, with
+// the same URL rules as the consumers (DATABASE_URL, the file's session
+// timeouts), on a small pool of its own.
+func openConsolePool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Pool, error) {
+	pc, err := pgevents.NewPoolConfig(cfg.DatabaseURL, cfg.PoolOptions())
+	if err != nil {
+		return nil, &config.Error{File: path, Key: "databaseUrl", Msg: err.Error()}
+	}
+	pc.MaxConns = consolePoolSize
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
+// serveConsole is the console of `consumer run` (the file has a console
+// section): on a pool of its own, closed when ctx ends, replaying dead
+// letters with the running consumers.
+func serveConsole(ctx context.Context, g *errgroup.Group, cfg *config.Config, consumers []*pgevents.Consumer, log *zerolog.Logger) error {
+	pool, err := openConsolePool(ctx, cfg, "")
+	if err != nil {
+		return err
+	}
+	if log == nil {
+		nop := zerolog.Nop()
+		log = &nop
+	}
+	if err := startConsole(ctx, g, cfg, pool, consumers, log, io.Discard); err != nil {
+		pool.Close()
+		return err
+	}
+	g.Go(func() error {
+		<-ctx.Done()
+		pool.Close()
+		return nil
+	})
+	return nil
+}

@@ -1,0 +1,103 @@
+package config
+
+import (
+	"net"
+	"os"
+
+	"gopkg.in/yaml.v3"
+)
+
+// EnvConsoleToken names the environment variable that replaces
+// console.token, so that the credential need not sit in the file.
+const EnvConsoleToken = "PGEVENTS_CONSOLE_TOKEN"
+
+// MinConsoleTokenLen is the shortest console.token accepted: there is no
+// default token, and a short one is guessed.
+const MinConsoleTokenLen = 16
+
+const keyConsole = "console"
+
+// Console configures the operator console (package console): served by
+// `consumer console`, and by `consumer run` beside the consumers when the
+// file has this section. Without it no console is served.
+type Console struct {
+	// Addr is the address the console listens on, "host:port" or ":port";
+	// required. Pages are readable by anyone who reaches it: bind it to a
+	// private address.
+	Addr string `yaml:"addr"`
+
+	// Token is the credential for actions (a reset, a pause, a replay...):
+	// operators type it in the sign-in form, scripts send it as
+	// "Authorization: Bearer TOKEN". The environment variable
+	// PGEVENTS_CONSOLE_TOKEN replaces it when set and non-empty, and the
+	// file's value may name environment variables as ${NAME}. There is no
+	// default: required, at least MinConsoleTokenLen characters, unless
+	// ReadOnly.
+	Token string `yaml:"token"`
+
+	// ReadOnly serves the pages without actions: no form changes anything,
+	// and every action request is refused. Defaults to false.
+	ReadOnly bool `yaml:"readOnly"`
+}
+
+// console decodes the console mapping v into c.Console.
+func (p *parser) console(v *yaml.Node) *Error {
+	if isNull(v) {
+		return nil
+	}
+	if v.Kind != yaml.MappingNode {
+		return &Error{Key: keyConsole, Line: p.lines[keyConsole], Msg: "must be a mapping (addr, token, readOnly), got " + describe(v)}
+	}
+	c := &Console{}
+	p.cfg.Console = c
+	return p.mapping(v, keyConsole+".", func(name string, k, v *yaml.Node) *Error {
+		key := keyConsole + "." + name
+		var msg string
+		switch name {
+		case "addr":
+			msg = decodeString(v, &c.Addr)
+		case "token":
+			if msg = decodeString(v, &c.Token); msg == "" {
+				var err error
+				if c.Token, err = expandEnv(c.Token); err != nil {
+					msg = err.Error()
+				}
+			}
+		case "readOnly":
+			msg = decodeBool(v, &c.ReadOnly)
+		default:
+			msg = "unknown key (addr, token, readOnly)"
+		}
+		if msg != "" {
+			return &Error{Key: key, Line: k.Line, Msg: msg}
+		}
+		return nil
+	})
+}
+
+// consoleEnv applies PGEVENTS_CONSOLE_TOKEN to a configured console.
+func (c *Config) consoleEnv() {
+	if tok := os.Getenv(EnvConsoleToken); tok != "" && c.Console != nil {
+		c.Console.Token = tok
+	}
+}
+
+// consoleProblems adds the problems of the console section.
+func (c *Config) consoleProblems(add func(key, format string, args ...any)) {
+	k := c.Console
+	if k == nil {
+		return
+	}
+	if k.Addr == "" {
+		add(keyConsole+".addr", "is required: the address to serve the console on, host:port")
+	} else if _, port, err := net.SplitHostPort(k.Addr); err != nil || port == "" {
+		add(keyConsole+".addr", "must be host:port or :port, got %q", k.Addr)
+	}
+	switch {
+	case k.ReadOnly:
+	case k.Token == "":
+		add(keyConsole+".token", "is required (or readOnly: true): set it, or the %s environment variable; there is no default", EnvConsoleToken)
+	case len([]rune(k.Token)) < MinConsoleTokenLen:
+		add(keyConsole+".token", "must be at least %d characters, got %d", MinConsoleTokenLen, len([]rune(k.Token)))
+	}
+}

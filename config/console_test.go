@@ -1,0 +1,57 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestParseConsole: the console section, its environment override, and
+// the errors that name its keys. There is no default token.
+func TestParseConsole(t *testing.T) {
+	clearEnv(t)
+	t.Setenv(EnvConsoleToken, "")
+	const head = "databaseUrl: postgres://localhost/db\ngroupId: g\n"
+
+	if c := mustParse(t, head); c.Console != nil {
+		t.Errorf("no console section: Console = %+v, want nil (off)", c.Console)
+	}
+	c := mustParse(t, head+"console:\n  addr: 127.0.0.1:8080\n  token: 0123456789abcdef\n")
+	if c.Console == nil || c.Console.Addr != "127.0.0.1:8080" || c.Console.Token != "0123456789abcdef" || c.Console.ReadOnly {
+		t.Errorf("Console = %+v", c.Console)
+	}
+	if c := mustParse(t, head+"console: {addr: ':0', readOnly: true}\n"); !c.Console.ReadOnly || c.Console.Token != "" {
+		t.Errorf("read-only console without a token: %+v", c.Console)
+	}
+
+	t.Setenv("MY_CONSOLE_TOKEN", "from-a-variable-0001")
+	if c := mustParse(t, head+"console: {addr: ':0', token: '${MY_CONSOLE_TOKEN}'}\n"); c.Console.Token != "from-a-variable-0001" {
+		t.Errorf("token from ${MY_CONSOLE_TOKEN} = %q", c.Console.Token)
+	}
+	t.Setenv(EnvConsoleToken, "from-the-environment-01")
+	if c := mustParse(t, head+"console: {addr: ':0', token: short}\n"); c.Console.Token != "from-the-environment-01" {
+		t.Errorf("%s must replace the file's token, got %q", EnvConsoleToken, c.Console.Token)
+	}
+	if c := mustParse(t, head+"console: {addr: ':0'}\n"); c.Console.Token != "from-the-environment-01" {
+		t.Errorf("token from %s alone = %q", EnvConsoleToken, c.Console.Token)
+	}
+	if c := mustParse(t, head); c.Console != nil {
+		t.Errorf("%s without a console section must not turn the console on: %+v", EnvConsoleToken, c.Console)
+	}
+	t.Setenv(EnvConsoleToken, "")
+
+	for _, tt := range []struct{ src, key, msg string }{
+		{"console: {token: 0123456789abcdef}\n", "console.addr", "required"},
+		{"console: {addr: localhost, token: 0123456789abcdef}\n", "console.addr", "host:port"},
+		{"console: {addr: ':0'}\n", "console.token", "no default"},
+		{"console: {addr: ':0', token: secret}\n", "console.token", "at least 16"},
+		{"console: {addr: ':0', readOnly: yes please}\n", "console.readOnly", "true or false"},
+		{"console: {addr: ':0', tokn: x}\n", "console.tokn", "unknown key"},
+		{"console: {addr: ':0', token: '${NOT_SET_ANYWHERE_XYZ}'}\n", "console.token", "not set"},
+		{"console: [a]\n", "console", "mapping"},
+	} {
+		e := parseErr(t, head+tt.src)
+		if e.Key != tt.key || !strings.Contains(e.Msg, tt.msg) {
+			t.Errorf("%q: error %v; want key %s and %q", tt.src, e, tt.key, tt.msg)
+		}
+	}
+}

@@ -1,0 +1,320 @@
+package console
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+)
+
+// cookieName is the session cookie's name.
+const cookieName = "pgevents_console"
+
+// maxSessions bounds the sessions kept in memory; a sign-in beyond it
+// replaces the oldest.
+const maxSessions = 10000
+
+// session is a browser's sign-in: who (the name given), its CSRF token
+// and when it ends. Sessions live in the process: a restart signs
+// everyone out.
+type session struct {
+	actor   string
+	csrf    string
+	expires time.Time
+}
+
+// sessions maps the hash of each session id to its session.
+type sessions struct {
+	ttl time.Duration
+	mu  sync.Mutex
+	m   map[string]*session
+}
+
+func newSessions(ttl time.Duration) *sessions {
+	return &sessions{ttl: ttl, m: map[string]*session{}}
+}
+
+// create starts a session for actor and returns its id (the cookie's
+// value).
+func (s *sessions) create(actor string) (string, *session) {
+	id := randomToken()
+	ss := &session{actor: actor, csrf: randomToken(), expires: time.Now().Add(s.ttl)}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var oldest string
+	for k, v := range s.m {
+		if now.After(v.expires) {
+			delete(s.m, k)
+		} else if oldest == "" || v.expires.Before(s.m[oldest].expires) {
+			oldest = k
+		}
+	}
+	if len(s.m) >= maxSessions {
+		delete(s.m, oldest)
+	}
+	s.m[hashID(id)] = ss
+	return id, ss
+}
+
+// get returns the live session of id, or nil.
+func (s *sessions) get(id string) *session {
+	if id == "" {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss := s.m[hashID(id)]
+	if ss == nil || time.Now().After(ss.expires) {
+		return nil
+	}
+	return ss
+}
+
+// end removes the session of id.
+func (s *sessions) end(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, hashID(id))
+}
+
+func hashID(id string) string {
+	h := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(h[:])
+}
+
+// randomToken returns 32 random bytes, base64url.
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// equal compares secrets in constant time (of their hashes, so that the
+// length does not leak either).
+func equal(a, b string) bool {
+	ha, hb := sha256.Sum256([]byte(a)), sha256.Sum256([]byte(b))
+	return subtle.ConstantTimeCompare(ha[:], hb[:]) == 1
+}
+
+// limiter counts failed sign-ins per client address in a window.
+type limiter struct {
+	max    int
+	window time.Duration
+	mu     sync.Mutex
+	m      map[string]*window
+}
+
+type window struct {
+	start time.Time
+	n     int
+}
+
+func newLimiter(max int, w time.Duration) *limiter {
+	return &limiter{max: max, window: w, m: map[string]*window{}}
+}
+
+// blocked reports whether addr failed max times within the window.
+func (l *limiter) blocked(addr string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.m[addr]
+	return w != nil && time.Since(w.start) < l.window && w.n >= l.max
+}
+
+// fail counts a failure of addr.
+func (l *limiter) fail(addr string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, w := range l.m {
+		if time.Since(w.start) >= l.window {
+			delete(l.m, k)
+		}
+	}
+	w := l.m[addr]
+	if w == nil {
+		w = &window{start: time.Now()}
+		l.m[addr] = w
+	}
+	w.n++
+}
+
+// actor is who acts: the name given at sign-in (or in the X-Console-Actor
+// header of a script), and from where.
+type actor struct {
+	name   string
+	remote string
+	bearer bool     // a script, with the token in Authorization
+	sess   *session // a browser session; nil for a script
+}
+
+// clientAddr is the client's IP address (the proxy's, behind one).
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// crossSite reports whether the browser says the request comes from
+// another site: Sec-Fetch-Site when the browser sends it, else an Origin
+// that is not this host ("null", which a browser sends when it hides the
+// origin, says nothing either way: the CSRF token decides).
+func crossSite(r *http.Request) bool {
+	if s := r.Header.Get("Sec-Fetch-Site"); s != "" {
+		return s != "same-origin" && s != "none"
+	}
+	if o := r.Header.Get("Origin"); o != "" && o != "null" {
+		u, err := url.Parse(o)
+		return err != nil || u.Host != r.Host
+	}
+	return false
+}
+
+// currentSession returns the request's live browser session, or nil.
+func (c *Console) currentSession(r *http.Request) *session {
+	ck, err := r.Cookie(cookieName)
+	if err != nil {
+		return nil
+	}
+	return c.sessions.get(ck.Value)
+}
+
+// action wraps an action handler: it runs only for a request with the
+// token (a bearer header, or a browser session and its CSRF token), from
+// this site, to a console that is not read-only. Anything else is
+// refused before the handler runs, so it changes nothing: 401 without
+// valid credentials, 403 without the CSRF token, from another site, or in
+// read-only mode.
+func (c *Console) action(h func(w http.ResponseWriter, r *http.Request, a *actor)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		refuse := func(status int, why string) {
+			c.log.Warn().Str("path", r.URL.Path).Str("remote", r.RemoteAddr).Int("status", status).Str("why", why).Msg("action refused")
+			if status == http.StatusUnauthorized {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="pgevents console"`)
+			}
+			c.fail(w, r, status, why)
+		}
+		if c.opts.ReadOnly {
+			refuse(http.StatusForbidden, "this console is read-only: it takes no action")
+			return
+		}
+		a := &actor{remote: clientAddr(r)}
+		if auth := r.Header.Get("Authorization"); auth != "" {
+			tok, ok := strings.CutPrefix(auth, "Bearer ")
+			if !ok || !equal(tok, c.opts.Token) {
+				refuse(http.StatusUnauthorized, "the token is wrong")
+				return
+			}
+			a.bearer = true
+			a.name = cleanName(r.Header.Get("X-Console-Actor"), "script")
+			h(w, r, a)
+			return
+		}
+		a.sess = c.currentSession(r)
+		if a.sess == nil {
+			refuse(http.StatusUnauthorized, "sign in with the console's token first")
+			return
+		}
+		if crossSite(r) {
+			refuse(http.StatusForbidden, "cross-site request")
+			return
+		}
+		csrf := r.Header.Get("X-CSRF-Token")
+		if csrf == "" {
+			csrf = r.PostFormValue("csrf")
+		}
+		if csrf == "" || !equal(csrf, a.sess.csrf) {
+			refuse(http.StatusForbidden, "the form's CSRF token is missing or wrong: reload the page")
+			return
+		}
+		a.name = a.sess.actor
+		h(w, r, a)
+	}
+}
+
+// cleanName keeps a name fit for the audit log: printable, at most 100
+// characters, def when empty.
+func cleanName(s, def string) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return -1
+	}, strings.TrimSpace(s))
+	if r := []rune(s); len(r) > 100 {
+		s = string(r[:100])
+	}
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// signin checks the token of the sign-in form and starts a session: an
+// HttpOnly, SameSite=Strict cookie, Secure over TLS. Failures are limited
+// per client address.
+func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
+	addr := clientAddr(r)
+	if crossSite(r) {
+		c.fail(w, r, http.StatusForbidden, "cross-site request")
+		return
+	}
+	if c.signins.blocked(addr) {
+		c.log.Warn().Str("remote", addr).Msg("sign-in refused: too many failures")
+		c.fail(w, r, http.StatusTooManyRequests, "too many failed sign-ins: wait a minute")
+		return
+	}
+	if !equal(r.PostFormValue("token"), c.opts.Token) {
+		c.signins.fail(addr)
+		c.log.Warn().Str("remote", addr).Msg("sign-in failed: wrong token")
+		c.renderStatus(w, r, http.StatusUnauthorized, "signin", "Sign in", signinData{Failed: true, Name: r.PostFormValue("name")})
+		return
+	}
+	name := cleanName(r.PostFormValue("name"), "operator")
+	id, _ := c.sessions.create(name)
+	http.SetCookie(w, &http.Cookie{
+		Name: cookieName, Value: id, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: c.secure(r), MaxAge: int(c.opts.SessionTTL / time.Second),
+	})
+	c.log.Info().Str("actor", name).Str("remote", addr).Msg("signed in")
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// secure reports whether the session cookie is Secure: the request came
+// over TLS, through a proxy that says it did (X-Forwarded-Proto: a
+// Secure cookie the client then does not send back over plain HTTP is
+// the worst a lying header does), or Options.SecureCookie.
+func (c *Console) secure(r *http.Request) bool {
+	return c.opts.SecureCookie || r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"
+}
+
+// signout ends the session.
+func (c *Console) signout(w http.ResponseWriter, r *http.Request, a *actor) {
+	if ck, err := r.Cookie(cookieName); err == nil {
+		c.sessions.end(ck.Value)
+	}
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: c.secure(r), MaxAge: -1})
+	c.log.Info().Str("actor", a.name).Str("remote", a.remote).Msg("signed out")
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// signinData is the sign-in page's.
+type signinData struct {
+	Failed bool
+	Name   string
+}
+
+func (c *Console) signinPage(r *http.Request) (string, string, any, error) {
+	return "signin", "Sign in", signinData{}, nil
+}

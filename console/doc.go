@@ -1,0 +1,88 @@
+// Package console is pgevents' operator console: web pages, served by the
+// consumer binary (`consumer console`, or `consumer run` with a console
+// section in db-event-consumer.yml), that show what the database says
+// about the log and its consumer groups, and let an operator act on them.
+//
+// # Pages
+//
+//   - Overview: each topic with its partitions, offset scope and
+//     retention; each group with its state, total lag and live rate.
+//   - Group: per partition, the owner replica, its epoch and lease
+//     expiry, the group's position, the partition's head, the lag, the
+//     halt and the parked hosts; pause and resume, reset to
+//     earliest/latest/offset/time after a confirmation that shows how many
+//     events it replays or skips, unhalt.
+//   - Dead letters: filtered by group, host, event type, reason and time;
+//     each one's events, payloads and error; replay and discard, one or
+//     many.
+//   - Events: a partition browsed by offset or time; events found by host,
+//     type or event id; each event's JSON.
+//   - Host and event: the path of a host, or of one event, through every
+//     group of its topic: where it is, which group handled it (and by
+//     when), which is behind it and by how many events, and what blocks it
+//     (a dead letter, a parked host, a halt, a paused or dead group, a
+//     lease that expired).
+//   - Replicas: the live replicas, their partitions and heartbeat age.
+//   - Audit: what operators did from the console.
+//
+// Figures marked live refresh by themselves: a small embedded script
+// (assets/console.js, no build step, no CDN) fetches the page again every
+// few seconds and swaps the elements marked data-live. Pages work without
+// it.
+//
+// # Actions and their guarantees
+//
+// Actions use the operator API the CLI uses: offsets.Reset,
+// offsets.SetState, offsets.Unhalt, and Consumer.ReplayDeadLetter and
+// DiscardDeadLetter through a [Resolver] (replay runs the group's
+// handlers, which a console is given by the process that serves it).
+// Each action writes a log line and a row of console_audit (migration
+// 0011), which the pages show: a reset, a pause, a resume and an unhalt
+// write their row in the action's own transaction, so the row exists if
+// and only if the action committed; a replay or discard writes it right
+// after, with the outcome. A reset is previewed first: the console runs
+// offsets.Reset in a transaction it rolls back and counts, in that
+// transaction, the events each partition would replay or skip; the
+// confirmation carries the positions previewed, and the reset commits only
+// if it moves the group exactly there (a "latest" reset may go further,
+// when events were appended since, and then says how many more it skips);
+// otherwise nothing changes and a new confirmation is shown.
+//
+// # Security
+//
+//   - Actions need the token (Options.Token, there is no default): a
+//     browser signs in with a form that sets a session cookie (HttpOnly,
+//     SameSite=Strict, Secure when the request came over TLS or through a
+//     proxy that sends X-Forwarded-Proto: https), a script
+//     sends "Authorization: Bearer TOKEN". A request without valid
+//     credentials gets 401, and changes nothing.
+//   - Every action from a browser session carries the session's CSRF token
+//     (a form field, or the X-CSRF-Token header); without it the request
+//     gets 403 and changes nothing. Cross-site requests (Origin or
+//     Sec-Fetch-Site) are refused too.
+//   - Options.ReadOnly serves the pages without a single action form and
+//     refuses every action request with 403, whatever its credentials.
+//   - Everything shown is escaped by html/template: a payload, an error or a
+//     host id holding "<script>" is shown as text. The pages send a
+//     Content-Security-Policy that allows only the console's own script and
+//     stylesheet.
+//   - Every filter reaches the database as a statement parameter, never as
+//     SQL text; every statement of this package is a named constant that
+//     goes through schema.SQL.
+//   - The console shows the database's user, host and name, never its
+//     password, which is also removed from any error shown.
+//
+// Pages themselves need no token: anyone who reaches the console's address
+// reads the log, payloads included. Bind it to a private address.
+//
+// # Use
+//
+//	c, err := console.New(pool, console.Options{Token: token, Schema: "pgevents"})
+//	...
+//	srv, err := console.Listen("127.0.0.1:8080", c)
+//	...
+//	err = srv.Run(ctx) // until ctx ends
+//
+// A Console is an http.Handler: mount it in a server of your own (behind
+// TLS, say) instead of Listen.
+package console

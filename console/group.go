@@ -1,0 +1,179 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// partitionRow is one partition of a group on the group page.
+type partitionRow struct {
+	Partition   int
+	Owner       string
+	Epoch       int64
+	Live        bool
+	Acquired    *time.Time
+	Heartbeat   *time.Time
+	Expires     *time.Time
+	Hostname    string
+	Position    *int64
+	Head        *int64
+	Lag         int64
+	LagCapped   bool
+	LagSeconds  float64
+	DeadLetters int64
+	Halt        *metrics.Halt
+	Parked      int64
+	ParkedHosts []string
+}
+
+// groupData is the group page's.
+type groupData struct {
+	Topic      int
+	Group      string
+	Sub        *subscription
+	Partitions []partitionRow
+	Lag        int64
+	Rate       float64
+	Hist       []float64
+	DBTime     time.Time
+	Audit      []auditEntry
+	Done       string // what the action just taken did
+}
+
+func (c *Console) groupPage(r *http.Request) (string, string, any, error) {
+	topic, err := pathInt(r, "topic")
+	if err != nil {
+		return "", "", nil, err
+	}
+	group := r.PathValue("group")
+	ctx, cancel := c.queryContext(r)
+	defer cancel()
+	d, err := c.groupData(ctx, topic, group)
+	if err != nil {
+		return "", "", nil, err
+	}
+	d.Done = r.URL.Query().Get("done")
+	return "group", "Group " + group, d, nil
+}
+
+// groupData reads what the group page shows.
+func (c *Console) groupData(ctx context.Context, topic int, group string) (*groupData, error) {
+	d := &groupData{Topic: topic, Group: group, Rate: -1}
+	subs, err := c.subscriptions(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	for i := range subs {
+		if subs[i].Group == group {
+			d.Sub = &subs[i]
+		}
+	}
+	st, err := metrics.ReadState(ctx, c.pool, group, topic, metrics.DefaultLagCap)
+	if err != nil {
+		return nil, err
+	}
+	d.DBTime = st.DatabaseTime
+	hasPosition := false
+	for _, p := range st.Partitions {
+		hasPosition = hasPosition || p.NextOffset != nil
+	}
+	if d.Sub == nil && !hasPosition {
+		return nil, notFound("group %q has no subscription and no position on topic %d", group, topic)
+	}
+	owners, err := c.ownership(ctx, group, topic)
+	if err != nil {
+		return nil, err
+	}
+	parked, err := c.parkedHosts(ctx, group, topic)
+	if err != nil {
+		return nil, err
+	}
+	pos := map[int32]int64{}
+	for _, p := range st.Partitions {
+		row := partitionRow{Partition: p.Partition, Position: p.NextOffset, Head: p.LogEnd, Lag: p.LagEvents,
+			LagCapped: p.LagCapped, LagSeconds: p.LagSeconds, DeadLetters: p.DeadLettersOpen, Halt: p.Halt}
+		if o, ok := owners[p.Partition]; ok {
+			row.Owner, row.Epoch, row.Live, row.Acquired, row.Heartbeat, row.Expires, row.Hostname =
+				o.Owner, o.Epoch, o.Live, o.Acquired, o.Heartbeat, o.Expires, o.Hostname
+		}
+		if pk, ok := parked[p.Partition]; ok {
+			row.Parked, row.ParkedHosts = pk.n, pk.hosts
+		}
+		if p.NextOffset != nil {
+			d.Lag += p.LagEvents
+			pos[int32(p.Partition)] = *p.NextOffset
+		}
+		d.Partitions = append(d.Partitions, row)
+	}
+	if len(pos) > 0 {
+		d.Rate, d.Hist = c.rates.observe(ctx, c.pool, "group/"+strconv.Itoa(topic)+"/"+group, topic, pos, st.DatabaseTime)
+	}
+	if d.Audit, err = c.audit(ctx, group, topic, false, 20); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// lease is a row of partition_ownership.
+type lease struct {
+	Owner     string
+	Epoch     int64
+	Acquired  *time.Time
+	Heartbeat *time.Time
+	Expires   *time.Time
+	Live      bool
+	Hostname  string
+}
+
+// ownership reads the lease of each partition of the group (ownershipSQL).
+func (c *Console) ownership(ctx context.Context, group string, topic int) (map[int]lease, error) {
+	rows, err := c.pool.Query(ctx, schema.SQL(ctx, ownershipSQL), group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("console: leases: %w", err)
+	}
+	out := map[int]lease{}
+	var (
+		p int
+		l lease
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&p, &l.Owner, &l.Epoch, &l.Acquired, &l.Heartbeat, &l.Expires, &l.Live, &l.Hostname}, func() error {
+		out[p] = l
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("console: leases: %w", err)
+	}
+	return out, nil
+}
+
+type parkedCount struct {
+	n     int64
+	hosts []string
+}
+
+// parkedHosts reads the parked hosts of each partition of the group.
+func (c *Console) parkedHosts(ctx context.Context, group string, topic int) (map[int]parkedCount, error) {
+	rows, err := c.pool.Query(ctx, schema.SQL(ctx, parkedHostsSQL), group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("console: parked hosts: %w", err)
+	}
+	out := map[int]parkedCount{}
+	var (
+		p  int
+		pc parkedCount
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&p, &pc.n, &pc.hosts}, func() error {
+		out[p] = pc
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("console: parked hosts: %w", err)
+	}
+	return out, nil
+}

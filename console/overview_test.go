@@ -1,0 +1,83 @@
+package console_test
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/console"
+)
+
+// groupRow returns the overview's row of group.
+func groupRow(t *testing.T, body, group string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?s)<tr class="group-row" data-group="` + regexp.QuoteMeta(group) + `">(.*?)</tr>`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("no row of group %s in\n%s", group, body)
+	}
+	return m[1]
+}
+
+// TestOverviewAndReplicas: the overview shows each group's lag as the
+// database counts it, the partitions its live replicas own, and a live
+// rate once events were handled between two readings; the replicas page
+// shows the running replica with its partitions and a fresh heartbeat.
+func TestOverviewAndReplicas(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2, console.Options{})
+	var poisoned atomic.Bool
+	cons, _ := e.startGroup(2, pgevents.PolicyDeadLetter, &poisoned)
+	for i := range 20 {
+		e.appendTx(ev(fmt.Sprintf("h%d", i%7), "t", `{}`))
+	}
+	waitFor(t, "20 handled", func() bool { return e.handled() == 20 })
+	e.subscribe("idle")
+	e.setPosition("idle", 0, e.queryInt(`SELECT coalesce(max(c_offset), 0) FROM outbox_message_t WHERE partition_id = 0`)) // one left there
+	c := e.client()
+	body := c.mustGet("/")
+	lag := e.queryInt(`SELECT count(*) FROM outbox_message_t m JOIN consumer_offsets o ON o.partition_id = m.partition_id
+		WHERE o.group_id = 'idle' AND m.c_offset >= o.next_offset`)
+	if row := groupRow(t, body, "idle"); !strings.Contains(row, fmt.Sprintf(`class="num lag">%d<`, lag)) || !strings.Contains(row, ">0/2<") {
+		t.Errorf("group idle: want lag %d and no partition owned in %s", lag, row)
+	}
+	// The replica's leases are live while its heartbeat is on time, which a
+	// loaded machine may delay: the page says so as the database does.
+	waitFor(t, "group g with lag 0 and its 2 partitions owned", func() bool {
+		row := groupRow(t, c.mustGet("/"), "g")
+		return strings.Contains(row, `class="num lag">0<`) && strings.Contains(row, ">2/2<")
+	})
+
+	// Events handled between two readings make a rate.
+	start := time.Now()
+	for i := range 30 {
+		e.appendTx(ev(fmt.Sprintf("h%d", i%7), "t", `{}`))
+	}
+	waitFor(t, "50 handled", func() bool { return e.handled() == 50 })
+	time.Sleep(time.Until(start.Add(1100 * time.Millisecond)))
+	body = c.mustGet("/")
+	rate := find(t, groupRow(t, body, "g"), `class="num rate">([0-9.]+)/s<`)
+	if r, _ := strconv.ParseFloat(rate, 64); r <= 0 || r > 30/0.9 {
+		t.Errorf("group g's rate is %s/s after 30 events handled in over a second", rate)
+	}
+	if !strings.Contains(body, `<svg class="spark"`) && !strings.Contains(body, `class="rate">`) {
+		t.Error("the overview shows no rate")
+	}
+
+	replicas := c.mustGet("/replicas")
+	m := regexp.MustCompile(`(?s)<tr class="replica" data-replica="` + cons.ReplicaID() + `" data-live-replica="true">(.*?)</tr>`).FindStringSubmatch(replicas)
+	if m == nil {
+		t.Fatalf("the replicas page does not show %s as live:\n%s", cons.ReplicaID(), replicas)
+	}
+	if !strings.Contains(m[1], `class="partitions">0, 1<`) {
+		t.Errorf("replica %s: want partitions 0, 1 in %s", cons.ReplicaID(), m[1])
+	}
+	age := find(t, m[1], `class="num age">([^<]+)<`)
+	if d, err := time.ParseDuration(age); err != nil || d > 5*time.Second {
+		t.Errorf("replica %s: heartbeat age %s", cons.ReplicaID(), age)
+	}
+}

@@ -1,0 +1,295 @@
+package console
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"mime"
+	"net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed assets/*
+var assetFS embed.FS
+
+// templates holds one template set per page, each with the layout.
+type templates map[string]*template.Template
+
+// pageNames are the pages, each templates/<name>.html.
+var pageNames = []string{"overview", "group", "reset", "deadletters", "deadletter", "events", "event", "host",
+	"replicas", "audit", "signin", "error"}
+
+func parseTemplates() (templates, error) {
+	out := templates{}
+	for _, name := range pageNames {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/parts.html",
+			"templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console: template %s: %w", name, err)
+		}
+		out[name] = t
+	}
+	return out, nil
+}
+
+// view is what every page's template gets: the page's own data in Data,
+// and what the layout needs.
+type view struct {
+	Title    string
+	Page     string
+	Data     any
+	Actor    string // the signed-in name; "" when not signed in
+	CSRF     string // the session's CSRF token, for action forms
+	CanAct   bool   // signed in to a console that acts: action forms are shown
+	ReadOnly bool
+	DB       string // user@host:port/database
+	Refresh  int    // milliseconds between live refreshes
+}
+
+// render writes page name with data, inside the layout.
+func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
+	c.renderStatus(w, r, http.StatusOK, name, title, data)
+}
+
+// renderStatus is render with an HTTP status.
+func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
+	v := view{Title: title, Page: name, Data: data, ReadOnly: c.opts.ReadOnly, DB: c.dbLabel,
+		Refresh: int(c.opts.Refresh / time.Millisecond)}
+	if s := c.currentSession(r); s != nil && !c.opts.ReadOnly {
+		v.Actor, v.CSRF, v.CanAct = s.actor, s.csrf, true
+	}
+	var b bytes.Buffer
+	if err := c.pages[name].Execute(&b, v); err != nil {
+		c.log.Error().Err(err).Str("page", name).Msg("render")
+		http.Error(w, "console: cannot render the page", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(b.Bytes())
+}
+
+// pageFunc loads a page's data: it returns the template's name, the
+// title and the data, or an error (a *statusError for the client's).
+type pageFunc func(r *http.Request) (name, title string, data any, err error)
+
+// page serves a pageFunc: the page, or the error's.
+func (c *Console) page(f pageFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name, title, data, err := f(r)
+		if err != nil {
+			var se *statusError
+			if errors.As(err, &se) {
+				c.fail(w, r, se.status, se.msg)
+				return
+			}
+			c.log.Error().Err(err).Str("path", r.URL.Path).Msg("page")
+			c.fail(w, r, http.StatusInternalServerError, err.Error())
+			return
+		}
+		c.render(w, r, name, title, data)
+	}
+}
+
+// statusError is an error that answers with its status.
+type statusError struct {
+	status int
+	msg    string
+}
+
+func (e *statusError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &statusError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+func notFound(format string, args ...any) error {
+	return &statusError{http.StatusNotFound, fmt.Sprintf(format, args...)}
+}
+
+// errorData is the error page's.
+type errorData struct {
+	Status int
+	Text   string
+	Msg    string
+	SignIn bool
+}
+
+// fail answers with status and msg: JSON to a script (a bearer request or
+// one that accepts only JSON), the error page to a browser. The database
+// password never appears in msg.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	msg = c.redact(msg)
+	if wantsJSON(r) {
+		writeJSON(w, status, map[string]any{"error": msg, "status": status})
+		return
+	}
+	c.renderStatus(w, r, status, "error", http.StatusText(status), errorData{Status: status, Text: http.StatusText(status), Msg: msg,
+		SignIn: status == http.StatusUnauthorized && !c.opts.ReadOnly})
+}
+
+// wantsJSON reports whether the client is a script: it sent the token in
+// Authorization, or asks for JSON.
+func wantsJSON(r *http.Request) bool {
+	return r.Header.Get("Authorization") != "" || r.Header.Get("Accept") == "application/json"
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// asset serves an embedded file of assets/.
+func (c *Console) asset(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	b, err := fs.ReadFile(assetFS, "assets/"+path.Base(name))
+	if err != nil {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", mime.TypeByExtension(path.Ext(name)))
+	w.Header().Set("Cache-Control", "max-age=300")
+	_, _ = w.Write(b)
+}
+
+// funcs are the templates' helpers. None returns template.HTML: whatever
+// they return is escaped for its context.
+var funcs = template.FuncMap{
+	"groupURL": func(topic int, group string) string {
+		return "/topics/" + strconv.Itoa(topic) + "/groups/" + url.PathEscape(group)
+	},
+	"eventURL": func(topic, partition int, offset int64) string {
+		return fmt.Sprintf("/topics/%d/partitions/%d/offsets/%d", topic, partition, offset)
+	},
+	"hostURL": func(topic int, host string) string {
+		return "/topics/" + strconv.Itoa(topic) + "/hosts?host=" + url.QueryEscape(host)
+	},
+	"eventsURL": func(topic int) string { return "/topics/" + strconv.Itoa(topic) + "/events" },
+	"dlURL": func(id any) string {
+		switch v := id.(type) {
+		case int64:
+			return "/dead-letters/" + strconv.FormatInt(v, 10)
+		case *int64:
+			if v != nil {
+				return "/dead-letters/" + strconv.FormatInt(*v, 10)
+			}
+		}
+		return "/dead-letters"
+	},
+	"pretty": prettyJSON,
+	"ts":     formatTime,
+	"ago":    formatAgo,
+	"dur":    formatDur,
+	"opt": func(v *int64) string {
+		if v == nil {
+			return "-"
+		}
+		return strconv.FormatInt(*v, 10)
+	},
+	"rate": func(r float64) string {
+		if r < 0 {
+			return "-"
+		}
+		if r < 10 {
+			return strconv.FormatFloat(r, 'f', 1, 64) + "/s"
+		}
+		return strconv.FormatFloat(r, 'f', 0, 64) + "/s"
+	},
+	"short": func(s string, n int) string {
+		s = strings.Join(strings.Fields(s), " ")
+		if r := []rune(s); len(r) > n {
+			return string(r[:n-1]) + "…"
+		}
+		return s
+	},
+	"spark": sparkPoints,
+	"seq":   func(n int) []struct{} { return make([]struct{}, n) },
+	"join":  strings.Join,
+}
+
+// prettyJSON indents a JSON document for reading; anything else comes back
+// as it is (to be escaped like any text).
+func prettyJSON(b []byte) string {
+	if len(b) == 0 {
+		return "null"
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return string(b)
+	}
+	return out.String()
+}
+
+// formatTime renders a time.Time or *time.Time in UTC; "-" for none.
+func formatTime(v any) string {
+	var t time.Time
+	switch x := v.(type) {
+	case time.Time:
+		t = x
+	case *time.Time:
+		if x != nil {
+			t = *x
+		}
+	}
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000Z")
+}
+
+// formatAgo is the time from t to now, on the server's clock.
+func formatAgo(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return formatDur(time.Since(t).Seconds())
+}
+
+// formatDur renders seconds: "0s", "850ms", "12.3s", "4m5s".
+func formatDur(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// sparkPoints draws samples as the points of an SVG polyline 120×24.
+func sparkPoints(samples []float64) string {
+	if len(samples) < 2 {
+		return ""
+	}
+	top := 0.0
+	for _, v := range samples {
+		top = max(top, v)
+	}
+	if top == 0 {
+		top = 1
+	}
+	var b strings.Builder
+	for i, v := range samples {
+		x := float64(i) * 120 / float64(len(samples)-1)
+		y := 23 - v/top*22
+		fmt.Fprintf(&b, "%.1f,%.1f ", x, y)
+	}
+	return strings.TrimSpace(b.String())
+}
