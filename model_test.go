@@ -644,13 +644,21 @@ func (m *model) heal() {
 			break
 		}
 		if time.Now().After(deadline) {
+			// The goroutines first, as the stall left them (the report
+			// below holds the model's lock, which handlers wait for).
+			stacks := workerStacks()
+			handledKeys := map[string]map[string]bool{"main": {}, "ghost": {}}
+			if rows, err := m.pool.Query(m.ctx, `SELECT DISTINCT group_id, k FROM handled WHERE group_id IN ('main', 'ghost')`); err == nil {
+				var g, k string
+				_, _ = pgx.ForEachRow(rows, []any{&g, &k}, func() error { handledKeys[g][k] = true; return nil })
+			}
 			m.mu.Lock()
 			var unhandled []string
 			for k := range m.committed {
-				if !m.discarded[k] && queryInt(t, m.pool, `SELECT count(*) FROM handled WHERE group_id = 'main' AND k = $1`, k) == 0 {
+				if !m.discarded[k] && !handledKeys["main"][k] {
 					unhandled = append(unhandled, fmt.Sprintf("%s@%d/%d", k, m.committed[k].layout, m.committed[k].offset))
 				}
-				if queryInt(t, m.pool, `SELECT count(*) FROM handled WHERE group_id = 'ghost' AND k = $1`, k) == 0 {
+				if !handledKeys["ghost"][k] {
 					unhandled = append(unhandled, fmt.Sprintf("ghost:%s@%d/%d", k, m.committed[k].layout, m.committed[k].offset))
 				}
 			}
@@ -689,7 +697,7 @@ func (m *model) heal() {
 			}
 			t.Errorf("not healed within 60 s: main handled %d of %d, %d dead letters open; ghost handled %d + skipped %d of %d; unhandled %v; %s; workers:\n%s\nactivity:\n%s\noperations: %s\nworker goroutines:\n%s",
 				got, want, len(dls), ghostGot, ghostSkipped, total, unhandled[max(0, len(unhandled)-30):], state,
-				strings.Join(workers, "\n"), activity, strings.Join(m.opsDone, "; "), workerStacks())
+				strings.Join(workers, "\n"), activity, strings.Join(m.opsDone, "; "), stacks)
 			m.mu.Unlock()
 			return
 		}
