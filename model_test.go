@@ -360,11 +360,14 @@ func (m *model) stop(mcon *modelConsumer) {
 }
 
 // crash ends a consumer as kill -9 would: its sessions are terminated
-// mid-batch, nothing is released.
+// mid-batch, nothing is released. Only this case's database: lanes run
+// side by side, and their consumers have the same names (a lane's kill of
+// model-main-2 once ended the other lane's model-main-2 in its first
+// statement, a crash that lane never knew of).
 func (m *model) crash(mcon *modelConsumer) {
 	var killed string
 	err := m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(application_name || '/' || pid, ' '), '')
-		FROM pg_stat_activity WHERE application_name IN ($1, $2) AND pg_terminate_backend(pid)`,
+		FROM pg_stat_activity WHERE datname = current_database() AND application_name IN ($1, $2) AND pg_terminate_backend(pid)`,
 		mcon.app, offsets.BatchApplicationName(mcon.c.ReplicaID())).Scan(&killed)
 	if err != nil {
 		m.t.Error(err)
