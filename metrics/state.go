@@ -31,10 +31,11 @@ type Querier interface {
 //
 // Why it is cheap, whatever the size of the log:
 //
-//   - the partitions come from log_counter and the group's layout (a row
-//     each) and the positions from consumer_offsets through its primary key
-//     (group_id, topic_id, partition_id): a few rows per group, and the
-//     leases likewise from partition_leases;
+//   - the groups come from group_layouts and subscriptions, the partitions
+//     from log_counter and the group's layout (a row each), and each
+//     position is the newest row of consumer_positions, read from the end
+//     of its index (whatever older rows an open snapshot keeps): a few rows
+//     per group, and the leases likewise from partition_leases;
 //   - every read of outbox_message_t names topic_id, partition_id and a
 //     bound on c_offset, with ORDER BY c_offset and a LIMIT, or max(), so it
 //     is an index (only) scan of the primary key (topic_id, partition_id,
@@ -58,7 +59,9 @@ const stateSQL = `WITH topic AS (
 groups AS (
     SELECT $1::text AS group_id WHERE $1::text <> ''
     UNION
-    SELECT DISTINCT o.group_id FROM {schema}consumer_offsets o WHERE o.topic_id = $2 AND $1::text = ''
+    SELECT gl.group_id FROM {schema}group_layouts gl WHERE gl.topic_id = $2 AND $1::text = ''
+    UNION
+    SELECT s.group_id FROM {schema}subscriptions s WHERE s.topic_id = $2 AND $1::text = ''
 ),
 glayout AS (
     -- Each group's partition count is its layout's (it may still be
@@ -76,8 +79,11 @@ parts AS (
            coalesce({schema}layout_cut(g.topic_id, g.version, p.partition_id), 9223372036854775807) AS below
     FROM glayout g
     CROSS JOIN generate_series(0, g.total_partitions - 1) AS p(partition_id)
-    LEFT JOIN {schema}consumer_offsets o
-           ON o.group_id = g.group_id AND o.topic_id = g.topic_id AND o.partition_id = p.partition_id
+    LEFT JOIN LATERAL (
+        SELECT o.next_offset FROM {schema}consumer_positions o
+        WHERE o.group_id = g.group_id AND o.topic_id = g.topic_id AND o.partition_id = p.partition_id
+        ORDER BY o.seq DESC LIMIT 1
+    ) o ON true
 ),
 state AS (
     SELECT s.group_id, s.partition_id, s.next_offset,

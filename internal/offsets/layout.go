@@ -63,12 +63,19 @@ WHERE g.group_id = $1 AND g.topic_id = $2`
 
 	// layoutDoneSQL says whether every partition of the group has handled
 	// every event of layout $3, up to the partition's cut.
+	// Each position is the newest row of consumer_positions, read from the
+	// end of its index (the consumer_offsets view would read every row an
+	// open snapshot keeps).
 	layoutDoneSQL = `SELECT NOT EXISTS (
-    SELECT 1 FROM {schema}consumer_offsets o
-    WHERE o.group_id = $1 AND o.topic_id = $2
+    SELECT 1 FROM {schema}topic_layouts l
+    CROSS JOIN generate_series(0, l.total_partitions - 1) AS p(partition_id)
+    CROSS JOIN LATERAL (SELECT o.next_offset FROM {schema}consumer_positions o
+                        WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = p.partition_id
+                        ORDER BY o.seq DESC LIMIT 1) o
+    WHERE l.topic_id = $2 AND l.version = $3
       AND EXISTS (SELECT 1 FROM {schema}outbox_message_t m
-                  WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
-                    AND m.c_offset >= o.next_offset AND m.c_offset < {schema}layout_cut($2, $3, o.partition_id)))`
+                  WHERE m.topic_id = $2 AND m.partition_id = p.partition_id
+                    AND m.c_offset >= o.next_offset AND m.c_offset < {schema}layout_cut($2, $3, p.partition_id)))`
 
 	// switchSQL moves the group to the next layout $4 of $3 partitions:
 	// positions at each partition's first offset in it, leases freed with a higher epoch (epochs never

@@ -53,16 +53,22 @@ FROM {schema}partition_counters pc WHERE pc.topic_id = $1`
 	// whose log holds an offset at or above the group's next_offset (and
 	// below the end of the partition in the group's layout $4), and the
 	// highest such offset: a cheap question asked before taking a lock.
-	pendingSQL = `SELECT o.partition_id, o.next_offset, h.max_offset, clock_timestamp()
-FROM {schema}consumer_offsets o
+	pendingSQL = `SELECT u.p, o.next_offset, h.max_offset, clock_timestamp()
+FROM unnest($3::integer[]) AS u(p)
+CROSS JOIN LATERAL (
+    -- The position: the newest row, from the index's end (not the
+    -- consumer_offsets view, which reads every row an open snapshot keeps).
+    SELECT o.next_offset FROM {schema}consumer_positions o
+    WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = u.p
+    ORDER BY o.seq DESC LIMIT 1
+) o
 CROSS JOIN LATERAL (
     SELECT max(m.c_offset) AS max_offset
     FROM {schema}outbox_message_t m
-    WHERE m.topic_id = $2 AND m.partition_id = o.partition_id
+    WHERE m.topic_id = $2 AND m.partition_id = u.p
       AND m.c_offset < ` + pendingCut + `
 ) h
-WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = ANY($3::integer[])
-  AND h.max_offset >= o.next_offset
+WHERE h.max_offset >= o.next_offset
 UNION ALL
 SELECT -1, 0, 0, clock_timestamp()`
 
@@ -77,7 +83,7 @@ SELECT -1, 0, 0, clock_timestamp()`
 	// PostgreSQL cannot inline (its body has a subquery) and so parses and
 	// plans again at every execution of the statement that calls it
 	// (measured: a large share of the claim's server time).
-	pendingCut = cutHead + `o.partition_id` + cutMid + `$2 AND l.version = $4` + cutTail
+	pendingCut = cutHead + `u.p` + cutMid + `$2 AND l.version = $4` + cutTail
 	claimCut   = cutHead + `$3` + cutMid + `$2 AND l.version = $5` + cutTail
 	cutHead    = `coalesce((SELECT CASE WHEN l.from_offsets IS NULL THEN l.from_offset ELSE coalesce(l.from_offsets[`
 	cutMid     = ` + 1], 1) END

@@ -39,7 +39,9 @@ WHERE r.topic_id = $1`
 FROM {schema}group_layouts gl
 JOIN {schema}topic_layouts l ON l.topic_id = gl.topic_id AND l.version = gl.version
 LEFT JOIN {schema}subscriptions s ON s.group_id = gl.group_id AND s.topic_id = gl.topic_id
-LEFT JOIN {schema}consumer_offsets o ON o.group_id = gl.group_id AND o.topic_id = gl.topic_id AND o.partition_id = $2
+LEFT JOIN LATERAL (SELECT o.next_offset FROM {schema}consumer_positions o
+                   WHERE o.group_id = gl.group_id AND o.topic_id = gl.topic_id AND o.partition_id = $2
+                   ORDER BY o.seq DESC LIMIT 1) o ON true
 WHERE gl.topic_id = $1`
 
 	// watermarkSQL is the lowest offset of partition $2 an ACTIVE or PAUSED
