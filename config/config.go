@@ -2,6 +2,7 @@ package config
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -20,7 +21,14 @@ type Config struct {
 	// DatabaseURL is the PostgreSQL connection string, as a URL or as
 	// keyword/value pairs. The DATABASE_URL environment variable replaces
 	// it when set and non-empty. It is required from one source or the
-	// other.
+	// other: it is the database of the commands that name no group
+	// (repartition, adopt, console, dlq list without --group), and of every
+	// group that does not set its own.
+	//
+	// A groups item may set its own, so that one process serves groups on
+	// several databases (topics spread over several): that group then runs,
+	// is migrated, shown and administered on its database, and
+	// DATABASE_URL does not replace it. See [Config.Databases].
 	DatabaseURL string `yaml:"databaseUrl"`
 
 	// Schema is the PostgreSQL schema pgevents lives in: `consumer migrate`
@@ -32,7 +40,8 @@ type Config struct {
 	// tables through the search_path. Defaults to "", the first schema of
 	// the search_path; otherwise it must be a schema name
 	// schema.ValidName accepts (a lowercase identifier, not starting with
-	// pg_). Top level only: every group of a process shares it.
+	// pg_). A groups item may set its own (the schema of pgevents in its
+	// database); by default it takes the top level's.
 	Schema string `yaml:"schema"`
 
 	// GroupID names the consumer group whose offsets this process reads
@@ -180,6 +189,14 @@ type Config struct {
 	// consumer migrate.
 	ZeroSubscriptionRetention string `yaml:"zeroSubscriptionRetention"`
 
+	// IdempotencyWindow is how long an idempotency key of the topic makes
+	// a second append of it append nothing, as a Go duration with an
+	// optional "d" for days ("24h", "2d"); see schema.SetIdempotencyWindow.
+	// Defaults to "24h" (schema.DefaultIdempotencyWindow); must be
+	// positive. Written by consumer migrate to every topic the file's
+	// groups consume.
+	IdempotencyWindow string `yaml:"idempotencyWindow"`
+
 	// SegmentSize is the number of offsets per segment of the log, the
 	// unit that retention removes, for a topic created by consumer
 	// migrate. Defaults to 1000000; must be at least 1000.
@@ -220,33 +237,107 @@ type Config struct {
 	// default, serves none. Top level only.
 	Console *Console `yaml:"console"`
 
+	// Tracing makes consumer run export the consumers' spans over
+	// OTLP/HTTP (see [Tracing]); nil, the default, traces nothing. Top
+	// level only: every group of the process exports through it.
+	Tracing *Tracing `yaml:"tracing"`
+
 	// Handlers lists the built-in handlers, in the order given. It may be
 	// empty.
 	Handlers []Handler `yaml:"handlers"`
 
 	// Groups lists several consumer groups to run in one process. Each
 	// item takes the top-level keys as defaults and may set groupId
-	// (required), topicId, totalPartitions, partitionId, batchSize,
-	// unknownEventType, onPermanentFailure, maxAttempts, handlerTimeoutMs,
-	// startFrom, deadAfterMs and handlers. With groups, the top-level groupId and handlers must
-	// not be set. See [Config.GroupConfigs].
+	// (required), databaseUrl, schema, topicId, totalPartitions,
+	// partitionId, batchSize, unknownEventType, onPermanentFailure,
+	// maxAttempts, handlerTimeoutMs, startFrom, deadAfterMs and handlers.
+	// With groups, the top-level groupId and handlers must not be set.
+	// [Parse] fills each item's other keys from the top level; in a Config
+	// built in Go, an item's empty DatabaseURL means the top level's. Two
+	// items may not name the same group of the same topic, even on two
+	// databases. See [Config.GroupConfigs].
 	Groups []Config `yaml:"groups"`
 }
 
 // groupKeys are the keys a groups item may set.
-var groupKeys = []string{"groupId", "topicId", "totalPartitions", "partitionId", "batchSize",
+var groupKeys = []string{keyDatabaseURL, keySchema, "groupId", "topicId", "totalPartitions", "partitionId", "batchSize",
 	"unknownEventType", "onPermanentFailure", "maxAttempts", "handlerTimeoutMs", "startFrom", "deadAfterMs", keyHandlers}
 
-const keyGroups = "groups"
+const (
+	keyGroups      = "groups"
+	keyDatabaseURL = "databaseUrl"
+	keySchema      = "schema"
+)
 
 // GroupConfigs returns one configuration per consumer group to run: the
-// items of Groups, or c itself when it has none.
+// items of Groups, or c itself when it has none. Each item's DatabaseURL
+// is its database: its own, or the top level's.
 func (c *Config) GroupConfigs() []Config {
 	if len(c.Groups) == 0 {
 		one := *c
 		return []Config{one}
 	}
-	return c.Groups
+	gs := slices.Clone(c.Groups)
+	for i := range gs {
+		if gs[i].DatabaseURL == "" {
+			gs[i].DatabaseURL = c.DatabaseURL
+		}
+	}
+	return gs
+}
+
+// Database is one database the file's groups run on: a distinct
+// databaseUrl.
+type Database struct {
+	// URL is its connection string.
+	URL string
+	// Key is the file's key that sets URL: "databaseUrl" for the top
+	// level's, else "groups[i].databaseUrl" of the first group that names
+	// it. Errors about the database (a URL that does not parse, say) name
+	// it.
+	Key string
+	// Groups are the groups that run on it, as indexes in GroupConfigs
+	// order.
+	Groups []int
+	// PoolSize is the connections its groups' consumers need: maxConns
+	// when set, otherwise pgevents.PoolSize of the partitions each of them
+	// serves, summed.
+	PoolSize int
+}
+
+// Databases returns the databases the file's groups run on, in the order
+// of their first group, each with its groups and the size of its pool. A
+// file whose groups set no databaseUrl has one: the top level's.
+func (c *Config) Databases() []Database {
+	var dbs []Database
+	for i, g := range c.GroupConfigs() {
+		j := slices.IndexFunc(dbs, func(d Database) bool { return d.URL == g.DatabaseURL })
+		if j < 0 {
+			dbs = append(dbs, Database{URL: g.DatabaseURL, Key: c.KeyPath(i, keyDatabaseURL)})
+			j = len(dbs) - 1
+		}
+		dbs[j].Groups = append(dbs[j].Groups, i)
+		dbs[j].PoolSize += g.groupPoolSize()
+	}
+	if c.MaxConns > 0 {
+		for j := range dbs {
+			dbs[j].PoolSize = c.MaxConns
+		}
+	}
+	return dbs
+}
+
+// OwnDatabase reports whether group i (in GroupConfigs order) runs on a
+// database of its own, other than the top level's.
+func (c *Config) OwnDatabase(i int) bool {
+	return len(c.Groups) > 0 && c.Groups[i].DatabaseURL != "" && c.Groups[i].DatabaseURL != c.DatabaseURL
+}
+
+// SameInstallation reports whether group i (in GroupConfigs order) runs on
+// the top level's database and schema, the installation of the commands
+// that name no group (the console, say).
+func (c *Config) SameInstallation(i int) bool {
+	return !c.OwnDatabase(i) && (len(c.Groups) == 0 || c.Groups[i].Schema == c.Schema)
 }
 
 // Handler configures one built-in handler.

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // clearEnv makes the tests independent of the caller's DATABASE_URL.
@@ -75,11 +78,17 @@ maintenanceIntervalMs: 5000
 retention: 36h
 maxRetention: 30d
 zeroSubscriptionRetention: 2d
+idempotencyWindow: 36h
 segmentSize: 50000
 offsetAllocation: sequence
 offsetScope: partition
 metricsAddr: 127.0.0.1:9464
 pprof: true
+tracing:
+  endpoint: http://collector:4318
+  serviceName: billing-consumer
+  sampleRatio: 0.25
+  headers: {Authorization: Bearer t0k}
 handlers:
   - eventType: "*"
     type: log
@@ -127,11 +136,14 @@ func TestParseFullFile(t *testing.T) {
 		Retention:                  "36h",
 		MaxRetention:               "30d",
 		ZeroSubscriptionRetention:  "2d",
+		IdempotencyWindow:          "36h",
 		SegmentSize:                50000,
 		OffsetAllocation:           "sequence",
 		OffsetScope:                "partition",
 		MetricsAddr:                "127.0.0.1:9464",
 		Pprof:                      true,
+		Tracing: &Tracing{Endpoint: "http://collector:4318", ServiceName: "billing-consumer", SampleRatio: 0.25,
+			Headers: map[string]string{"Authorization": "Bearer t0k"}},
 		Handlers: []Handler{
 			{EventType: "*", Type: "log", Output: "stdout"},
 			{EventType: "invoice_paid", Type: "log", Output: "/var/log/paid.log"},
@@ -294,6 +306,22 @@ func TestParseErrors(t *testing.T) {
 		{"startFrom bad time", head + "startFrom: time:yesterday\n", "startFrom", 3, "RFC 3339"},
 		{"startFrom offset 0", head + "startFrom: offset:0\n", "startFrom", 3, "at least 1"},
 		{"retention not a duration", head + "retention: forever\n", "retention", 3, "positive duration"},
+		{"idempotencyWindow not a duration", head + "idempotencyWindow: a day\n", "idempotencyWindow", 3, "positive duration"},
+		{"idempotencyWindow zero", head + "idempotencyWindow: 0s\n", "idempotencyWindow", 3, "positive duration"},
+		{"idempotencyWindow negative", head + "idempotencyWindow: -2h\n", "idempotencyWindow", 3, "positive duration"},
+		{"idempotencyWindow empty", head + "idempotencyWindow: \"\"\n", "idempotencyWindow", 3, "positive duration"},
+		{"tracing not a mapping", head + "tracing: on\n", "tracing", 3, "mapping"},
+		{"tracing unknown key", head + "tracing:\n  insecure: true\n", "tracing.insecure", 4, "unknown key"},
+		{"tracing endpoint without scheme", head + "tracing:\n  endpoint: collector:4318\n", "tracing.endpoint", 4, "http://"},
+		{"tracing endpoint grpc", head + "tracing:\n  endpoint: grpc://collector:4317\n", "tracing.endpoint", 4, "http://"},
+		{"tracing endpoint without host", head + "tracing:\n  endpoint: http:///v1\n", "tracing.endpoint", 4, "host"},
+		{"tracing sampleRatio above 1", head + "tracing:\n  sampleRatio: 1.5\n", "tracing.sampleRatio", 4, "between 0 and 1"},
+		{"tracing sampleRatio negative", head + "tracing:\n  sampleRatio: -0.1\n", "tracing.sampleRatio", 4, "between 0 and 1"},
+		{"tracing sampleRatio NaN", head + "tracing:\n  sampleRatio: .nan\n", "tracing.sampleRatio", 4, "number"},
+		{"tracing sampleRatio text", head + "tracing:\n  sampleRatio: all\n", "tracing.sampleRatio", 4, "number"},
+		{"tracing headers not a mapping", head + "tracing:\n  headers: [a]\n", "tracing.headers", 4, "mapping"},
+		{"tracing header unset variable", head + "tracing:\n  headers: {X-Token: \"${PGEVENTS_TEST_UNSET_VARIABLE}\"}\n", "tracing.headers.X-Token", 4, "not set"},
+		{"tracing header bad name", head + "tracing:\n  headers: {\"a b\": x}\n", "tracing.headers", 4, "header name"},
 		{"offsetAllocation unknown", head + "offsetAllocation: uuid\n", "offsetAllocation", 3, "must be one of"},
 		{"offsetScope unknown", head + "offsetScope: host\n", "offsetScope", 3, "must be one of"},
 		{"schema uppercase", head + "schema: PgEvents\n", "schema", 3, "identifier"},
@@ -757,5 +785,147 @@ func TestParseRelayErrors(t *testing.T) {
 				t.Fatalf("error %v, want key %s and a message with %q", e, tt.key, tt.msg)
 			}
 		})
+	}
+}
+
+// TestParseGroupDatabases: a groups item may run on a database (and in a
+// schema) of its own; the others take the top level's, after DATABASE_URL,
+// which does not replace a group's own. Databases lists each database
+// once, with its groups, the key that sets it and its pool's size.
+func TestParseGroupDatabases(t *testing.T) {
+	t.Setenv(envDatabaseURL, "postgres://env/main")
+	c := mustParse(t, `databaseUrl: postgres://file/main
+schema: pgevents
+totalPartitions: 4
+groups:
+  - groupId: emails
+  - groupId: orders
+    databaseUrl: postgres://file/orders
+    schema: orders_log
+    totalPartitions: 2
+  - groupId: search
+  - groupId: audit
+    databaseUrl: postgres://file/orders
+    partitionId: 1
+`)
+	gs := c.GroupConfigs()
+	for i, want := range []struct{ url, schema string }{
+		{"postgres://env/main", "pgevents"}, {"postgres://file/orders", "orders_log"},
+		{"postgres://env/main", "pgevents"}, {"postgres://file/orders", "pgevents"},
+	} {
+		if gs[i].DatabaseURL != want.url || gs[i].Schema != want.schema {
+			t.Errorf("groups[%d] on %q in %q, want %q in %q", i, gs[i].DatabaseURL, gs[i].Schema, want.url, want.schema)
+		}
+	}
+	for i, own := range []bool{false, true, false, true} {
+		if c.OwnDatabase(i) != own {
+			t.Errorf("OwnDatabase(%d) = %v, want %v", i, c.OwnDatabase(i), own)
+		}
+	}
+	for i, same := range []bool{true, false, true, false} {
+		if c.SameInstallation(i) != same {
+			t.Errorf("SameInstallation(%d) = %v, want %v", i, c.SameInstallation(i), same)
+		}
+	}
+	want := []Database{
+		{URL: "postgres://env/main", Key: "databaseUrl", Groups: []int{0, 2}, PoolSize: 2 * pgevents.PoolSize(4)},
+		{URL: "postgres://file/orders", Key: "groups[1].databaseUrl", Groups: []int{1, 3}, PoolSize: pgevents.PoolSize(2) + pgevents.PoolSize(1)},
+	}
+	if got := c.Databases(); !reflect.DeepEqual(got, want) {
+		t.Errorf("Databases() = %+v\nwant %+v", got, want)
+	}
+	c.MaxConns = 7
+	for _, d := range c.Databases() {
+		if d.PoolSize != 7 {
+			t.Errorf("with maxConns 7, the pool of %s has %d connections", d.URL, d.PoolSize)
+		}
+	}
+	if k := c.KeyPath(3, "databaseUrl"); k != "groups[3].databaseUrl" {
+		t.Errorf("KeyPath(3, databaseUrl) = %q", k)
+	}
+	if k := c.KeyPath(2, "databaseUrl"); k != "databaseUrl" {
+		t.Errorf("KeyPath(2, databaseUrl) = %q: the group takes the top level's", k)
+	}
+	if k := c.KeyPath(3, "schema"); k != "schema" {
+		t.Errorf("KeyPath(3, schema) = %q: the group takes the top level's", k)
+	}
+
+	// One database: the top level's, whatever the groups.
+	one := mustParse(t, "databaseUrl: x\ngroups:\n  - groupId: a\n  - groupId: b\n")
+	if dbs := one.Databases(); len(dbs) != 1 || dbs[0].URL != "postgres://env/main" || dbs[0].Key != "databaseUrl" || len(dbs[0].Groups) != 2 {
+		t.Errorf("Databases() of groups without databaseUrl = %+v", dbs)
+	}
+}
+
+// TestParseGroupDatabaseErrors: the keys of a group's database and schema
+// are the group's when it sets them, the top level's when it inherits.
+func TestParseGroupDatabaseErrors(t *testing.T) {
+	clearEnv(t)
+	for _, tc := range []struct{ name, yaml, key, msg string }{
+		{"empty group databaseUrl", "databaseUrl: x\ngroups:\n  - groupId: a\n    databaseUrl: \"\"\n", "groups[0].databaseUrl", "must not be empty"},
+		{"group databaseUrl not a string", "databaseUrl: x\ngroups:\n  - groupId: a\n    databaseUrl: [x]\n", "groups[0].databaseUrl", "string"},
+		{"bad group schema", "databaseUrl: x\ngroups:\n  - groupId: a\n  - groupId: b\n    schema: Orders\n", "groups[1].schema", "identifier"},
+		{"bad top-level schema under groups", "databaseUrl: x\nschema: Orders\ngroups:\n  - groupId: a\n  - groupId: b\n", "schema", "identifier"},
+		{"no top-level databaseUrl", "groups:\n  - groupId: a\n    databaseUrl: postgres://a/b\n", "databaseUrl", "required"},
+		{"one group twice on two databases", "databaseUrl: x\ngroups:\n  - groupId: a\n  - groupId: a\n    databaseUrl: y\n", "groups[1].groupId", "already listed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := parseErr(t, tc.yaml)
+			if e.Key != tc.key || !strings.Contains(e.Msg, tc.msg) {
+				t.Fatalf("error %v, want one naming %q and saying %q", e, tc.key, tc.msg)
+			}
+		})
+	}
+}
+
+// TestIdempotencyWindowDefault: the file's default is the schema's.
+func TestIdempotencyWindowDefault(t *testing.T) {
+	clearEnv(t)
+	c := mustParse(t, "databaseUrl: x\ngroupId: g\n")
+	d, err := ParseDuration(c.IdempotencyWindow)
+	if err != nil || d != schema.DefaultIdempotencyWindow {
+		t.Fatalf("default idempotencyWindow %q = %v (%v), want schema.DefaultIdempotencyWindow %v", c.IdempotencyWindow, d, err, schema.DefaultIdempotencyWindow)
+	}
+	if c := mustParse(t, "databaseUrl: x\ngroupId: g\nidempotencyWindow: 2d\n"); c.IdempotencyWindow != "2d" {
+		t.Fatalf("idempotencyWindow = %q", c.IdempotencyWindow)
+	}
+}
+
+// TestParseTracing: without the section nothing is traced; the section
+// alone (or empty) is on with every default; TracesURL appends /v1/traces
+// as OTEL_EXPORTER_OTLP_ENDPOINT does; the service name falls back on
+// OTEL_SERVICE_NAME, then on the default.
+func TestParseTracing(t *testing.T) {
+	clearEnv(t)
+	t.Setenv(EnvServiceName, "")
+	if c := mustParse(t, "databaseUrl: x\ngroupId: g\n"); c.Tracing != nil {
+		t.Fatalf("Tracing without the section: %+v", c.Tracing)
+	}
+	for _, src := range []string{"tracing:\n", "tracing: {}\n"} {
+		c := mustParse(t, "databaseUrl: x\ngroupId: g\n"+src)
+		if c.Tracing == nil || c.Tracing.SampleRatio != 1 || c.Tracing.Endpoint != "" || c.Tracing.Service() != DefaultTracingServiceName {
+			t.Errorf("%q: Tracing %+v, want on with the defaults", src, c.Tracing)
+		}
+	}
+	t.Setenv(EnvServiceName, "from-env")
+	c := mustParse(t, "databaseUrl: x\ngroupId: g\ntracing: {sampleRatio: 0}\n")
+	if c.Tracing.SampleRatio != 0 || c.Tracing.Service() != "from-env" {
+		t.Errorf("Tracing %+v, service %q", c.Tracing, c.Tracing.Service())
+	}
+	c.Tracing.ServiceName = "mine"
+	if c.Tracing.Service() != "mine" {
+		t.Errorf("serviceName does not win over %s", EnvServiceName)
+	}
+	for in, want := range map[string]string{
+		"http://collector:4318":      "http://collector:4318/v1/traces",
+		"https://collector/":         "https://collector/v1/traces",
+		"https://gw.example/otlp/":   "https://gw.example/otlp/v1/traces",
+		"http://127.0.0.1:9/a/b/c":   "http://127.0.0.1:9/a/b/c/v1/traces",
+		"http://user:pw@collector:1": "http://user:pw@collector:1/v1/traces",
+	} {
+		got, err := (&Tracing{Endpoint: in}).TracesURL()
+		if err != nil || got != want {
+			t.Errorf("TracesURL of %q = %q, %v; want %q", in, got, err, want)
+		}
 	}
 }

@@ -152,20 +152,26 @@ func (c *Config) PoolOptions() pgevents.PoolOptions {
 
 // PoolSize returns the connections the file's consumers need in the pool
 // they share: maxConns when set, otherwise pgevents.PoolSize of the
-// partitions each group serves, summed over the groups.
+// partitions each group serves, summed over the groups. Groups on several
+// databases have a pool per database: see [Config.Databases].
 func (c *Config) PoolSize() int {
 	if c.MaxConns > 0 {
 		return c.MaxConns
 	}
 	n := 0
 	for _, g := range c.GroupConfigs() {
-		if g.PartitionID >= 0 {
-			n += pgevents.PoolSize(1)
-		} else {
-			n += pgevents.PoolSize(g.TotalPartitions)
-		}
+		n += g.groupPoolSize()
 	}
 	return n
+}
+
+// groupPoolSize returns the connections the consumer of group g needs:
+// pgevents.PoolSize of the partitions it serves.
+func (g *Config) groupPoolSize() int {
+	if g.PartitionID >= 0 {
+		return pgevents.PoolSize(1)
+	}
+	return pgevents.PoolSize(g.TotalPartitions)
 }
 
 // KafkaOptions returns the options of the relay a handler of type kafka

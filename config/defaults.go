@@ -18,6 +18,15 @@ const (
 	// DefaultZeroSubscriptionRetention is how long a topic without
 	// subscriptions keeps its events.
 	DefaultZeroSubscriptionRetention = "24h"
+	// DefaultIdempotencyWindow is how long a topic's idempotency keys
+	// count: schema.DefaultIdempotencyWindow, in the file's spelling.
+	DefaultIdempotencyWindow = "24h"
+	// DefaultTracingServiceName is tracing.serviceName when the file and
+	// OTEL_SERVICE_NAME leave it out.
+	DefaultTracingServiceName = "pgevents-consumer"
+	// DefaultTracingSampleRatio is tracing.sampleRatio when the file
+	// leaves it out: every batch is traced.
+	DefaultTracingSampleRatio = 1.0
 )
 
 // Default returns a Config holding every default. DatabaseURL and GroupID,
@@ -52,6 +61,7 @@ func Default() Config {
 		MaintenanceIntervalMs:      ms(pgevents.DefaultMaintenanceInterval),
 		Retention:                  DefaultRetention,
 		ZeroSubscriptionRetention:  DefaultZeroSubscriptionRetention,
+		IdempotencyWindow:          DefaultIdempotencyWindow,
 		SegmentSize:                schema.DefaultSegmentSize,
 		OffsetAllocation:           schema.AllocationCounter,
 		OffsetScope:                schema.ScopeTopic,

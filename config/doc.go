@@ -13,7 +13,8 @@
 //     in a handler, a list of strings for brokers, mappings for tls, sasl
 //     and headers, integers for deliveryTimeoutMs, maxRecordBytes,
 //     timeoutMs and concurrency; a mapping of addr, token and readOnly for
-//     console).
+//     console; a mapping of endpoint, serviceName, sampleRatio (a number)
+//     and headers for tracing).
 //  2. Every key the file leaves out takes its default (see [Default] and
 //     the documentation of each [Config] field). A key that is present
 //     keeps its value even when that value is the zero value, so
@@ -54,11 +55,17 @@
 //
 // When the DATABASE_URL environment variable is set and non-empty it
 // replaces databaseUrl from the file, so credentials can stay out of the
-// file. A database URL is required from one source or the other. In the
+// file. A database URL is required from one source or the other. A groups
+// item may set a databaseUrl of its own (one process serving groups on
+// several databases: see [Config.Databases]), which DATABASE_URL does not
+// replace; the groups that set none take the top level's. In the
 // relays' handlers, sasl.password and headers values may name environment
 // variables as ${NAME}; each must be set. PGEVENTS_CONSOLE_TOKEN, when set
 // and non-empty, replaces console.token (of a file with a console
-// section), which may also name environment variables as ${NAME}.
+// section), which may also name environment variables as ${NAME}. The
+// tracing section's headers may name environment variables too, and the
+// OpenTelemetry exporter's own variables (OTEL_EXPORTER_OTLP_*,
+// OTEL_SERVICE_NAME) apply to what it leaves out.
 //
 // # Errors
 //

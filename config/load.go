@@ -62,7 +62,9 @@ func Parse(data []byte) (*Config, error) {
 	defaultOutputs(p.cfg.Handlers)
 	for i := range p.cfg.Groups {
 		g := &p.cfg.Groups[i]
-		g.DatabaseURL = p.cfg.DatabaseURL
+		if g.DatabaseURL == "" { // the group sets none: the top level's, after DATABASE_URL
+			g.DatabaseURL = p.cfg.DatabaseURL
+		}
 		defaultOutputs(g.Handlers)
 	}
 
@@ -206,6 +208,7 @@ var topFields = map[string]topField{
 	"retention":                 stringField(func(c *Config) *string { return &c.Retention }),
 	"maxRetention":              stringField(func(c *Config) *string { return &c.MaxRetention }),
 	"zeroSubscriptionRetention": stringField(func(c *Config) *string { return &c.ZeroSubscriptionRetention }),
+	"idempotencyWindow":         stringField(func(c *Config) *string { return &c.IdempotencyWindow }),
 	"segmentSize":               intField(func(c *Config) *int { return &c.SegmentSize }),
 	"offsetAllocation":          stringField(func(c *Config) *string { return &c.OffsetAllocation }),
 	"offsetScope":               stringField(func(c *Config) *string { return &c.OffsetScope }),
@@ -420,6 +423,9 @@ func (p *parser) topLevel(m *yaml.Node) *Error {
 		if name == keyConsole {
 			return p.console(v)
 		}
+		if name == keyTracing {
+			return p.tracing(v)
+		}
 		if name == keyHandlers {
 			hs, err := p.handlers(v, keyHandlers)
 			p.cfg.Handlers = hs
@@ -458,6 +464,8 @@ func (p *parser) groups(v *yaml.Node) *Error {
 		g := p.cfg
 		g.Groups = nil
 		g.GroupID = ""
+		g.DatabaseURL = "" // the top level's after DATABASE_URL, unless the group sets its own
+		g.Console, g.Tracing = nil, nil
 		err := p.mapping(item, path+".", func(name string, k, v *yaml.Node) *Error {
 			key := path + "." + name
 			if !slices.Contains(groupKeys, name) {
@@ -470,6 +478,9 @@ func (p *parser) groups(v *yaml.Node) *Error {
 			}
 			if msg := topFields[name](&g, v); msg != "" {
 				return &Error{Key: key, Line: k.Line, Msg: msg}
+			}
+			if name == keyDatabaseURL && g.DatabaseURL == "" {
+				return &Error{Key: key, Line: k.Line, Msg: "must not be empty: leave it out for the top level's databaseUrl"}
 			}
 			return nil
 		})

@@ -89,7 +89,8 @@ func (c *Config) problems() []*Error {
 	for _, d := range []struct {
 		key, v   string
 		optional bool
-	}{{"retention", c.Retention, false}, {"maxRetention", c.MaxRetention, true}, {"zeroSubscriptionRetention", c.ZeroSubscriptionRetention, false}} {
+	}{{"retention", c.Retention, false}, {"maxRetention", c.MaxRetention, true}, {"zeroSubscriptionRetention", c.ZeroSubscriptionRetention, false},
+		{"idempotencyWindow", c.IdempotencyWindow, false}} {
 		if d.optional && d.v == "" {
 			continue
 		}
@@ -111,6 +112,7 @@ func (c *Config) problems() []*Error {
 		add("pprof", "needs metricsAddr, the server it is served on")
 	}
 	c.consoleProblems(add)
+	c.tracingProblems(add)
 
 	seen := map[string]int{}
 	for i, g := range c.GroupConfigs() {
@@ -211,12 +213,25 @@ func (c *Config) keyed(i int, errs []*Error) []*Error {
 // KeyPath returns the key of the file behind key of group i (in
 // GroupConfigs order): "groups[1].batchSize" for a key that groups items
 // set, the key itself for the others, which the groups share, and for a
-// file without groups.
+// file without groups. databaseUrl and schema are the group's when its
+// value differs from the top level's, the top level's otherwise.
 func (c *Config) KeyPath(group int, key string) string {
 	base, _, _ := strings.Cut(key, "[")
 	base, _, _ = strings.Cut(base, ".")
 	if len(c.Groups) == 0 || !slices.Contains(groupKeys, base) {
 		return key
+	}
+	if group >= 0 && group < len(c.Groups) {
+		switch base {
+		case keyDatabaseURL:
+			if !c.OwnDatabase(group) {
+				return key
+			}
+		case keySchema:
+			if c.Groups[group].Schema == c.Schema {
+				return key
+			}
+		}
 	}
 	return keyGroups + "[" + strconv.Itoa(group) + "]." + key
 }

@@ -410,6 +410,23 @@ func TestReadyz(t *testing.T) {
 	}
 }
 
+// TestReadyzEveryDatabase: a process on several databases is ready only
+// when every one answers; the body names the one that does not.
+func TestReadyzEveryDatabase(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	other := newTopic(t, 1)
+	ready := func() bool { return true }
+	both := startServer(t, metrics.ServerConfig{DB: pool, MoreDBs: []metrics.Querier{other}, Ready: ready})
+	if code, body := get(t, both+"/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz with both databases answering: %d %q", code, body)
+	}
+	second := startServer(t, metrics.ServerConfig{DB: pool, MoreDBs: []metrics.Querier{slowDB{other}}, Ready: ready, ReadyTimeout: 50 * time.Millisecond})
+	if code, body := get(t, second+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "database 2 of 2") {
+		t.Fatalf("/readyz with the second database silent: %d %q, want 503 naming database 2 of 2", code, body)
+	}
+}
+
 // slowDB answers every statement after 2 s.
 type slowDB struct{ *pgxpool.Pool }
 

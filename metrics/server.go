@@ -31,6 +31,10 @@ type ServerConfig struct {
 	Metrics http.Handler
 	// DB is the database /readyz checks with SELECT 1; required.
 	DB Querier
+	// MoreDBs are the other databases of a process whose consumers run on
+	// several (one pool each): /readyz checks each as it checks DB, and
+	// answers 200 only when every one answers.
+	MoreDBs []Querier
 	// Ready reports whether the consumer's listener is connected
 	// (Consumer.Ready); /readyz also requires it. nil: not checked.
 	Ready func() bool
@@ -106,16 +110,22 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// readyz answers 200 when the database answers SELECT 1 within
+// readyz answers 200 when every database answers SELECT 1 within
 // ReadyTimeout and the listener is connected, 503 otherwise; the body
 // names each check and its result.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	var problems []string
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ReadyTimeout)
 	defer cancel()
-	var one int
-	if err := s.cfg.DB.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
-		problems = append(problems, "database: "+err.Error())
+	for i, db := range append([]Querier{s.cfg.DB}, s.cfg.MoreDBs...) {
+		name := "database"
+		if len(s.cfg.MoreDBs) > 0 {
+			name = fmt.Sprintf("database %d of %d", i+1, len(s.cfg.MoreDBs)+1)
+		}
+		var one int
+		if err := db.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+			problems = append(problems, name+": "+err.Error())
+		}
 	}
 	if s.cfg.Ready != nil && !s.cfg.Ready() {
 		problems = append(problems, "listener: not connected")

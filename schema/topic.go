@@ -216,7 +216,11 @@ func SetIdempotencyWindow(ctx context.Context, db DB, id int, window time.Durati
 	if window <= 0 {
 		return fmt.Errorf("schema: idempotency window of topic %d: must be positive, got %s", id, window)
 	}
-	if _, err := db.Exec(ctx, SQL(ctx, `SELECT {schema}set_idempotency_window($1, $2::interval)`), id, window.String()); err != nil {
+	// The UPDATE of the SQL function set_idempotency_window, qualified:
+	// the function's body (LANGUAGE sql, not pinned) resolves log_counter
+	// through the caller's search_path, which finds another schema's, or
+	// none, when pgevents is not in the first schema of it.
+	if _, err := db.Exec(ctx, SQL(ctx, `UPDATE {schema}log_counter SET idempotency_window = $2::interval WHERE topic_id = $1`), id, window.String()); err != nil {
 		return fmt.Errorf("schema: idempotency window of topic %d: %w", id, err)
 	}
 	return nil

@@ -181,8 +181,16 @@ type benchDrainRun struct {
 // handler and the given batch size, and times it until it has handled every
 // event.
 func (bl *benchBacklogDB) drain(ctx context.Context, group string, batch int) (benchDrainRun, error) {
+	return bl.drainWith(ctx, pgevents.Config{GroupID: group, BatchSize: batch})
+}
+
+// drainWith is drain with the consumer configuration cfg (its group and
+// batch size, and what else the case varies; TotalPartitions is the
+// backlog's).
+func (bl *benchBacklogDB) drainWith(ctx context.Context, cfg pgevents.Config) (benchDrainRun, error) {
 	cpu0 := bl.db.env.cpu()
-	c, err := startBenchConsumer(ctx, bl.pool, pgevents.Config{GroupID: group, TotalPartitions: bl.partitions, BatchSize: batch})
+	cfg.TotalPartitions = bl.partitions
+	c, err := startBenchConsumer(ctx, bl.pool, cfg)
 	if err != nil {
 		return benchDrainRun{}, err
 	}

@@ -96,7 +96,7 @@ func (f *flusher) add(ctx context.Context, ev *pgevents.Event) error {
 	if f.p.acked.Has(ev.EventID) {
 		return nil
 	}
-	rec, err := f.s.record(ev)
+	rec, err := f.s.record(ctx, ev)
 	if err != nil {
 		return err
 	}

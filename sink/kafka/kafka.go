@@ -16,8 +16,10 @@
 // ce_type = event_type, ce_source = Options.Source, ce_time = created_at,
 // ce_subject = host_id, content-type application/json). Every record
 // carries the headers event_id, event_type, host_id, user_id, c_offset,
-// topic_id, partition_id, transaction_id, created_at (RFC 3339, UTC) and,
-// when the event has metadata, metadata.
+// topic_id, partition_id, transaction_id, created_at (RFC 3339, UTC),
+// when the event has metadata, metadata, and, when there is a trace
+// context (pgevents.TraceHeaders: the handler's span, else the producer's
+// from the metadata), traceparent and tracestate.
 //
 // # Mechanism
 //
@@ -391,7 +393,7 @@ func cmpErr(err, otherwise error) error {
 // produceNow produces ev's record on the relay's direct client and waits
 // for its acknowledgement.
 func (s *Sink) produceNow(ctx context.Context, ev *pgevents.Event) error {
-	rec, err := s.record(ev)
+	rec, err := s.record(ctx, ev)
 	if err != nil {
 		return err
 	}
@@ -442,11 +444,16 @@ func (s *Sink) Close() {
 
 // Record returns the record the relay produces for ev, or the permanent
 // failure that refuses it (a topic name the template renders that Kafka
-// does not accept, a record over MaxRecordBytes).
-func (s *Sink) Record(ev *pgevents.Event) (*kgo.Record, error) { return s.record(ev) }
+// does not accept, a record over MaxRecordBytes). Its trace context
+// headers are the producer's, from ev's metadata.
+func (s *Sink) Record(ev *pgevents.Event) (*kgo.Record, error) {
+	return s.record(context.Background(), ev)
+}
 
-// record builds ev's record.
-func (s *Sink) record(ev *pgevents.Event) (*kgo.Record, error) {
+// record builds ev's record; its traceparent and tracestate headers carry
+// the span of ctx (the handler's, under a consumer that traces), else the
+// producer's from ev's metadata (pgevents.TraceHeaders).
+func (s *Sink) record(ctx context.Context, ev *pgevents.Event) (*kgo.Record, error) {
 	get := func(field string) string { return fieldValue(ev, field) }
 	topic := s.topic.Render(get)
 	if err := validTopic(topic); err != nil {
@@ -470,6 +477,12 @@ func (s *Sink) record(ev *pgevents.Event) (*kgo.Record, error) {
 	add("created_at", created)
 	if len(ev.Metadata) > 0 && string(ev.Metadata) != "null" {
 		hs = append(hs, kgo.RecordHeader{Key: "metadata", Value: ev.Metadata})
+	}
+	if tc := pgevents.TraceHeaders(ctx, ev); tc != nil {
+		add(pgevents.TraceParentKey, tc[pgevents.TraceParentKey])
+		if ts, ok := tc[pgevents.TraceStateKey]; ok {
+			add(pgevents.TraceStateKey, ts)
+		}
 	}
 	if s.opts.Format == FormatCloudEvents {
 		add("ce_specversion", "1.0")

@@ -506,3 +506,38 @@ func TestHostOrderAcrossTopics(t *testing.T) {
 		sinktest.CheckRecords(t, sinktest.ReadTopic(t, c.ListenAddrs(), "ev."+topic, 2), part, nil)
 	}
 }
+
+// TestRecordsCarryTraceContext: events appended inside a producer's span
+// reach Kafka with a traceparent header naming that span (its trace id and
+// span id), beside an event appended outside any span, whose record has
+// none; the consumer traces nothing, so the context is the producer's.
+func TestRecordsCarryTraceContext(t *testing.T) {
+	t.Parallel()
+	c := cluster(t, 1, []string{"events"})
+	pool := pgtest.TopicPool(t, 2)
+	s := relay(t, c, kafka.Options{Topic: "events"})
+	sinktest.StartConsumer(t, pool, fastRetry(2, handleAll(s)))
+	sc := sinktest.AppendInSpan(t, pool,
+		pgevents.Event{HostID: "h1", EventType: "traced", Payload: []byte(`{}`)},
+		pgevents.Event{HostID: "h2", EventType: "traced", Payload: []byte(`{}`), Metadata: []byte(`{"m":1}`)})
+	sinktest.AppendTx(t, pool, pgevents.Event{HostID: "h1", EventType: "plain", Payload: []byte(`{}`)})
+	sinktest.WaitCaughtUp(t, pool, "g", time.Minute)
+	recs := sinktest.ReadTopic(t, c.ListenAddrs(), "events", 1)
+	if len(recs) != 3 {
+		t.Fatalf("%d records, want 3", len(recs))
+	}
+	want := sinktest.TraceParent(sc)
+	for _, r := range recs {
+		got, ok := r.Headers[pgevents.TraceParentKey]
+		switch r.Headers["event_type"] {
+		case "traced":
+			if got != want {
+				t.Fatalf("record of host %s: traceparent %q, want the producer's span %q (trace id %s)", r.Headers["host_id"], got, want, sc.TraceID())
+			}
+		case "plain":
+			if ok {
+				t.Fatalf("record of an event appended outside a span: traceparent %q, want none", got)
+			}
+		}
+	}
+}

@@ -28,7 +28,7 @@ type flusher struct {
 
 // lane is the queue of one host's events.
 type lane struct {
-	queue   []pgevents.Event
+	queue   []queued
 	running bool
 	failed  bool // a request failed: the rest of the host's events wait
 }
@@ -45,8 +45,16 @@ func (s *Sink) newFlusher(p *part) *flusher {
 		lanes: map[string]*lane{}}
 }
 
-// add queues ev on its host's lane, unless an earlier attempt delivered it.
-func (f *flusher) add(ev *pgevents.Event) error {
+// queued is an event waiting on its lane, with the trace context of its
+// handler call (Handle's context does not reach the lane).
+type queued struct {
+	ev pgevents.Event
+	tc map[string]string
+}
+
+// add queues ev, and tc, its trace context headers, on its host's lane,
+// unless an earlier attempt delivered it.
+func (f *flusher) add(ev *pgevents.Event, tc map[string]string) error {
 	if f.p.acked.Has(ev.EventID) {
 		return nil
 	}
@@ -60,7 +68,7 @@ func (f *flusher) add(ev *pgevents.Event) error {
 	if l.failed {
 		return nil // not sent: the host's earlier event failed
 	}
-	l.queue = append(l.queue, *ev)
+	l.queue = append(l.queue, queued{ev: *ev, tc: tc})
 	if !l.running {
 		l.running = true
 		f.wg.Add(1)
@@ -79,7 +87,7 @@ func (f *flusher) run(l *lane) {
 			f.mu.Unlock()
 			return
 		}
-		ev := l.queue[0]
+		ev, tc := l.queue[0].ev, l.queue[0].tc
 		l.queue = l.queue[1:]
 		f.mu.Unlock()
 
@@ -90,7 +98,7 @@ func (f *flusher) run(l *lane) {
 			continue
 		}
 		start := time.Now()
-		err := f.s.send(f.ctx, &ev)
+		err := f.s.send(f.ctx, &ev, tc)
 		<-f.slots
 		if err != nil {
 			f.p.metrics.Failed(pgevents.Classify(err))

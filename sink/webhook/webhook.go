@@ -7,8 +7,10 @@
 // # Requests
 //
 // Each event is one request (Options.Method, POST by default) to
-// Options.URL with the header Idempotency-Key: <event_id> and the
-// configured headers. With FormatJSON the body is the event as JSON
+// Options.URL with the header Idempotency-Key: <event_id>, the W3C trace
+// context (traceparent, tracestate: pgevents.TraceHeaders of the handler's
+// call) when there is one, and the configured headers. With FormatJSON
+// the body is the event as JSON
 // (c_offset, topic_id, partition_id, event_id, host_id, user_id,
 // transaction_id, event_type, payload, metadata, created_at); with
 // FormatCloudEvents it is a CloudEvents 1.0 event in structured mode
@@ -261,7 +263,7 @@ func (s *Sink) Handle(ctx context.Context, _ pgx.Tx, ev *pgevents.Event) error {
 	b := pgevents.BatchFromContext(ctx)
 	if b == nil {
 		start := time.Now()
-		err := s.send(ctx, ev)
+		err := s.send(ctx, ev, pgevents.TraceHeaders(ctx, ev))
 		if err != nil {
 			s.metrics.Failed(pgevents.Classify(err))
 			return err
@@ -274,14 +276,16 @@ func (s *Sink) Handle(ctx context.Context, _ pgx.Tx, ev *pgevents.Event) error {
 		p.acked.Begin(b.Start())
 		return s.newFlusher(p)
 	}).(*flusher)
-	return f.add(ev)
+	return f.add(ev, pgevents.TraceHeaders(ctx, ev))
 }
 
 // Close releases the relay's idle connections.
 func (s *Sink) Close() { s.client.CloseIdleConnections() }
 
-// send sends ev's request and classifies the outcome.
-func (s *Sink) send(ctx context.Context, ev *pgevents.Event) error {
+// send sends ev's request, with the trace context tc (traceparent,
+// tracestate: pgevents.TraceHeaders of the handler's call) as headers, and
+// classifies the outcome.
+func (s *Sink) send(ctx context.Context, ev *pgevents.Event, tc map[string]string) error {
 	body, contentType, err := s.body(ev)
 	if err != nil {
 		return pgevents.Permanent(fmt.Errorf("webhook: event %s (offset %d): %w", ev.EventID, ev.Offset, err))
@@ -295,6 +299,9 @@ func (s *Sink) send(ctx context.Context, ev *pgevents.Event) error {
 		req.Header[k] = v
 	}
 	req.Header.Set("Idempotency-Key", ev.EventID)
+	for k, v := range tc {
+		req.Header.Set(k, v)
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return pgevents.Retryable(fmt.Errorf("webhook: %s %s: event %s (offset %d): %w", s.opts.Method, s.opts.URL, ev.EventID, ev.Offset, err))

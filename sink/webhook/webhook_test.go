@@ -28,6 +28,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // request is a request a test server received.
 type request struct {
 	key    string // Idempotency-Key
+	trace  string // traceparent
 	ev     pgevents.Event
 	status int // what the server answered
 	at     time.Time
@@ -57,7 +58,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer s.inflight.Add(-1)
 	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
 	}
-	req := request{key: r.Header.Get("Idempotency-Key"), status: 200, at: time.Now()}
+	req := request{key: r.Header.Get("Idempotency-Key"), trace: r.Header.Get(pgevents.TraceParentKey), status: 200, at: time.Now()}
 	body, _ := io.ReadAll(r.Body)
 	if err := json.Unmarshal(body, &req.ev); err != nil || r.Method != "POST" || r.Header.Get("Content-Type") != "application/json" {
 		req.status = 599 // not what the relay sends: fails the checks
@@ -413,5 +414,46 @@ func TestInvalidOptions(t *testing.T) {
 	}
 	if _, err := webhook.New(webhook.Options{URL: "ftp://x"}); err == nil {
 		t.Error("ftp:// accepted")
+	}
+}
+
+// TestRequestsCarryTraceContext: events appended inside a producer's span
+// reach the endpoint with a traceparent header naming that span (its trace
+// id and span id), both through a batch's lanes and through Handle called
+// outside a batch; an event appended outside any span is sent without one.
+func TestRequestsCarryTraceContext(t *testing.T) {
+	t.Parallel()
+	srv, url := newServer(t, nil)
+	pool := pgtest.TopicPool(t, 2)
+	s := relay(t, webhook.Options{URL: url})
+	consume(t, pool, 2, s)
+	sc := sinktest.AppendInSpan(t, pool,
+		pgevents.Event{HostID: "h1", EventType: "traced", Payload: []byte(`{}`)},
+		pgevents.Event{HostID: "h2", EventType: "traced", Payload: []byte(`{}`), Metadata: []byte(`{"m":1}`)})
+	sinktest.AppendTx(t, pool, pgevents.Event{HostID: "h1", EventType: "plain", Payload: []byte(`{}`)})
+	sinktest.WaitCaughtUp(t, pool, "g", time.Minute)
+	want := sinktest.TraceParent(sc)
+	reqs := srv.requests()
+	if len(reqs) != 3 {
+		t.Fatalf("%d requests, want 3", len(reqs))
+	}
+	for _, r := range reqs {
+		switch {
+		case r.ev.EventType == "traced" && r.trace != want:
+			t.Fatalf("request of host %s: traceparent %q, want the producer's span %q (trace id %s)", r.ev.HostID, r.trace, want, sc.TraceID())
+		case r.ev.EventType == "plain" && r.trace != "":
+			t.Fatalf("request of an event appended outside a span: traceparent %q, want none", r.trace)
+		}
+	}
+	// Outside a batch: the event's metadata, as a consumer would read it.
+	ev := reqs[0].ev
+	if ev.EventType != "traced" {
+		ev = reqs[1].ev
+	}
+	if err := s.Handle(context.Background(), nil, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if got := srv.requests()[3].trace; got != want {
+		t.Fatalf("outside a batch: traceparent %q, want %q", got, want)
 	}
 }

@@ -81,6 +81,8 @@ import (
 	"slices"
 	"syscall"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
 )
@@ -159,6 +161,12 @@ type CLI struct {
 	// Commands are subcommands beyond the built-in ones (consumer-dev adds
 	// demo and bench).
 	Commands []Command
+	// TracerProvider, when set, traces the consumers of `run` (their
+	// pgevents.Config.TracerProvider) and wins over the file's tracing
+	// section: a service's binary that sets up OpenTelemetry itself gives
+	// its provider here, and flushes and shuts it down itself. Nil: the
+	// file's tracing section, or no tracing.
+	TracerProvider trace.TracerProvider
 }
 
 // Execute is the whole main function of a consumer binary: it runs the

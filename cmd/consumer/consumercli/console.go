@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -79,10 +78,16 @@ func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.W
 		return err
 	}
 	defer pool.Close()
-	// The groups' handlers, for replay and discard: consumers that never run.
+	// The groups' handlers, for replay and discard: consumers that never
+	// run. The console shows the top level's database and schema: a group
+	// on another has no dead letters here.
 	groups := cfg.GroupConfigs()
 	consumers := make([]*pgevents.Consumer, len(groups))
 	for i, g := range groups {
+		if !cfg.SameInstallation(i) {
+			log.Info().Str("group", g.GroupID).Msg("console: the group runs on another database or schema than the console's (the top level's): not shown here")
+			continue
+		}
 		handlers, closeHandlers, err := c.buildHandlers(cfg, i, stdout)
 		if err != nil {
 			log.Warn().Err(err).Str("group", g.GroupID).Msg("console: no handlers for the group: its dead letters cannot be replayed here")
@@ -103,13 +108,15 @@ func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.W
 // startConsole listens on the configured console's address (so that a
 // busy address fails before anything else starts) and serves in g until
 // ctx ends. consumers are the file's groups, in GroupConfigs order (nil
-// for a group without handlers), whose handlers replay dead letters.
+// for a group without handlers), whose handlers replay dead letters: those
+// of the console's database and schema (the top level's) only, since a
+// dead letter is found by its id in the console's.
 func startConsole(ctx context.Context, g *errgroup.Group, cfg *config.Config, pool *pgxpool.Pool,
 	consumers []*pgevents.Consumer, log *zerolog.Logger, stdout io.Writer) error {
 	groups := cfg.GroupConfigs()
 	resolvers := map[string]console.Resolver{}
 	for i, c := range consumers {
-		if c != nil && i < len(groups) {
+		if c != nil && i < len(groups) && cfg.SameInstallation(i) {
 			resolvers[fmt.Sprintf("%d/%s", groups[i].TopicID, groups[i].GroupID)] = c
 		}
 	}
@@ -139,22 +146,7 @@ func startConsole(ctx context.Context, g *errgroup.Group, cfg *config.Config, po
 // the same URL rules as the consumers (DATABASE_URL, the file's session
 // timeouts), on a small pool of its own.
 func openConsolePool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Pool, error) {
-	pc, err := pgevents.NewPoolConfig(cfg.DatabaseURL, cfg.PoolOptions())
-	if err != nil {
-		return nil, &config.Error{File: path, Key: "databaseUrl", Msg: err.Error()}
-	}
-	pc.MaxConns = consolePoolSize
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	if err := pool.Ping(cctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	return pool, nil
+	return openPoolOn(ctx, cfg, cfg.DatabaseURL, "databaseUrl", consolePoolSize, path)
 }
 
 // serveConsole is the console of `consumer run` (the file has a console

@@ -34,14 +34,28 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 	sub := args[0]
 	fs := flag.NewFlagSet("dlq "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", defaultConfigPath, "configuration file: the database and, for replay and discard, the group's handlers")
+	path := fs.String("config", defaultConfigPath, "configuration file: the database (the group's, with --group) and, for replay and discard, the group's handlers")
 	group := fs.String("group", "", "consumer group (replay and discard: default the configuration's only group)")
 	asJSON := fs.Bool("json", false, "list as JSON")
 	all := fs.Bool("all", false, "replay every dead letter of the group, oldest first")
 	if err := fs.Parse(args[1:]); err != nil {
 		return &usageError{err}
 	}
-	ctx, cfg, pool, err := connect(ctx, *path, nil)
+	// The group's database: with --group (or, for replay and discard, the
+	// file's only group), that group's; else the top level's.
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	name := *group
+	if name == "" && sub != "list" && len(cfg.GroupConfigs()) == 1 {
+		name = cfg.GroupConfigs()[0].GroupID
+	}
+	pl, err := groupPlace(cfg, name, 0)
+	if err != nil {
+		return err
+	}
+	ctx, pool, err := pl.open(ctx, cfg, cfg.PoolSize(), *path)
 	if err != nil {
 		return err
 	}
@@ -80,6 +94,9 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 	g := slices.IndexFunc(groups, func(gc config.Config) bool {
 		return gc.GroupID == *group || (*group == "" && len(groups) == 1)
 	})
+	if len(pl.groups) == 1 {
+		g = pl.groups[0] // the group's item on the database opened
+	}
 	if g < 0 {
 		return usagef("dlq %s: the configuration has no group %q: name one of its groups with --group, whose handlers will run", sub, *group)
 	}

@@ -19,10 +19,10 @@ func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	fs := flag.NewFlagSet("offsets reset", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, and topicId when --topic is not given")
+	path := fs.String("config", defaultConfigPath, "configuration file: the group's database (its groups item's databaseUrl, or the top level's), and its topicId when --topic is not given")
 	group := fs.String("group", "", "the consumer group to move (required)")
 	to := fs.String("to", "", "earliest (replay every retained event), latest (skip to now), offset:N or time:<RFC 3339>")
-	topic := fs.Int("topic", 0, "topic (default: the configuration's topicId)")
+	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
 	force := fs.Bool("force", false, "reset although a replica of the group is running: its in-flight batch rolls back and it continues from the new positions")
 	asJSON := fs.Bool("json", false, "print what moved as JSON")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -35,7 +35,7 @@ func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return usagef("offsets reset: --to %v", err)
 	}
-	ctx, _, pool, err := connect(ctx, *path, topic)
+	ctx, _, pool, err := connectGroup(ctx, *path, *group, topic)
 	if err != nil {
 		return err
 	}
@@ -71,12 +71,12 @@ func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	group := args[1]
 	fs := flag.NewFlagSet("group "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, and topicId when --topic is not given")
-	topic := fs.Int("topic", 0, "topic (default: the configuration's topicId)")
+	path := fs.String("config", defaultConfigPath, "configuration file: the group's database (its groups item's databaseUrl, or the top level's), and its topicId when --topic is not given")
+	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
 	if err := fs.Parse(args[2:]); err != nil {
 		return &usageError{err}
 	}
-	ctx, _, pool, err := connect(ctx, *path, topic)
+	ctx, _, pool, err := connectGroup(ctx, *path, group, topic)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package consumercli
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -8,7 +9,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // maintainCmd runs the configured topics' maintenance (segments ahead of
@@ -18,29 +23,44 @@ import (
 func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("maintain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, topics and maintenanceIntervalMs")
+	path := fs.String("config", defaultConfigPath, "configuration file: its groups' databases and topics, and maintenanceIntervalMs")
 	once := fs.Bool("once", false, "run one pass and exit (for cron) instead of one every maintenanceIntervalMs")
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err}
 	}
-	ctx, cfg, pool, err := connect(ctx, *path, nil)
+	cfg, err := config.Load(*path)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	log := newLogger(cfg, stderr)
-	var topics []int
-	for _, g := range cfg.GroupConfigs() {
-		if !slices.Contains(topics, g.TopicID) {
-			topics = append(topics, g.TopicID)
-		}
+	// Each topic of the file's groups, on the group's database and in its
+	// schema.
+	pools, closePools, err := openPools(ctx, cfg, *path)
+	if err != nil {
+		return err
 	}
-	slices.Sort(topics)
+	defer closePools()
+	log := newLogger(cfg, stderr)
+	type target struct {
+		pool   *pgxpool.Pool
+		schema string
+		topic  int
+		label  string // the database, when the file has several
+	}
+	several := len(cfg.Databases()) > 1
+	var targets []target
+	for _, p := range groupPlaces(cfg) {
+		tg := target{pools[p.groups[0]], p.schema, p.topic, ""}
+		if several {
+			tg.label = " (" + p.key + ")"
+		}
+		targets = append(targets, tg)
+	}
+	slices.SortStableFunc(targets, func(a, b target) int { return cmp.Compare(a.topic, b.topic) })
 	t := time.NewTicker(cfg.MaintenanceInterval())
 	defer t.Stop()
 	for {
-		for _, topic := range topics {
-			m, err := pgevents.Maintain(ctx, pool, topic, &log)
+		for _, tg := range targets {
+			m, err := pgevents.Maintain(schema.WithName(ctx, tg.schema), tg.pool, tg.topic, &log)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -48,7 +68,7 @@ func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				if *once {
 					return err
 				}
-				log.Warn().Err(err).Int("topic", topic).Msg("maintenance failed")
+				log.Warn().Err(err).Int("topic", tg.topic).Str("schema", tg.schema).Msg("maintenance failed")
 				continue
 			}
 			if *once {
@@ -56,8 +76,8 @@ func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				if !m.Ran {
 					status = "skipped: another process is maintaining the topic"
 				}
-				fmt.Fprintf(stdout, "topic %d: %s; %d segments created, %d segments removed, %d groups marked DEAD\n",
-					topic, status, m.SegmentsCreated, len(m.Retention.Removed), len(m.DeadGroups))
+				fmt.Fprintf(stdout, "topic %d%s: %s; %d segments created, %d segments removed, %d groups marked DEAD\n",
+					tg.topic, tg.label, status, m.SegmentsCreated, len(m.Retention.Removed), len(m.DeadGroups))
 			}
 		}
 		if *once {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -39,69 +40,115 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	ctx = schema.WithName(ctx, cfg.Schema)
-	pc, err := pgevents.ParsePoolConfig(cfg.DatabaseURL)
+	// Each database of the file's groups (one unless groups set their
+	// own databaseUrl), each schema there, then each group's topic.
+	dbs := cfg.Databases()
+	for _, d := range dbs {
+		label := ""
+		if len(dbs) > 1 {
+			label = " (" + d.Key + ")"
+		}
+		if err := migrateDatabase(ctx, cfg, d, label, *path, stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// migrateDatabase migrates database d of cfg: the schema of each of its
+// groups' installations, and every topic they consume, with the file's
+// topic settings. label names the database in what it prints.
+func migrateDatabase(ctx context.Context, cfg *config.Config, d config.Database, label, path string, stdout io.Writer) error {
+	pc, err := pgevents.ParsePoolConfig(d.URL)
 	if err != nil {
-		return &config.Error{File: *path, Key: "databaseUrl", Msg: err.Error()}
+		return &config.Error{File: path, Key: d.Key, Msg: err.Error()}
 	}
 	conn, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
 	if err != nil {
+		if d.Key != "databaseUrl" {
+			return fmt.Errorf("connect %s: %w", d.Key, err)
+		}
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	applied, err := schema.Migrate(ctx, conn)
-	if err != nil {
-		return err
-	}
-	where := "the first schema of the search_path"
-	if cfg.Schema != "" {
-		where = "schema " + cfg.Schema
-	}
-	fmt.Fprintf(stdout, "pgevents in %s at version %d (applied: %v)\n", where, schema.Latest(), applied)
-	// Every topic the configured groups consume.
-	for _, g := range cfg.GroupConfigs() {
-		topic, created, err := schema.EnsureTopicSpec(ctx, conn, schema.TopicSpec{
-			ID: g.TopicID, Partitions: g.TotalPartitions, SegmentSize: g.SegmentSize, Scope: g.OffsetScope})
+	groups := cfg.GroupConfigs()
+	var migrated []string
+	for _, i := range d.Groups {
+		name := groups[i].Schema
+		if slices.Contains(migrated, name) {
+			continue
+		}
+		migrated = append(migrated, name)
+		applied, err := schema.Migrate(schema.WithName(ctx, name), conn)
 		if err != nil {
 			return err
 		}
-		if topic.Scope != g.OffsetScope {
-			return &config.Error{File: *path, Key: "offsetScope",
-				Msg: fmt.Sprintf("topic %d was created with offset scope %q, not %q; a topic's scope is chosen when it is created", topic.ID, topic.Scope, g.OffsetScope)}
+		where := "the first schema of the search_path"
+		if name != "" {
+			where = "schema " + name
 		}
-		if err := schema.SetRetention(ctx, conn, g.TopicID, retentionOf(&g)); err != nil {
-			return err
-		}
-		if err := schema.SetAllocation(ctx, conn, g.TopicID, g.OffsetAllocation); err != nil {
-			return err
-		}
-		if g.Channel != "" {
-			// A channel two installations share wakes each one's consumers
-			// for the other's appends; by default they never do (see
-			// schema.ChannelFor), so one set by hand is checked.
-			users, err := schema.ChannelUsers(ctx, conn, g.Channel)
-			if err != nil {
-				return err
-			}
-			if len(users) > 0 {
-				return &config.Error{File: *path, Key: "channel",
-					Msg: fmt.Sprintf("channel %q is notified by %s already; two installations on one channel wake each other's consumers for nothing: choose another channel, or leave channel unset", g.Channel, users[0])}
-			}
-			if err := schema.SetChannel(ctx, conn, g.TopicID, g.Channel); err != nil {
-				return err
-			}
-		}
-		if topic.Partitions != g.TotalPartitions {
-			return &config.Error{File: *path, Key: "totalPartitions",
-				Msg: fmt.Sprintf("topic %d already has %d partitions, not %d; change it with `consumer repartition --topic %d --partitions %d`",
-					topic.ID, topic.Partitions, g.TotalPartitions, topic.ID, g.TotalPartitions)}
-		}
-		verb := "exists"
-		if created {
-			verb = "created"
-		}
-		fmt.Fprintf(stdout, "topic %d %s with %d partitions, offsets per %s, %s allocation\n", topic.ID, verb, topic.Partitions, topic.Scope, g.OffsetAllocation)
+		fmt.Fprintf(stdout, "pgevents in %s%s at version %d (applied: %v)\n", where, label, schema.Latest(), applied)
 	}
+	// Every topic the groups on this database consume.
+	for _, i := range d.Groups {
+		if err := migrateTopic(schema.WithName(ctx, groups[i].Schema), conn, cfg, i, path, stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// migrateTopic creates or updates the topic of group i of cfg (in
+// GroupConfigs order) on conn, in the schema of ctx: its partitions,
+// segment size and scope when created; its retention, idempotency window,
+// allocation and channel every time. Errors name the file's keys.
+func migrateTopic(ctx context.Context, conn *pgx.Conn, cfg *config.Config, i int, path string, stdout io.Writer) error {
+	g := cfg.GroupConfigs()[i]
+	topic, created, err := schema.EnsureTopicSpec(ctx, conn, schema.TopicSpec{
+		ID: g.TopicID, Partitions: g.TotalPartitions, SegmentSize: g.SegmentSize, Scope: g.OffsetScope})
+	if err != nil {
+		return err
+	}
+	if topic.Scope != g.OffsetScope {
+		return &config.Error{File: path, Key: cfg.KeyPath(i, "offsetScope"),
+			Msg: fmt.Sprintf("topic %d was created with offset scope %q, not %q; a topic's scope is chosen when it is created", topic.ID, topic.Scope, g.OffsetScope)}
+	}
+	if err := schema.SetRetention(ctx, conn, g.TopicID, retentionOf(&g)); err != nil {
+		return err
+	}
+	window, _ := config.ParseDuration(g.IdempotencyWindow) // validated
+	if err := schema.SetIdempotencyWindow(ctx, conn, g.TopicID, window); err != nil {
+		return err
+	}
+	if err := schema.SetAllocation(ctx, conn, g.TopicID, g.OffsetAllocation); err != nil {
+		return err
+	}
+	if g.Channel != "" {
+		// A channel two installations share wakes each one's consumers
+		// for the other's appends; by default they never do (see
+		// schema.ChannelFor), so one set by hand is checked.
+		users, err := schema.ChannelUsers(ctx, conn, g.Channel)
+		if err != nil {
+			return err
+		}
+		if len(users) > 0 {
+			return &config.Error{File: path, Key: cfg.KeyPath(i, "channel"),
+				Msg: fmt.Sprintf("channel %q is notified by %s already; two installations on one channel wake each other's consumers for nothing: choose another channel, or leave channel unset", g.Channel, users[0])}
+		}
+		if err := schema.SetChannel(ctx, conn, g.TopicID, g.Channel); err != nil {
+			return err
+		}
+	}
+	if topic.Partitions != g.TotalPartitions {
+		return &config.Error{File: path, Key: cfg.KeyPath(i, "totalPartitions"),
+			Msg: fmt.Sprintf("topic %d already has %d partitions, not %d; change it with `consumer repartition --topic %d --partitions %d`",
+				topic.ID, topic.Partitions, g.TotalPartitions, topic.ID, g.TotalPartitions)}
+	}
+	verb := "exists"
+	if created {
+		verb = "created"
+	}
+	fmt.Fprintf(stdout, "topic %d %s with %d partitions, offsets per %s, %s allocation\n", topic.ID, verb, topic.Partitions, topic.Scope, g.OffsetAllocation)
 	return nil
 }
 

@@ -34,11 +34,13 @@ type groupMetrics struct {
 	consumer atomic.Pointer[pgevents.Consumer]
 }
 
-// startObservability creates the metrics of each group of cfg and, when
+// startObservability creates the metrics of each group of cfg, whose lag
+// is read on the group's pool (pools, in GroupConfigs order) and, when
 // cfg.MetricsAddr is set, listens on it (so a busy address fails before
-// the consumers start) and serves in g until ctx ends. With no metricsAddr
-// it does nothing, and Observer returns nil.
-func startObservability(ctx context.Context, g *errgroup.Group, cfg *config.Config, pool *pgxpool.Pool, log *zerolog.Logger) (*observability, error) {
+// the consumers start) and serves in g until ctx ends; /readyz checks
+// every pool. With no metricsAddr it does nothing, and Observer returns
+// nil.
+func startObservability(ctx context.Context, g *errgroup.Group, cfg *config.Config, pools []*pgxpool.Pool, log *zerolog.Logger) (*observability, error) {
 	o := &observability{}
 	if cfg.MetricsAddr == "" {
 		return o, nil
@@ -53,7 +55,7 @@ func startObservability(ctx context.Context, g *errgroup.Group, cfg *config.Conf
 				parts = append(parts, p)
 			}
 		}
-		m, err := metrics.New(metrics.Options{Group: gc.GroupID, Topic: gc.TopicID, Partitions: parts, DB: pool, Schema: cfg.Schema,
+		m, err := metrics.New(metrics.Options{Group: gc.GroupID, Topic: gc.TopicID, Partitions: parts, DB: pools[i], Schema: gc.Schema,
 			NoRuntimeMetrics: i > 0})
 		if err != nil {
 			return nil, err
@@ -67,10 +69,16 @@ func startObservability(ctx context.Context, g *errgroup.Group, cfg *config.Conf
 		o.groups = append(o.groups, gm)
 		all = append(all, m)
 	}
+	dbs := distinctPools(pools)
+	var more []metrics.Querier
+	for _, p := range dbs[1:] {
+		more = append(more, p)
+	}
 	srv, err := metrics.NewServer(metrics.ServerConfig{
 		Addr:    cfg.MetricsAddr,
 		Metrics: metrics.Handler(all...),
-		DB:      pool,
+		DB:      dbs[0],
+		MoreDBs: more,
 		Ready:   o.ready,
 		Pprof:   cfg.Pprof,
 	})
@@ -129,11 +137,13 @@ func (gm *groupMetrics) owned() int {
 }
 
 // runConsumers creates a consumer per configuration in ccfgs (one per group
-// of cfg, in cfg.GroupConfigs() order) and runs them, with the metrics
-// server when cfg.MetricsAddr is set, until ctx ends or one fails; it
-// returns the first error (Run's errors unchanged), and nil after a
-// shutdown.
-func runConsumers(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, ccfgs []pgevents.Config) error {
+// of cfg, in cfg.GroupConfigs() order), each on its group's pool (pools,
+// in the same order: a pool per database), and runs them, with the
+// metrics server when cfg.MetricsAddr is set, until ctx ends or one
+// fails; it returns the first error (Run's errors unchanged, in a
+// *groupFailure naming the group when the file lists several), and nil
+// after a shutdown, which stops them all together.
+func runConsumers(ctx context.Context, cfg *config.Config, pools []*pgxpool.Pool, ccfgs []pgevents.Config) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
@@ -141,19 +151,26 @@ func runConsumers(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, c
 	if len(ccfgs) > 0 {
 		log = ccfgs[0].Logger
 	}
-	obs, err := startObservability(gctx, g, cfg, pool, log)
+	obs, err := startObservability(gctx, g, cfg, pools, log)
 	if err != nil {
 		return err
+	}
+	// failed names the group of err when the file lists several.
+	failed := func(i int, err error) error {
+		if err == nil || len(ccfgs) < 2 {
+			return err
+		}
+		return &groupFailure{group: i, id: ccfgs[i].GroupID, err: err}
 	}
 	consumers := make([]*pgevents.Consumer, len(ccfgs))
 	for i, ccfg := range ccfgs {
 		if o := obs.Observer(i); o != nil {
 			ccfg.Observer = o
 		}
-		if consumers[i], err = pgevents.NewConsumer(pool, ccfg); err != nil {
+		if consumers[i], err = pgevents.NewConsumer(pools[i], ccfg); err != nil {
 			cancel()
 			_ = g.Wait()
-			return err
+			return failed(i, err)
 		}
 		obs.Attach(i, consumers[i])
 	}
@@ -165,11 +182,11 @@ func runConsumers(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, c
 		}
 	}
 	var running sync.WaitGroup
-	for _, c := range consumers {
+	for i, c := range consumers {
 		running.Add(1)
 		g.Go(func() error {
 			defer running.Done()
-			return c.Run(gctx)
+			return failed(i, c.Run(gctx))
 		})
 	}
 	g.Go(func() error {

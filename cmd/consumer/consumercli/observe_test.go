@@ -105,7 +105,7 @@ func TestObservabilityOff(t *testing.T) {
 	url, pool := observedDB(t)
 	cfg := observedConfig(t, url, "")
 	var g errgroup.Group
-	obs, err := startObservability(context.Background(), &g, cfg, pool, nil)
+	obs, err := startObservability(context.Background(), &g, cfg, []*pgxpool.Pool{pool}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,9 @@ func TestObserveRunConsumer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- runConsumers(ctx, cfg, pool, []pgevents.Config{cfg.Consumer(handlers, &log)}) }()
+	go func() {
+		done <- runConsumers(ctx, cfg, []*pgxpool.Pool{pool}, []pgevents.Config{cfg.Consumer(handlers, &log)})
+	}()
 	base := "http://" + listenAddr(t, logs)
 
 	pgtest.WaitFor(t, 20*time.Second, "/readyz 200", func() bool {
@@ -199,7 +201,7 @@ func TestObserveConsumerError(t *testing.T) {
 	}
 	defer closeHandlers()
 	log := zerolog.Nop()
-	err = runConsumers(context.Background(), cfg, pool, []pgevents.Config{cfg.Consumer(handlers, &log)})
+	err = runConsumers(context.Background(), cfg, []*pgxpool.Pool{pool}, []pgevents.Config{cfg.Consumer(handlers, &log)})
 	var mismatch *pgevents.PartitionMismatchError
 	if !errors.As(err, &mismatch) {
 		t.Fatalf("runConsumers: %v (%T), want *pgevents.PartitionMismatchError", err, err)
@@ -214,7 +216,7 @@ func TestObserveBusyAddress(t *testing.T) {
 	cfg := observedConfig(t, url, "metricsAddr: \"127.0.0.1:0\"\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	var g errgroup.Group
-	obs, err := startObservability(ctx, &g, cfg, pool, nil)
+	obs, err := startObservability(ctx, &g, cfg, []*pgxpool.Pool{pool}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +231,7 @@ func TestObserveBusyAddress(t *testing.T) {
 	}
 	busy := observedConfig(t, url, fmt.Sprintf("metricsAddr: %q\n", obs.addr))
 	var g2 errgroup.Group
-	if _, err := startObservability(ctx, &g2, busy, pool, nil); err == nil || !strings.Contains(err.Error(), "metricsAddr") {
+	if _, err := startObservability(ctx, &g2, busy, []*pgxpool.Pool{pool}, nil); err == nil || !strings.Contains(err.Error(), "metricsAddr") {
 		t.Fatalf("second server on %s: %v, want an error naming metricsAddr", obs.addr, err)
 	}
 }

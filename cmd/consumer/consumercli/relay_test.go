@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -277,7 +278,9 @@ handlers:
 	defer closeHandlers()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- runConsumers(ctx, cfg, pool, []pgevents.Config{cfg.Consumer(handlers, &log)}) }()
+	go func() {
+		done <- runConsumers(ctx, cfg, []*pgxpool.Pool{pool}, []pgevents.Config{cfg.Consumer(handlers, &log)})
+	}()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

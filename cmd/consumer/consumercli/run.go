@@ -54,13 +54,22 @@ func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Write
 			return inFile(cfg.ConsumerError(i, err), *path)
 		}
 	}
-	pool, err := openPool(ctx, cfg, *path)
+	tp, shutdownTracing, err := c.tracerProvider(ctx, cfg, *path)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer shutdownTracing(&log)
+	for i := range ccfgs {
+		ccfgs[i].TracerProvider = tp
+	}
+	// A pool per database, sized for the groups on it.
+	pools, closePools, err := openPools(ctx, cfg, *path)
+	if err != nil {
+		return err
+	}
+	defer closePools()
 	ctx = schema.WithName(ctx, cfg.Schema)
-	return groupError(runConsumers(ctx, cfg, pool, ccfgs), *path)
+	return groupError(cfg, runConsumers(ctx, cfg, pools, ccfgs), *path)
 }
 
 // inFile returns err with path as the File of the *config.Error in it.
@@ -73,31 +82,56 @@ func inFile(err error, path string) error {
 }
 
 // groupError names the configuration key behind a consumer's refusal to
-// start.
-func groupError(err error, path string) error {
+// start: the key of the group that refused (a *groupFailure), or of the
+// top level when the error does not say which.
+func groupError(cfg *config.Config, err error, path string) error {
+	group := -1
+	var gf *groupFailure
+	if errors.As(err, &gf) {
+		group = gf.group
+	}
+	key := func(k string) string {
+		if group < 0 {
+			return k
+		}
+		return cfg.KeyPath(group, k)
+	}
 	var mismatch *pgevents.PartitionMismatchError
 	if errors.As(err, &mismatch) {
-		return &config.Error{File: path, Key: "totalPartitions", Msg: mismatch.Error()}
+		return &config.Error{File: path, Key: key("totalPartitions"), Msg: mismatch.Error()}
 	}
 	var channel *pgevents.ChannelMismatchError
 	if errors.As(err, &channel) {
-		return &config.Error{File: path, Key: "channel", Msg: channel.Error()}
+		return &config.Error{File: path, Key: key("channel"), Msg: channel.Error()}
 	}
 	var timeouts *pgevents.TimeoutError
 	if errors.As(err, &timeouts) {
-		return &config.Error{File: path, Key: "handlerTimeoutMs", Msg: timeouts.Error()}
+		return &config.Error{File: path, Key: key("handlerTimeoutMs"), Msg: timeouts.Error()}
 	}
 	if errors.Is(err, schema.ErrTopicNotFound) {
-		return &config.Error{File: path, Key: "topicId",
+		return &config.Error{File: path, Key: key("topicId"),
 			Msg: fmt.Sprintf("%v; create it with `consumer migrate --config %s`", err, path)}
 	}
 	return err
 }
 
+// groupFailure is the error of one group of a process that runs several:
+// its index in the file's groups (GroupConfigs order), its id and what
+// went wrong.
+type groupFailure struct {
+	group int
+	id    string
+	err   error
+}
+
+func (e *groupFailure) Error() string { return fmt.Sprintf("group %s: %v", e.id, e.err) }
+func (e *groupFailure) Unwrap() error { return e.err }
+
 // connect loads the configuration file at path and opens a pool on its
-// database; when topic points to 0, it is set to the configuration's
-// topicId. The context it returns names the configured schema (every
-// statement run with it finds pgevents there).
+// top-level database, the one of the commands that name no group; when
+// topic points to 0, it is set to the configuration's topicId. The
+// context it returns names the configured schema (every statement run
+// with it finds pgevents there).
 func connect(ctx context.Context, path string, topic *int) (context.Context, *config.Config, *pgxpool.Pool, error) {
 	cfg, err := config.Load(path)
 	if err != nil {
@@ -106,32 +140,11 @@ func connect(ctx context.Context, path string, topic *int) (context.Context, *co
 	if topic != nil && *topic == 0 {
 		*topic = cfg.TopicID
 	}
-	pool, err := openPool(ctx, cfg, path)
+	ctx, pool, err := topPlace(cfg).open(ctx, cfg, cfg.PoolSize(), path)
 	if err != nil {
 		return ctx, nil, nil, err
 	}
-	return schema.WithName(ctx, cfg.Schema), cfg, pool, nil
-}
-
-// openPool connects to the configured database with the file's session
-// timeouts and room for every group's consumer (Config.PoolSize).
-func openPool(ctx context.Context, cfg *config.Config, path string) (*pgxpool.Pool, error) {
-	pc, err := pgevents.NewPoolConfig(cfg.DatabaseURL, cfg.PoolOptions())
-	if err != nil {
-		return nil, &config.Error{File: path, Key: "databaseUrl", Msg: err.Error()}
-	}
-	pc.MaxConns = int32(cfg.PoolSize())
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	if err := pool.Ping(cctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	return pool, nil
+	return ctx, cfg, pool, nil
 }
 
 // buildHandlers creates the handlers group g of cfg configures: the

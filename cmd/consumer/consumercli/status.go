@@ -11,13 +11,17 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/schema"
 )
 
 const statusUsage = `usage: consumer status [--config FILE] [--group G] [--json] [--watch [--interval D]]
 
-Shows, for the configured topic, every consumer group that has a position
-(or only --group G) × every partition: the group's next offset, the log end
+Shows, for each topic of the configured groups, every consumer group that
+has a position on it (or only --group G) × every partition: the group's next offset, the log end
 (highest offset in the partition), the lag in events (counted up to a cap,
 shown as ">=N" when reached) and in seconds (age of the first unhandled
 event, on the database clock), open dead letters, and whether the
@@ -27,8 +31,16 @@ position (no process of the group has served the partition yet).
 --watch redraws the table every --interval (default 2s) until interrupted;
 with --json it prints one JSON document per line instead.
 
---json prints one object; its field names are stable:
+The groups of the file are each shown from their own database and schema
+(groups[i].databaseUrl, groups[i].schema, else the top level's), one table
+per database, schema and topic; --group shows that group's.
 
+--json prints one object per database, schema and topic (one for a file
+whose groups share them), one after the other; its field names are stable:
+
+  database                  user@host:port/database read (no password)
+  schema                    the schema pgevents lives in; "" for the
+                            first of the search_path
   topic_id                  the topic
   total_partitions          its partition count
   database_time             the database clock when read (RFC 3339)
@@ -55,9 +67,18 @@ with --json it prints one JSON document per line instead.
 Flags:
 `
 
+// statusPoolSize is the pool of consumer status on each database: it
+// reads one statement at a time.
+const statusPoolSize = 2
+
 // statusJSON is the document of consumer status --json. Its field names are
 // a contract with scripts: add fields, never rename or remove one.
 type statusJSON struct {
+	// Database and Schema say where the document was read (the database
+	// as user@host:port/name, never its password; the schema pgevents
+	// lives in, "" for the first of the search_path).
+	Database               string            `json:"database"`
+	Schema                 string            `json:"schema"`
 	TopicID                int               `json:"topic_id"`
 	TotalPartitions        int               `json:"total_partitions"`
 	DatabaseTime           time.Time         `json:"database_time"`
@@ -279,7 +300,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprint(stderr, statusUsage)
 		fs.PrintDefaults()
 	}
-	path := fs.String("config", defaultConfigPath, "configuration file: the database and the topic")
+	path := fs.String("config", defaultConfigPath, "configuration file: the groups' databases and topics")
 	group := fs.String("group", "", "show this consumer group only (default: every group with a position on the topic)")
 	asJSON := fs.Bool("json", false, "print JSON (field names documented above)")
 	watch := fs.Bool("watch", false, "refresh every --interval until interrupted")
@@ -293,38 +314,91 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *interval <= 0 {
 		return usagef("status: --interval must be positive, got %s", *interval)
 	}
-	ctx, cfg, pool, err := connect(ctx, *path, nil)
+	cfg, err := config.Load(*path)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	show := func() error {
-		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		st, err := metrics.ReadState(rctx, pool, *group, cfg.TopicID, metrics.DefaultLagCap)
+	// Each group from its own database: with --group, that group's place;
+	// else every (database, schema, topic) of the file's groups.
+	var places []place
+	if *group != "" {
+		p, err := groupPlace(cfg, *group, 0)
 		if err != nil {
 			return err
 		}
-		doc := statusFrom(st)
-		switch {
-		case *asJSON && *watch:
-			return json.NewEncoder(stdout).Encode(doc) // one document per line
-		case *asJSON:
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(doc)
-		case *watch:
-			var b strings.Builder
-			fmt.Fprintf(&b, "%sconsumer status, every %s: %s\n\n", ansiHomeClear, *interval,
-				doc.DatabaseTime.Local().Format(time.DateTime))
+		places = []place{p}
+	} else {
+		places = groupPlaces(cfg)
+	}
+	type shown struct {
+		ctx  context.Context
+		pool *pgxpool.Pool
+		p    place
+	}
+	var views []shown
+	pools := map[string]*pgxpool.Pool{}
+	defer func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}()
+	for _, p := range places {
+		pool := pools[p.url]
+		if pool == nil {
+			if _, pool, err = p.open(ctx, cfg, statusPoolSize, *path); err != nil {
+				return err
+			}
+			pools[p.url] = pool
+		}
+		views = append(views, shown{schema.WithName(ctx, p.schema), pool, p})
+	}
+
+	show := func() error {
+		var b strings.Builder
+		if *watch && !*asJSON {
+			fmt.Fprintf(&b, "%sconsumer status, every %s", ansiHomeClear, *interval)
+		}
+		for i, v := range views {
+			rctx, cancel := context.WithTimeout(v.ctx, 30*time.Second)
+			st, err := metrics.ReadState(rctx, v.pool, *group, v.p.topic, metrics.DefaultLagCap)
+			cancel()
+			if err != nil {
+				return err
+			}
+			doc := statusFrom(st)
+			doc.Database = dbLabel(v.pool)
+			doc.Schema = v.p.schema
+			switch {
+			case *asJSON && *watch:
+				if err := json.NewEncoder(&b).Encode(doc); err != nil { // one document per line
+					return err
+				}
+				continue
+			case *asJSON:
+				enc := json.NewEncoder(&b)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(doc); err != nil {
+					return err
+				}
+				continue
+			case *watch && i == 0:
+				fmt.Fprintf(&b, ": %s\n\n", doc.DatabaseTime.Local().Format(time.DateTime))
+			case i > 0:
+				b.WriteString("\n")
+			}
+			if len(views) > 1 {
+				where := doc.Database
+				if doc.Schema != "" {
+					where += ", schema " + doc.Schema
+				}
+				fmt.Fprintf(&b, "== %s (%s), topic %d\n", where, v.p.key, doc.TopicID)
+			}
 			if err := writeStatusTable(&b, &doc); err != nil {
 				return err
 			}
-			_, err := io.WriteString(stdout, b.String()) // one write, so the screen never shows half a table
-			return err
 		}
-		return writeStatusTable(stdout, &doc)
+		_, err := io.WriteString(stdout, b.String()) // one write, so the screen never shows half a table
+		return err
 	}
 	if !*watch {
 		return show()
