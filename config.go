@@ -13,8 +13,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pgevents/pgevents/internal/offsets"
-	"github.com/pgevents/pgevents/internal/partition"
+	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/partition"
 	"github.com/pgevents/pgevents/schema"
 )
 

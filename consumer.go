@@ -11,9 +11,10 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/pgevents/pgevents/internal/listener"
-	"github.com/pgevents/pgevents/internal/offsets"
-	"github.com/pgevents/pgevents/internal/partition"
+	"github.com/pgevents/pgevents/internal/lease"
+	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/listener"
+	"github.com/pgevents/pgevents/partition"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -131,7 +132,7 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	}
 	start, _ := ParseStartPosition(cfg.StartFrom) // validated
 	if cfg.ReplicaID == "" {
-		cfg.ReplicaID = partition.NewReplicaID()
+		cfg.ReplicaID = lease.NewReplicaID()
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}

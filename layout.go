@@ -8,8 +8,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/pgevents/pgevents/internal/offsets"
-	"github.com/pgevents/pgevents/internal/partition"
+	"github.com/pgevents/pgevents/internal/lease"
+	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/partition"
 )
 
 // layoutRun is a consumer's work on one layout of the topic: a worker per
@@ -29,7 +30,7 @@ type layoutRun struct {
 	// owns its partition (worker.conn): the pool has room for one per
 	// partition and the consumer's other tasks (PoolSize).
 	pin    bool
-	leaser *partition.Leaser
+	leaser *lease.Leaser
 	cancel context.CancelFunc
 }
 
@@ -101,7 +102,7 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error 
 			}
 		}
 	}
-	lr.leaser, err = partition.NewLeaser(partition.LeaserConfig{
+	lr.leaser, err = lease.NewLeaser(lease.LeaserConfig{
 		DB: c.pool, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: l.Partitions, Layout: l.Version,
 		Static: static, ReplicaID: c.replicaID, Lease: cfg.LeaseDuration,
 		Owner: lr, Logger: &c.log,
@@ -196,7 +197,7 @@ func (lr *layoutRun) final() bool {
 	return cuts == nil || offsets.Layout{Below: *cuts}.Final()
 }
 
-// Acquired implements partition.Owner.
+// Acquired implements lease.Owner.
 func (lr *layoutRun) Acquired(p int, epoch int64) {
 	if w := lr.workers[p]; w != nil {
 		w.releasing.Store(false)
@@ -208,7 +209,7 @@ func (lr *layoutRun) Acquired(p int, epoch int64) {
 	}
 }
 
-// Lost implements partition.Owner.
+// Lost implements lease.Owner.
 func (lr *layoutRun) Lost(p int) {
 	if w := lr.workers[p]; w != nil {
 		w.lost()
@@ -216,7 +217,7 @@ func (lr *layoutRun) Lost(p int) {
 	}
 }
 
-// Release implements partition.Owner.
+// Release implements lease.Owner.
 func (lr *layoutRun) Release(p int) {
 	if w := lr.workers[p]; w != nil {
 		w.releasing.Store(true)

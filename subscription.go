@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 // subscription keeps the group's subscription live: a heartbeat on the

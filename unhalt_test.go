@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 // TestUnhaltRetriesTheUnit: a running consumer whose partition halted

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgevents/pgevents/internal/batching"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/batching"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 // This file: one batch transaction and its units. A batch claims the

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 // The watcher's timing.

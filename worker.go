@@ -10,8 +10,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pgevents/pgevents/internal/batching"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/batching"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 var keys = batching.Keys[Event]{

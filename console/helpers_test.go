@@ -22,8 +22,8 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/console"
 	"github.com/pgevents/pgevents/internal/eventtest"
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

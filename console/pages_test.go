@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/pgevents/pgevents/console"
-	"github.com/pgevents/pgevents/internal/offsets"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 // fixture fills env's topic with a bit of everything the pages show:

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgevents/pgevents/console"
-	"github.com/pgevents/pgevents/internal/offsets"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 // pathRow returns the row of group in a path table.

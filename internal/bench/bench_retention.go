@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pgevents/pgevents/internal/latency"
-	"github.com/pgevents/pgevents/internal/offsets"
+	offsets "github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 

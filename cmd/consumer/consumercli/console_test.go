@@ -12,8 +12,8 @@ import (
 
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/eventtest"
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 const consoleTestToken = "cli-console-token-0123"

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/internal/offsets"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 // offsetsCmd is `consumer offsets reset`.

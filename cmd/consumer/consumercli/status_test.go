@@ -15,8 +15,8 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/eventtest"
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	offsets "github.com/pgevents/pgevents/internal/store"
 )
 
 // statusFixture prepares a 4-partition topic with events, group g at

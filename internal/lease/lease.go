@@ -1,4 +1,4 @@
-package partition
+package lease
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	offsets "github.com/pgevents/pgevents/internal/store"
 
 	"github.com/pgevents/pgevents/schema"
 )

@@ -51,4 +51,4 @@
 // empty table and checks that it still reads through the index after the
 // table has grown. The cost of the claim does not grow with the number of
 // partitions (invariant 6 of package pgevents).
-package offsets
+package store
