@@ -13,7 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
-	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/partition"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -112,7 +112,7 @@ const (
 	PolicyParkHost
 	// PolicyHalt stops the partition before the unit, records why in
 	// partition_halts, and logs it at error level until the process is
-	// restarted, or until an operator removes the record (offsets.Unhalt,
+	// restarted, or until an operator removes the record (store.Unhalt,
 	// the console's unhalt): the worker then tries the unit again.
 	PolicyHalt
 )
@@ -419,6 +419,6 @@ func ParseStartPosition(v string) (StartPosition, error) {
 }
 
 // internal returns the position as the offset store takes it.
-func (s StartPosition) internal() offsets.Start {
-	return offsets.Start{Kind: s.Kind, Offset: s.Offset, Time: s.Time}
+func (s StartPosition) internal() store.Start {
+	return store.Start{Kind: s.Kind, Offset: s.Offset, Time: s.Time}
 }

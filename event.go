@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
-	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -315,7 +315,7 @@ func planAppend(ctx context.Context, events []Event, results bool) ([]appendStmt
 		}
 		if len(idx) == 1 && !keyed {
 			ev := &events[idx[0]]
-			sql, args := offsets.AppendOneSQL(t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, metadata(ev))
+			sql, args := store.AppendOneSQL(t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, metadata(ev))
 			stmts = append(stmts, appendStmt{topic: t, idx: idx, sql: sql, args: args})
 			continue
 		}
@@ -329,9 +329,9 @@ func planAppend(ctx context.Context, events []Event, results bool) ([]appendStmt
 		if err != nil {
 			return nil, fmt.Errorf("append: encode: %w", err)
 		}
-		sql, args := offsets.AppendSQL(t, body)
+		sql, args := store.AppendSQL(t, body)
 		if keyed {
-			sql, args = offsets.AppendKeyedSQL(t, body)
+			sql, args = store.AppendKeyedSQL(t, body)
 		}
 		stmts = append(stmts, appendStmt{topic: t, idx: idx, keyed: keyed, sql: sql, args: args})
 	}

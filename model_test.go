@@ -21,7 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/internal/pgtest"
-	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -365,7 +365,7 @@ func (m *model) crash(mcon *modelConsumer) {
 	var killed string
 	err := m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(application_name || '/' || pid, ' '), '')
 		FROM pg_stat_activity WHERE application_name IN ($1, $2) AND pg_terminate_backend(pid)`,
-		mcon.app, offsets.BatchApplicationName(mcon.c.ReplicaID())).Scan(&killed)
+		mcon.app, store.BatchApplicationName(mcon.c.ReplicaID())).Scan(&killed)
 	if err != nil {
 		m.t.Error(err)
 	}
@@ -510,12 +510,12 @@ func (m *model) operate(r *rand.Rand) {
 	case x < 40:
 		m.resolveOne(r, false)
 	case x < 50:
-		if _, err := offsets.SetState(m.ctx, m.pool, "main", 1, offsets.StatePaused); err != nil {
+		if _, err := store.SetState(m.ctx, m.pool, "main", 1, store.StatePaused); err != nil {
 			m.t.Error(err)
 			return
 		}
 		time.Sleep(time.Duration(100+r.IntN(300)) * time.Millisecond)
-		if _, err := offsets.SetState(m.ctx, m.pool, "main", 1, offsets.StateActive); err != nil {
+		if _, err := store.SetState(m.ctx, m.pool, "main", 1, store.StateActive); err != nil {
 			m.t.Error(err)
 		}
 		m.op("pause, resume")
@@ -541,7 +541,7 @@ func (m *model) operate(r *rand.Rand) {
 // resolveOne replays (with the fix for its events deployed) or discards a
 // random open dead letter of the main group.
 func (m *model) resolveOne(r *rand.Rand, replay bool) {
-	dls, err := offsets.ListDeadLetters(m.ctx, m.pool, "main")
+	dls, err := store.ListDeadLetters(m.ctx, m.pool, "main")
 	if err != nil || len(dls) == 0 {
 		return
 	}
@@ -549,7 +549,7 @@ func (m *model) resolveOne(r *rand.Rand, replay bool) {
 }
 
 func (m *model) resolve(id int64, replay bool) {
-	d, err := offsets.GetDeadLetter(m.ctx, m.pool, id)
+	d, err := store.GetDeadLetter(m.ctx, m.pool, id)
 	if err != nil {
 		return // resolved meanwhile
 	}
@@ -592,7 +592,7 @@ func (m *model) resolve(id int64, replay bool) {
 func (m *model) heal() {
 	t := m.t
 	m.fixed.Store(true)
-	if _, err := offsets.SetState(m.ctx, m.pool, "main", 1, offsets.StateActive); err != nil && !errors.Is(err, offsets.ErrTransition) {
+	if _, err := store.SetState(m.ctx, m.pool, "main", 1, store.StateActive); err != nil && !errors.Is(err, store.ErrTransition) {
 		t.Error(err)
 	}
 	// A halted partition says so, and stops where it says.
@@ -627,7 +627,7 @@ func (m *model) heal() {
 	m.mu.Unlock()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		dls, err := offsets.ListDeadLetters(m.ctx, m.pool, "main")
+		dls, err := store.ListDeadLetters(m.ctx, m.pool, "main")
 		if err != nil {
 			t.Fatal(err)
 		}

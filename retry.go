@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // This file: a worker's failure state. decide (failure.go) says what a
@@ -152,7 +152,7 @@ func (w *worker) breakerTripped() bool {
 // stops the worker.
 func (w *worker) halt(ctx context.Context) error {
 	cfg := &w.c.cfg
-	if err := offsets.Halt(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, w.haltAt.unitFirst, w.haltAt.err.Error()); err != nil {
+	if err := store.Halt(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, w.haltAt.unitFirst, w.haltAt.err.Error()); err != nil {
 		return err
 	}
 	w.haltRecord = true
@@ -169,7 +169,7 @@ const haltCheck = time.Second
 
 // waitHalted keeps a halted partition stopped, repeating why every minute,
 // until ctx is cancelled, or until an operator removes the partition's
-// halt record (offsets.Unhalt: the console's unhalt): then the worker
+// halt record (store.Unhalt: the console's unhalt): then the worker
 // forgets the unit's failures and returns, to try the unit again as a
 // restart would (if it fails permanently again, it halts again).
 func (w *worker) waitHalted(ctx context.Context) error {
@@ -183,8 +183,8 @@ func (w *worker) waitHalted(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-check.C:
-			halts, err := offsets.Halts(ctx, w.c.pool, cfg.GroupID, cfg.TopicID)
-			if err != nil || slices.ContainsFunc(halts, func(h offsets.HaltRecord) bool { return h.Partition == w.partition }) {
+			halts, err := store.Halts(ctx, w.c.pool, cfg.GroupID, cfg.TopicID)
+			if err != nil || slices.ContainsFunc(halts, func(h store.HaltRecord) bool { return h.Partition == w.partition }) {
 				continue
 			}
 			w.log.Warn().Int64("offset", w.haltAt.unitFirst).Msg("partition unhalted by an operator: trying the unit again")

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // The watcher's timing.
@@ -151,7 +151,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		}
 	}
 	if len(release) > 0 {
-		if err := offsets.Wake(ctx, w.conn, c.cfg.TopicID, release); err != nil {
+		if err := store.Wake(ctx, w.conn, c.cfg.TopicID, release); err != nil {
 			w.fail(ctx, err)
 		}
 		for _, p := range release {
@@ -185,7 +185,7 @@ func (w *watcher) step(ctx context.Context) bool {
 	}
 	// The appends counter first: when no append started lately, the tails
 	// cannot have moved, and nothing is in flight.
-	n, err := offsets.Appends(ctx, w.conn, c.cfg.TopicID)
+	n, err := store.Appends(ctx, w.conn, c.cfg.TopicID)
 	if err != nil {
 		w.fail(ctx, err)
 		return true
@@ -197,7 +197,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		return true
 	}
 	w.tailed = now
-	tails, err := offsets.Tails(ctx, w.conn, c.cfg.TopicID, awake)
+	tails, err := store.Tails(ctx, w.conn, c.cfg.TopicID, awake)
 	if err != nil {
 		w.fail(ctx, err)
 		return true
@@ -234,7 +234,7 @@ func (w *watcher) step(ctx context.Context) bool {
 	if len(sleepy) == 0 {
 		return true
 	}
-	slept, err := offsets.Sleep(ctx, w.conn, c.cfg.TopicID, sleepy)
+	slept, err := store.Sleep(ctx, w.conn, c.cfg.TopicID, sleepy)
 	if err != nil {
 		w.fail(ctx, err)
 		return true
@@ -257,7 +257,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		}
 	}
 	if len(undo) > 0 {
-		if err := offsets.Wake(ctx, w.conn, c.cfg.TopicID, undo); err != nil {
+		if err := store.Wake(ctx, w.conn, c.cfg.TopicID, undo); err != nil {
 			w.fail(ctx, err)
 		}
 		for _, p := range undo {

@@ -17,7 +17,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/eventtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
-	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/metrics"
 )
 
@@ -225,10 +225,10 @@ func TestLagCapAndOtherGroups(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, partitions)
 	ctx := context.Background()
-	if err := offsets.Init(ctx, pool, "idle", 1, []int{0, 1, 2, 3}); err != nil {
+	if err := store.Init(ctx, pool, "idle", 1, []int{0, 1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
-	if err := offsets.Init(ctx, pool, "half", 1, []int{1}); err != nil {
+	if err := store.Init(ctx, pool, "half", 1, []int{1}); err != nil {
 		t.Fatal(err)
 	}
 	appendWorkload(t, pool, 3, 40)
@@ -236,7 +236,7 @@ func TestLagCapAndOtherGroups(t *testing.T) {
 	for p := range partitions {
 		counts[p] = eventtest.QueryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE partition_id = $1`, p)
 	}
-	if err := offsets.Halt(ctx, pool, "idle", 1, 2, 5, "stopped by the test"); err != nil {
+	if err := store.Halt(ctx, pool, "idle", 1, 2, 5, "stopped by the test"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -451,7 +451,7 @@ func (d *countingDB) count() int {
 func TestLagReadingsAreShared(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, partitions)
-	if err := offsets.Init(context.Background(), pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
+	if err := store.Init(context.Background(), pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
 	db := &countingDB{Pool: pool}

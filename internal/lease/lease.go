@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
-	offsets "github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/internal/store"
 
 	"github.com/pgevents/pgevents/schema"
 )
@@ -100,7 +100,7 @@ WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 	// would otherwise wait for that transaction until the server noticed
 	// the dead peer. The lock is an advisory lock (lock_position), found in
 	// pg_locks by its key's halves; and a batch names its owner in
-	// application_name for its duration (offsets.BatchApplicationName).
+	// application_name for its duration (store.BatchApplicationName).
 	// Only a backend that is both is ended: the lock may also be held by a
 	// dead-letter replay, an offsets reset or a layout switch, which are not
 	// the stale owner's.
@@ -362,7 +362,7 @@ func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
 			// Taken over from a replica whose lease expired: end its
 			// batch, if it still holds the partition's offsets row.
 			var n int
-			if err := l.cfg.DB.QueryRow(ctx, schema.SQL(ctx, fenceSQL), l.cfg.Group, l.cfg.Topic, a.p, offsets.BatchApplicationName(a.prev)).Scan(&n); err != nil {
+			if err := l.cfg.DB.QueryRow(ctx, schema.SQL(ctx, fenceSQL), l.cfg.Group, l.cfg.Topic, a.p, store.BatchApplicationName(a.prev)).Scan(&n); err != nil {
 				l.log.Warn().Err(err).Int("partition", a.p).Msg("could not fence the previous owner")
 			} else if n > 0 {
 				l.log.Warn().Int("partition", a.p).Str("previous_owner", a.prev).Msg("ended the previous owner's batch")
