@@ -26,7 +26,7 @@ var ErrOtherGroup = errors.New("dead letter belongs to another consumer group")
 
 // ListDeadLetters returns the dead letters of group, or of every group when
 // group is empty, oldest first.
-func ListDeadLetters(ctx context.Context, q Querier, group string) ([]DeadLetter, error) {
+func ListDeadLetters(ctx context.Context, q schema.DB, group string) ([]DeadLetter, error) {
 	return store.ListDeadLetters(ctx, q, group)
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/schema"
 )
 
 const partitions = 4
@@ -490,7 +491,7 @@ func (failingDB) Query(context.Context, string, ...any) (pgx.Rows, error) {
 func TestLagFailureKeepsTheScrape(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, 1)
-	for name, db := range map[string]metrics.Querier{"error": failingDB{pool}, "timeout": slowQuerier{pool}} {
+	for name, db := range map[string]schema.DB{"error": failingDB{pool}, "timeout": slowQuerier{pool}} {
 		m, err := metrics.New(metrics.Options{Group: "g", DB: db, Partitions: []int{0}, LagTimeout: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Defaults of ServerConfig.
@@ -30,7 +32,7 @@ type ServerConfig struct {
 	// nil serves no /metrics.
 	Metrics http.Handler
 	// DB is the database /readyz checks with SELECT 1; required.
-	DB Querier
+	DB schema.DB
 	// Ready reports whether the consumer's listener is connected
 	// (Consumer.Ready); /readyz also requires it. nil: not checked.
 	Ready func() bool

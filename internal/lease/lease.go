@@ -11,11 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/internal/store"
-
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -116,14 +114,6 @@ JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE a.pid <> pg_backend_pid() AND a.application_name = $4`
 )
 
-// DB is what a Leaser runs statements on; *pgxpool.Pool satisfies it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // Owner is told what a Leaser acquires and loses. Its methods are called
 // from the Leaser's goroutine and must not block.
 type Owner interface {
@@ -141,7 +131,7 @@ type Owner interface {
 // LeaserConfig configures a Leaser.
 type LeaserConfig struct {
 	// DB runs the lease statements; required.
-	DB DB
+	DB schema.DB
 	// Group and Topic say whose partitions are leased.
 	Group string
 	Topic int
