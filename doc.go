@@ -45,26 +45,32 @@
 // A notification at commit takes a database-wide lock held until the
 // commit's WAL flush, so notifying transactions commit one after another.
 // Producers therefore notify only partitions a consumer sleeps on, and
-// while events flow nobody sleeps: each consumer reads the tails of its
-// partitions every fraction of a millisecond (one statement for all of
-// them, not one per worker) and hints the workers of the partitions whose
-// tail moved. A partition quiet for a while (five of its mean gaps between
-// events, from 50 ms to 2 s) goes to sleep: the consumer takes its sleep
-// key, an advisory lock, shared, on a connection it keeps, and stops
-// reading its tail. An append tries to take the sleep key of each partition
-// it writes, exclusive: if it can, nobody sleeps there, it holds the key to
-// commit and sends nothing; if it cannot, it notifies once per call. A
-// notification (or the listener's reconnect, or a lease acquired) wakes the
-// partition: the consumer releases its key and reads its tail again.
+// while events flow nobody sleeps: each consumer reads the topic's appends
+// counter every 0.1 to 1 ms (one statement for all its partitions, not one
+// per worker; sooner right after it moved) and, when it moved, the tails of
+// its partitions, and hints the workers of the partitions whose tail moved;
+// a worker with nothing to do, whose partition has an append in flight,
+// claims at once and its claim waits for that append's commit. A partition
+// quiet for a while (eight of its mean gaps between events, from 50 ms to
+// 2 s) goes to sleep: the consumer takes its sleep key, an advisory lock,
+// shared, on a connection it keeps, unless an append is in flight there,
+// and stops reading its tail. An append tries to take the sleep key of each
+// partition it writes, exclusive: if it can, nobody sleeps there, it holds
+// the key to commit and sends nothing; if a consumer sleeps there, it
+// notifies once per call. A notification (or the listener's reconnect, or
+// a lease acquired) wakes the partition: the consumer releases its key and
+// reads its tail again.
 //
 // The race between an append that found nobody asleep and a consumer
-// going to sleep is closed by the key itself: the append holds it from its
-// check to its commit, so the consumer takes it only after that append
-// committed, and reads the tail once more, in a statement of its own, after
-// taking it. So no event waits for the poll: it is found in a tail, or
-// announced. An idle consumer, asleep on every partition, runs no
-// statement but its heartbeats and its poll every WaitPeriod, which stays
-// as the safety net for lost notifications.
+// going to sleep is closed by the keys: the append holds the sleep key, or
+// is marked in flight, from its look to its commit (or notifies), and the
+// consumer takes the sleep key, gives it back while an append is in
+// flight, and reads the tail once more, in a statement of its own, after
+// that (the SQL function wake_sleepers has the argument). So no event waits
+// for the poll: it is found in a tail, or in flight, or announced. An idle
+// consumer, asleep on every partition, runs no statement but its
+// heartbeats and its poll every WaitPeriod, which stays as the safety net
+// for lost notifications.
 //
 // # Consuming
 //

@@ -327,6 +327,10 @@ func EnsureTopicSpec(ctx context.Context, db DB, spec TopicSpec) (Topic, bool, e
 	return t, created, err
 }
 
+// ensureSegmentsTimeout bounds EnsureSegments when its context has no
+// deadline.
+const ensureSegmentsTimeout = 2 * time.Minute
+
 // LookupTopic returns topic id, or an error wrapping ErrTopicNotFound.
 func LookupTopic(ctx context.Context, db DB, id int) (Topic, error) {
 	var t Topic
@@ -343,11 +347,17 @@ func LookupTopic(ctx context.Context, db DB, id int) (Topic, error) {
 
 // EnsureSegments creates the segments of outbox_message_t that the topic's
 // counter will reach next, and returns how many it created. It waits at most
-// a second for locks and then gives up with an error; the DEFAULT partition
-// holds events meanwhile, so callers retry later and lose nothing.
+// a second for each lock and then gives up with an error; the DEFAULT
+// partition holds events meanwhile, so callers retry later and lose
+// nothing. ctx bounds the whole; without a deadline, ensureSegmentsTimeout
+// does (a topic of many partitions creates a few tables for each: 64 of
+// them on a loaded 2-core machine took more than 10 s, the bound before).
 func EnsureSegments(ctx context.Context, db DB, topicID int) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, ensureSegmentsTimeout)
+		defer cancel()
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("schema: ensure segments: %w", err)

@@ -36,9 +36,6 @@ func (o *benchWakeCounter) read() benchWakes {
 	return w
 }
 
-// summary says how many wake-ups came from each source.
-func (o *benchWakeCounter) summary() string { return o.read().summary(0) }
-
 // since returns the wake-ups from start to w.
 func (w benchWakes) since(start benchWakes) benchWakes {
 	for s := range w {
