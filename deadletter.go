@@ -30,6 +30,19 @@ func ListDeadLetters(ctx context.Context, q schema.DB, group string) ([]DeadLett
 	return store.ListDeadLetters(ctx, q, group)
 }
 
+// GetDeadLetter returns dead letter id with its events; the error wraps
+// ErrNoDeadLetter when it does not exist.
+func GetDeadLetter(ctx context.Context, q schema.DB, id int64) (DeadLetter, error) {
+	return store.GetDeadLetter(ctx, q, id)
+}
+
+// ParkedEvents returns the events parked behind dead letter id, in offset
+// order: the units of its hosts that came after it, held back until it is
+// replayed or discarded.
+func ParkedEvents(ctx context.Context, q schema.DB, id int64) ([]Event, error) {
+	return store.ParkedEvents(ctx, q, id)
+}
+
 // ReplayDeadLetter runs the consumer's handlers again on dead letter id's
 // unit and then on the parked events it releases, in offset order, in one
 // transaction that holds every partition lock of the group (so it cannot
