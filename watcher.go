@@ -46,7 +46,7 @@ const (
 // goroutine per consumer, so that producers need not notify while events
 // flow (a notifying commit takes a database-wide lock until its WAL flush,
 // and notifying producers commit one at a time). The protocol, and why no
-// event waits for the poll, is in internal/offsets (wake.go): in short, a
+// event waits for the poll, is in internal/store (wake.go): in short, a
 // partition is awake, and the watcher reads its tail every watchMin to watchMax
 // and hints its worker; or, once quiet, asleep, and the watcher holds its
 // sleep key on a connection of its own, so that the next append notifies.
