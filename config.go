@@ -112,7 +112,7 @@ const (
 	PolicyParkHost
 	// PolicyHalt stops the partition before the unit, records why in
 	// partition_halts, and logs it at error level until the process is
-	// restarted, or until an operator removes the record (store.Unhalt,
+	// restarted, or until an operator removes the record (offsets.Unhalt,
 	// the console's unhalt): the worker then tries the unit again.
 	PolicyHalt
 )

@@ -169,7 +169,7 @@ const haltCheck = time.Second
 
 // waitHalted keeps a halted partition stopped, repeating why every minute,
 // until ctx is cancelled, or until an operator removes the partition's
-// halt record (store.Unhalt: the console's unhalt): then the worker
+// halt record (offsets.Unhalt: the console's unhalt): then the worker
 // forgets the unit's failures and returns, to try the unit again as a
 // restart would (if it fails permanently again, it halts again).
 func (w *worker) waitHalted(ctx context.Context) error {
