@@ -12,7 +12,7 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
-// The kinds of Start.
+// The kinds of Start, as pgevents.ParseStartPosition names them.
 const (
 	// Earliest is the first event the log still retains.
 	Earliest = "earliest"
@@ -238,15 +238,16 @@ func Lag(ctx context.Context, db schema.DB, group string, topic int, lagCap int6
 
 // Subscription states (see migration 0005 for the lifecycle).
 const (
-	// Active: the group's replicas consume.
+	// Active means that the group's replicas consume.
 	Active = store.StateActive
-	// Paused: the group's replicas run but claim no batch.
+	// Paused means that the group's replicas run but handle nothing until it
+	// is resumed.
 	Paused = store.StatePaused
-	// Dead: no replica was seen for the group's dead_after; the next one
-	// to start makes it Active again.
+	// Dead means that no replica was seen for the group's dead_after; the
+	// next one to start makes the group Active again.
 	Dead = store.StateDead
-	// Cancelled: terminal; the group's replicas stop, and it no longer
-	// holds retention back.
+	// Cancelled is terminal: the group's replicas stop, and the group no
+	// longer holds retention back.
 	Cancelled = store.StateCancelled
 )
 
