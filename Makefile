@@ -39,10 +39,11 @@ vet:
 staticcheck:
 	$(GO) tool staticcheck $(PKGS)
 
-# The packages whose tests create their topics through pgtest.TopicPool, in
+# The packages whose tests create their topics through pgtest.TopicPool or
+# pgeventstest.NewDB, in
 # the offset scope PGEVENTS_TEST_OFFSET_SCOPE names: make test runs them a
 # second time in scope 'partition'.
-SCOPED_PKGS := . ./cmd/consumer/consumercli ./metrics ./internal/partition ./console
+SCOPED_PKGS := . ./cmd/consumer/consumercli ./metrics ./offsets ./partition ./internal/lease ./console
 
 # go vet, staticcheck (pinned in go.mod as a tool) and the race-enabled tests
 # against a real PostgreSQL, then the scoped suites again with partition-scoped

@@ -117,7 +117,7 @@ func appendBenchTx(b *testing.B, pool *pgxpool.Pool, evs []Event) {
 }
 
 // BenchmarkDecodePayload: the client-side cost of reading a jsonb payload
-// per event, as offsets.Fetch and Claim do (into a json.RawMessage, which
+// per event, as store.Fetch and Claim do (into a json.RawMessage, which
 // pgx fills through json.Unmarshal: validation and a copy), against a scan
 // into a plain []byte (which pgx fills with a copy). One op is one row of
 // a 1,000-row result; the server's share is the same in both.

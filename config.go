@@ -13,8 +13,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pgevents/pgevents/internal/offsets"
-	"github.com/pgevents/pgevents/internal/partition"
+	"github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/partition"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -419,6 +419,6 @@ func ParseStartPosition(v string) (StartPosition, error) {
 }
 
 // internal returns the position as the offset store takes it.
-func (s StartPosition) internal() offsets.Start {
-	return offsets.Start{Kind: s.Kind, Offset: s.Offset, Time: s.Time}
+func (s StartPosition) internal() store.Start {
+	return store.Start{Kind: s.Kind, Offset: s.Offset, Time: s.Time}
 }

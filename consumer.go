@@ -11,9 +11,10 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/pgevents/pgevents/internal/listener"
-	"github.com/pgevents/pgevents/internal/offsets"
-	"github.com/pgevents/pgevents/internal/partition"
+	"github.com/pgevents/pgevents/internal/lease"
+	"github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/listener"
+	"github.com/pgevents/pgevents/partition"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -24,13 +25,13 @@ var ErrAlreadyStarted = errors.New("pgevents: the consumer has been started alre
 // ErrSubscriptionCancelled is returned by Run when the group's subscription
 // is CANCELLED (consumer group cancel), a terminal state: the group's
 // replicas stop, and a new group id is needed to consume the topic again.
-var ErrSubscriptionCancelled = offsets.ErrCancelled
+var ErrSubscriptionCancelled = store.ErrCancelled
 
 // ErrLeaseLost is the cause (context.Cause) of a handler's context that was
 // cancelled because the replica lost the partition's lease: another
 // replica took the partition over, the batch cannot commit, and effects
 // outside PostgreSQL should stop rather than go on under a stale epoch.
-var ErrLeaseLost = offsets.ErrLeaseLost
+var ErrLeaseLost = store.ErrLeaseLost
 
 // PartitionMismatchError is returned by Run when the configured partition
 // count differs from the one the topic records.
@@ -131,7 +132,7 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	}
 	start, _ := ParseStartPosition(cfg.StartFrom) // validated
 	if cfg.ReplicaID == "" {
-		cfg.ReplicaID = partition.NewReplicaID()
+		cfg.ReplicaID = lease.NewReplicaID()
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
@@ -266,11 +267,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// the server's limit.
 		c.idleCut = (idle - c.cfg.HandlerTimeout) / 2
 	}
-	state, isNew, err := offsets.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start.internal(), c.cfg.DeadAfter)
+	state, isNew, err := store.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start.internal(), c.cfg.DeadAfter)
 	if err != nil {
 		return fmt.Errorf("pgevents: %w", err)
 	}
-	if state == offsets.StateCancelled {
+	if state == store.StateCancelled {
 		return fmt.Errorf("pgevents: group %q on topic %d: %w", c.cfg.GroupID, c.cfg.TopicID, ErrSubscriptionCancelled)
 	}
 	if isNew {
@@ -279,7 +280,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.setState(state)
 	c.reportSkips(ctx)
 	// Groups from before subscriptions and layouts existed.
-	if err := offsets.InitGroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID); err != nil {
+	if err := store.InitGroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID); err != nil {
 		return fmt.Errorf("pgevents: %w", err)
 	}
 
@@ -370,7 +371,7 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	}
 	c.refreshWake(ctx, rt)
 	before := time.Now()
-	work, dbNow, err := offsets.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, rt.order, rt.layout.Version)
+	work, dbNow, err := store.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, rt.order, rt.layout.Version)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn().Err(err).Msg("poll failed")

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 func recordingHandlers() *Handlers {
@@ -496,7 +496,7 @@ func TestNewGroupStartsAtFirstRetainedEvent(t *testing.T) {
 			FROM generate_series(1, 100) i))`, hosts)
 	}
 	// Group older has handled partition 0 and half of partition 1.
-	if _, _, err := offsets.Subscribe(ctx, pool, "older", 1, offsets.Start{Kind: "earliest"}, time.Minute); err != nil {
+	if _, _, err := store.Subscribe(ctx, pool, "older", 1, store.Start{Kind: "earliest"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	mustExec(t, pool, `UPDATE consumer_offsets SET next_offset = CASE partition_id
@@ -649,14 +649,14 @@ func TestTwoWorkersRaceForOneOffsetsRow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := offsets.InitGroupLayout(ctx, pool, "g", 1); err != nil {
+	if err := store.InitGroupLayout(ctx, pool, "g", 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := offsets.Init(ctx, pool, "g", 1, []int{0}); err != nil {
+	if err := store.Init(ctx, pool, "g", 1, []int{0}); err != nil {
 		t.Fatal(err)
 	}
 	mustExec(t, pool, `UPDATE partition_leases SET owner = $1, epoch = 1, expires_at = 'infinity'`, c.replicaID)
-	lr := &layoutRun{c: c, layout: offsets.Layout{Version: 1, Partitions: 1, From: 1, Below: []int64{offsets.NoLimit}}}
+	lr := &layoutRun{c: c, layout: store.Layout{Version: 1, Partitions: 1, From: 1, Below: []int64{store.NoLimit}}}
 	lr.cuts.Store(&lr.layout.Below)
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -666,7 +666,7 @@ func TestTwoWorkersRaceForOneOffsetsRow(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
-				w.highest.Store(offsets.NoLimit - 1) // always believe there is work
+				w.highest.Store(store.NoLimit - 1) // always believe there is work
 				if _, err := w.batch(ctx, 1); err != nil {
 					t.Error(err)
 					return

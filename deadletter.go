@@ -7,7 +7,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -18,7 +18,7 @@ type DeadLetter = pgeventstype.DeadLetter
 
 // ErrNoDeadLetter is wrapped by the errors of ReplayDeadLetter and
 // DiscardDeadLetter when the dead letter does not exist (any more).
-var ErrNoDeadLetter = offsets.ErrNoDeadLetter
+var ErrNoDeadLetter = store.ErrNoDeadLetter
 
 // ErrOtherGroup is returned when a dead letter belongs to another group than
 // the consumer's: only that group's handlers may replay it.
@@ -26,8 +26,21 @@ var ErrOtherGroup = errors.New("dead letter belongs to another consumer group")
 
 // ListDeadLetters returns the dead letters of group, or of every group when
 // group is empty, oldest first.
-func ListDeadLetters(ctx context.Context, q Querier, group string) ([]DeadLetter, error) {
-	return offsets.ListDeadLetters(ctx, q, group)
+func ListDeadLetters(ctx context.Context, q schema.DB, group string) ([]DeadLetter, error) {
+	return store.ListDeadLetters(ctx, q, group)
+}
+
+// GetDeadLetter returns dead letter id with its events; the error wraps
+// ErrNoDeadLetter when it does not exist.
+func GetDeadLetter(ctx context.Context, q schema.DB, id int64) (DeadLetter, error) {
+	return store.GetDeadLetter(ctx, q, id)
+}
+
+// ParkedEvents returns the events parked behind dead letter id, in offset
+// order: the units of its hosts that came after it, held back until it is
+// replayed or discarded.
+func ParkedEvents(ctx context.Context, q schema.DB, id int64) ([]Event, error) {
+	return store.ParkedEvents(ctx, q, id)
 }
 
 // ReplayDeadLetter runs the consumer's handlers again on dead letter id's
@@ -57,7 +70,7 @@ func (c *Consumer) DiscardDeadLetter(ctx context.Context, id int64) (int, error)
 
 func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool) (int, error) {
 	ctx = schema.WithName(ctx, c.cfg.Schema)
-	d, err := offsets.GetDeadLetter(ctx, c.pool, id)
+	d, err := store.GetDeadLetter(ctx, c.pool, id)
 	if err != nil {
 		return 0, err
 	}
@@ -71,18 +84,18 @@ func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool)
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	// The locks first, as workers and layout switches take them; then read
 	// again what the locks now protect.
-	partitions, err := offsets.LockGroup(ctx, tx, d.Group, d.Topic)
+	partitions, err := store.LockGroup(ctx, tx, d.Group, d.Topic)
 	if err != nil {
 		return 0, err
 	}
-	if d, err = offsets.GetDeadLetter(ctx, tx, id); err != nil {
+	if d, err = store.GetDeadLetter(ctx, tx, id); err != nil {
 		return 0, err
 	}
-	parked, err := offsets.GroupParked(ctx, tx, d.Group, d.Topic)
+	parked, err := store.GroupParked(ctx, tx, d.Group, d.Topic)
 	if err != nil {
 		return 0, err
 	}
-	parking, order, err := offsets.ParkingDeadLetters(ctx, tx, d.Group, d.Topic)
+	parking, order, err := store.ParkingDeadLetters(ctx, tx, d.Group, d.Topic)
 	if err != nil {
 		return 0, err
 	}
@@ -106,14 +119,14 @@ func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool)
 		if err != nil {
 			err = fmt.Errorf("dead letter %d: event at offset %d: %w", id, ev.Offset, err)
 			_ = tx.Rollback(ctx)
-			if rerr := offsets.RecordFailedReplay(ctx, c.pool, id, err.Error()); rerr != nil {
+			if rerr := store.RecordFailedReplay(ctx, c.pool, id, err.Error()); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
 			return 0, err
 		}
 		evs = evs[n:]
 	}
-	if err := offsets.Resolve(ctx, tx, d.Group, d.Topic, res); err != nil {
+	if err := store.Resolve(ctx, tx, d.Group, d.Topic, res); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -131,8 +144,8 @@ func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool)
 // of its first parked host, parking all its hosts behind it too: a later
 // event of any host of a waiting unit must wait as well. It returns the
 // released events, in offset order, and what stays parked.
-func planRelease(resolved int64, parking map[int64][]string, order []int64, parked []offsets.Parked) ([]Event, offsets.Resolution) {
-	res := offsets.Resolution{DeadLetterID: resolved, Hosts: map[string]int64{}, Waiting: map[int64]int64{}}
+func planRelease(resolved int64, parking map[int64][]string, order []int64, parked []store.Parked) ([]Event, store.Resolution) {
+	res := store.Resolution{DeadLetterID: resolved, Hosts: map[string]int64{}, Waiting: map[int64]int64{}}
 	for _, dl := range order {
 		if dl == resolved {
 			continue
@@ -153,7 +166,7 @@ func planRelease(resolved int64, parking map[int64][]string, order []int64, park
 	}
 	var (
 		order2 []unitKey
-		units  = map[unitKey][]offsets.Parked{}
+		units  = map[unitKey][]store.Parked{}
 	)
 	for _, p := range parked {
 		k := unitKey{p.Event.TransactionID, p.Event.PartitionID}

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pgevents/pgevents/internal/batching"
+	"github.com/pgevents/pgevents/batching"
 )
 
 // This file: dispatch, the handlers' calls for the events of a unit, in

@@ -126,5 +126,30 @@
 // every Flusher and commits only if every effect succeeded, and a failed
 // effect is blamed on its event's unit ([EventError]), retried or
 // dead-lettered as if its handler had failed. The relays in sink/kafka and
-// sink/http are built this way: at least once, in order per host.
+// sink/webhook are built this way: at least once, in order per host.
+//
+// # Layers
+//
+// pgevents is built in layers, as pgx is: a package imports only packages
+// of the layers before it, never one above, so each can be used, read and
+// tested on its own. In import order:
+//
+//  1. schema and pgeventstype: the migrations, topics and the one database
+//     interface (schema.DB); the types every layer shares.
+//  2. The engine, internal/store (the log's SQL: claims, commits, positions,
+//     resets, dead letters, wake-ups, retention) and internal/lease (the
+//     leaser); internal/netconn. Nothing outside this module imports them.
+//  3. The public layers, each usable on its own: batching (pure), listener,
+//     partition (the partition function's contract; who owns which
+//     partition), offsets (the operator's API: positions and lag, reset,
+//     pause/resume/cancel, halts) and adopt. They know nothing of this
+//     package.
+//  4. This package: events, appends, consumers, handlers, dead letters.
+//  5. Above it: metrics, config, sink and the relays (sink/kafka,
+//     sink/webhook), pgeventstest, the console, and the CLI
+//     (cmd/consumer/consumercli), which reaches the engine only through the
+//     public layers (a test checks it), and cmd/consumer last.
+//
+// This package links no Kafka client: Kafka's error codes are classified in
+// sink/kafka.
 package pgevents

@@ -8,10 +8,9 @@ import (
 	"sort"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -24,16 +23,13 @@ type Event = pgeventstype.Event
 // DefaultTopic is the topic an event is appended to when its TopicID is 0.
 const DefaultTopic = 1
 
-// Querier runs statements; pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
-// Append's events belong to the transaction of the Querier it is given.
-type Querier interface {
-	// Exec runs a statement that returns no rows.
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	// Query runs a statement that returns rows.
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	// QueryRow runs a statement that returns at most one row.
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// Querier is schema.DB, the database handle every function of pgevents
+// takes: pgx.Tx, *pgx.Conn, *pgxpool.Conn and *pgxpool.Pool satisfy it.
+//
+// Deprecated: name schema.DB. Querier stays so that code naming it
+// compiles; a type of its own that implements only Exec, Query and
+// QueryRow needs SendBatch and Begin too.
+type Querier = schema.DB
 
 // ErrInvalidEvent is wrapped by Append's error when an event lacks HostID or
 // EventType, or carries a payload that is not JSON.
@@ -113,7 +109,7 @@ func WithSchema(ctx context.Context, name string) context.Context {
 // the topic's idempotency window: a second append of the key appends
 // nothing, and Append returns the first one's offset. AppendResults says
 // which were duplicates.
-func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
+func Append(ctx context.Context, q schema.DB, events ...Event) ([]int64, error) {
 	res, err := appendEvents(ctx, q, false, events)
 	return offsetsOf(res), err
 }
@@ -122,7 +118,7 @@ func Append(ctx context.Context, q Querier, events ...Event) ([]int64, error) {
 // partition and whether it was a duplicate of an event appended before with
 // its IdempotencyKey. It reads the partitions back, which costs a little
 // more per call than Append.
-func AppendResults(ctx context.Context, q Querier, events ...Event) ([]AppendResult, error) {
+func AppendResults(ctx context.Context, q schema.DB, events ...Event) ([]AppendResult, error) {
 	return appendEvents(ctx, q, true, events)
 }
 
@@ -130,7 +126,7 @@ func AppendResults(ctx context.Context, q Querier, events ...Event) ([]AppendRes
 // all of them with append_events_keyed when results are wanted (the
 // partitions come back only from it), else only the topics whose events
 // carry an idempotency key.
-func appendEvents(ctx context.Context, q Querier, results bool, events []Event) ([]AppendResult, error) {
+func appendEvents(ctx context.Context, q schema.DB, results bool, events []Event) ([]AppendResult, error) {
 	stmts, err := planAppend(ctx, events, results)
 	if err != nil {
 		return nil, err
@@ -315,7 +311,7 @@ func planAppend(ctx context.Context, events []Event, results bool) ([]appendStmt
 		}
 		if len(idx) == 1 && !keyed {
 			ev := &events[idx[0]]
-			sql, args := offsets.AppendOneSQL(t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, metadata(ev))
+			sql, args := store.AppendOneSQL(t, ev.HostID, ev.UserID, ev.EventType, ev.Payload, metadata(ev))
 			stmts = append(stmts, appendStmt{topic: t, idx: idx, sql: sql, args: args})
 			continue
 		}
@@ -329,9 +325,9 @@ func planAppend(ctx context.Context, events []Event, results bool) ([]appendStmt
 		if err != nil {
 			return nil, fmt.Errorf("append: encode: %w", err)
 		}
-		sql, args := offsets.AppendSQL(t, body)
+		sql, args := store.AppendSQL(t, body)
 		if keyed {
-			sql, args = offsets.AppendKeyedSQL(t, body)
+			sql, args = store.AppendKeyedSQL(t, body)
 		}
 		stmts = append(stmts, appendStmt{topic: t, idx: idx, keyed: keyed, sql: sql, args: args})
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // TestDecide checks the failure policy without a database: each case is
@@ -66,14 +66,14 @@ func TestDecide(t *testing.T) {
 // resolved dead letter releases.
 func TestPlanRelease(t *testing.T) {
 	t.Parallel()
-	parked := func(dl int64, tx int64, off int64, host string) offsets.Parked {
-		return offsets.Parked{ID: off * 10, DeadLetterID: dl, Event: Event{Offset: off, TransactionID: tx, HostID: host}}
+	parked := func(dl int64, tx int64, off int64, host string) store.Parked {
+		return store.Parked{ID: off * 10, DeadLetterID: dl, Event: Event{Offset: off, TransactionID: tx, HostID: host}}
 	}
 	// Dead letter 1 parks a, 2 parks b. Parked: 3 {b} behind 2; 4-5 {a, b}
 	// behind 1; 6 {b} behind 2; 7 {c} behind 1 (a unit of c alone cannot
 	// be parked by the worker, but a parked host c can be left by an
 	// earlier resolution).
-	all := []offsets.Parked{parked(2, 30, 3, "b"), parked(1, 40, 4, "a"), parked(1, 40, 5, "b"), parked(2, 60, 6, "b"), parked(1, 70, 7, "c")}
+	all := []store.Parked{parked(2, 30, 3, "b"), parked(1, 40, 4, "a"), parked(1, 40, 5, "b"), parked(2, 60, 6, "b"), parked(1, 70, 7, "c")}
 	parking := map[int64][]string{1: {"a"}, 2: {"b"}}
 	order := []int64{1, 2}
 	offs := func(evs []Event) string {
@@ -113,12 +113,12 @@ func TestPlanRelease(t *testing.T) {
 // unit is released or kept whole (found by TestFailureModel).
 func TestPlanReleaseKeepsUnitsWhole(t *testing.T) {
 	t.Parallel()
-	p := func(id, tx, off int64, partition int, host string) offsets.Parked {
-		return offsets.Parked{ID: id, DeadLetterID: 9, Event: Event{Offset: off, TransactionID: tx, PartitionID: partition, HostID: host}}
+	p := func(id, tx, off int64, partition int, host string) store.Parked {
+		return store.Parked{ID: id, DeadLetterID: 9, Event: Event{Offset: off, TransactionID: tx, PartitionID: partition, HostID: host}}
 	}
 	// Unit A (tx 1, partition 0) was parked as ids 1 and 3; unit B (tx 2,
 	// partition 1) as id 2, and B's host z is behind dead letter 8.
-	parked := []offsets.Parked{p(1, 1, 10, 0, "x"), p(2, 2, 5, 1, "z"), p(3, 1, 12, 0, "y"), p(4, 2, 6, 1, "y")}
+	parked := []store.Parked{p(1, 1, 10, 0, "x"), p(2, 2, 5, 1, "z"), p(3, 1, 12, 0, "y"), p(4, 2, 6, 1, "y")}
 	rel, res := planRelease(9, map[int64][]string{8: {"z"}, 9: {"x"}}, []int64{8, 9}, parked)
 	var got []int64
 	for _, e := range rel {

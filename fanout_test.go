@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -102,13 +102,13 @@ func TestOffsetsResetReplaysOneGroup(t *testing.T) {
 	}
 	waitGroupHandled(t, pool, "a", 20)
 	waitGroupHandled(t, pool, "b", 20)
-	earliest := offsets.Start{Kind: "earliest"}
-	if _, err := offsets.Reset(ctx, pool, "a", 1, earliest, false); !errors.Is(err, offsets.ErrGroupRunning) {
+	earliest := store.Start{Kind: "earliest"}
+	if _, err := store.Reset(ctx, pool, "a", 1, earliest, false); !errors.Is(err, store.ErrGroupRunning) {
 		t.Fatalf("reset while running = %v, want ErrGroupRunning", err)
 	}
 	_ = a
 	stopA()
-	moves, err := offsets.Reset(ctx, pool, "a", 1, earliest, false)
+	moves, err := store.Reset(ctx, pool, "a", 1, earliest, false)
 	if err != nil || len(moves) != 2 {
 		t.Fatalf("reset = %+v, %v; want both partitions moved", moves, err)
 	}
@@ -147,7 +147,7 @@ func TestPauseResumeCancel(t *testing.T) {
 	appendTx(t, pool, ev("h", "t", `{}`))
 	waitGroupHandled(t, pool, "g", 1)
 
-	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StatePaused); err != nil {
+	if _, err := store.SetState(ctx, pool, "g", 1, store.StatePaused); err != nil {
 		t.Fatal(err)
 	}
 	pgtest.WaitFor(t, 5*time.Second, "consumer paused", c.paused.Load)
@@ -163,15 +163,15 @@ func TestPauseResumeCancel(t *testing.T) {
 	if n := queryInt(t, pool, `SELECT next_offset FROM consumer_offsets`); n != 2 {
 		t.Fatalf("a paused group moved to %d", n)
 	}
-	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StateDead); !errors.Is(err, offsets.ErrTransition) {
+	if _, err := store.SetState(ctx, pool, "g", 1, store.StateDead); !errors.Is(err, store.ErrTransition) {
 		t.Fatalf("an operator set DEAD: %v", err)
 	}
-	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StateActive); err != nil {
+	if _, err := store.SetState(ctx, pool, "g", 1, store.StateActive); err != nil {
 		t.Fatal(err)
 	}
 	waitGroupHandled(t, pool, "g", 2)
 
-	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StateCancelled); err != nil {
+	if _, err := store.SetState(ctx, pool, "g", 1, store.StateCancelled); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -182,7 +182,7 @@ func TestPauseResumeCancel(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the consumer of a cancelled group did not stop")
 	}
-	if _, err := offsets.SetState(ctx, pool, "g", 1, offsets.StateActive); !errors.Is(err, offsets.ErrTransition) {
+	if _, err := store.SetState(ctx, pool, "g", 1, store.StateActive); !errors.Is(err, store.ErrTransition) {
 		t.Fatalf("CANCELLED -> ACTIVE allowed: %v", err)
 	}
 	again, _ := NewConsumer(pool, cfg)

@@ -8,8 +8,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/pgevents/pgevents/internal/offsets"
-	"github.com/pgevents/pgevents/internal/partition"
+	"github.com/pgevents/pgevents/internal/lease"
+	"github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/partition"
 )
 
 // layoutRun is a consumer's work on one layout of the topic: a worker per
@@ -19,9 +20,9 @@ import (
 // the run then ends and the consumer starts one for the next layout.
 type layoutRun struct {
 	c      *Consumer
-	layout offsets.Layout
+	layout store.Layout
 	// cuts holds each partition's cut: its events at or after it belong to
-	// the next layout (offsets.NoLimit when none follows).
+	// the next layout (store.NoLimit when none follows).
 	cuts    atomic.Pointer[[]int64]
 	workers map[int]*worker
 	order   []int
@@ -29,7 +30,7 @@ type layoutRun struct {
 	// owns its partition (worker.conn): the pool has room for one per
 	// partition and the consumer's other tasks (PoolSize).
 	pin    bool
-	leaser *partition.Leaser
+	leaser *lease.Leaser
 	cancel context.CancelFunc
 }
 
@@ -38,7 +39,7 @@ type layoutRun struct {
 func (c *Consumer) consume(ctx, bctx context.Context) error {
 	failures := 0
 	for ctx.Err() == nil {
-		l, err := offsets.GroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
+		l, err := store.GroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
 		if err == nil {
 			err = c.runLayout(ctx, bctx, l)
 		}
@@ -62,10 +63,10 @@ func (c *Consumer) consume(ctx, bctx context.Context) error {
 
 // runLayout consumes layout l until ctx is cancelled or the group moves
 // past l.
-func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error {
+func (c *Consumer) runLayout(ctx, bctx context.Context, l store.Layout) error {
 	cfg := &c.cfg
 	parts, _ := partition.Assign(l.Partitions, nil)
-	if err := offsets.Init(ctx, c.pool, cfg.GroupID, cfg.TopicID, parts); err != nil {
+	if err := store.Init(ctx, c.pool, cfg.GroupID, cfg.TopicID, parts); err != nil {
 		return err
 	}
 	lr := &layoutRun{c: c, layout: l, workers: make(map[int]*worker, len(parts)), order: parts,
@@ -73,14 +74,14 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error 
 	lr.cuts.Store(&l.Below)
 	for _, p := range parts {
 		w := newWorker(c, lr, p)
-		next, _, err := offsets.Position(ctx, c.pool, cfg.GroupID, cfg.TopicID, p)
+		next, _, err := store.Position(ctx, c.pool, cfg.GroupID, cfg.TopicID, p)
 		if err != nil {
 			return err
 		}
 		w.next.Store(next)
 		lr.workers[p] = w
 	}
-	halts, err := offsets.Halts(ctx, c.pool, cfg.GroupID, cfg.TopicID)
+	halts, err := store.Halts(ctx, c.pool, cfg.GroupID, cfg.TopicID)
 	if err != nil {
 		return err
 	}
@@ -101,7 +102,7 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error 
 			}
 		}
 	}
-	lr.leaser, err = partition.NewLeaser(partition.LeaserConfig{
+	lr.leaser, err = lease.NewLeaser(lease.LeaserConfig{
 		DB: c.pool, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: l.Partitions, Layout: l.Version,
 		Static: static, ReplicaID: c.replicaID, Lease: cfg.LeaseDuration,
 		Owner: lr, Logger: &c.log,
@@ -144,7 +145,7 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l offsets.Layout) error 
 // run goes on.
 func (c *Consumer) checkLayout(ctx context.Context, lr *layoutRun) bool {
 	cfg := &c.cfg
-	l, err := offsets.GroupLayout(ctx, c.pool, cfg.GroupID, cfg.TopicID)
+	l, err := store.GroupLayout(ctx, c.pool, cfg.GroupID, cfg.TopicID)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn().Err(err).Msg("could not read the group's layout")
@@ -159,15 +160,15 @@ func (c *Consumer) checkLayout(ctx context.Context, lr *layoutRun) bool {
 	if l.Final() {
 		return true
 	}
-	done, err := offsets.LayoutDone(ctx, c.pool, cfg.GroupID, cfg.TopicID, l.Version)
+	done, err := store.LayoutDone(ctx, c.pool, cfg.GroupID, cfg.TopicID, l.Version)
 	if err != nil || !done {
 		return true
 	}
-	next, ok, err := offsets.NextLayout(ctx, c.pool, cfg.TopicID, l.Version)
+	next, ok, err := store.NextLayout(ctx, c.pool, cfg.TopicID, l.Version)
 	if err != nil || !ok {
 		return true
 	}
-	switched, err := offsets.SwitchLayout(ctx, c.pool, cfg.GroupID, cfg.TopicID, l, next)
+	switched, err := store.SwitchLayout(ctx, c.pool, cfg.GroupID, cfg.TopicID, l, next)
 	if err != nil {
 		c.log.Warn().Err(err).Msg("could not move the group to the next layout")
 		return true
@@ -186,17 +187,17 @@ func (lr *layoutRun) cut(p int) int64 {
 	if cuts := lr.cuts.Load(); cuts != nil && p < len(*cuts) {
 		return (*cuts)[p]
 	}
-	return offsets.NoLimit
+	return store.NoLimit
 }
 
 // final reports whether no layout follows the one being consumed, as far
 // as the run knows.
 func (lr *layoutRun) final() bool {
 	cuts := lr.cuts.Load()
-	return cuts == nil || offsets.Layout{Below: *cuts}.Final()
+	return cuts == nil || store.Layout{Below: *cuts}.Final()
 }
 
-// Acquired implements partition.Owner.
+// Acquired implements lease.Owner.
 func (lr *layoutRun) Acquired(p int, epoch int64) {
 	if w := lr.workers[p]; w != nil {
 		w.releasing.Store(false)
@@ -208,7 +209,7 @@ func (lr *layoutRun) Acquired(p int, epoch int64) {
 	}
 }
 
-// Lost implements partition.Owner.
+// Lost implements lease.Owner.
 func (lr *layoutRun) Lost(p int) {
 	if w := lr.workers[p]; w != nil {
 		w.lost()
@@ -216,7 +217,7 @@ func (lr *layoutRun) Lost(p int) {
 	}
 }
 
-// Release implements partition.Owner.
+// Release implements lease.Owner.
 func (lr *layoutRun) Release(p int) {
 	if w := lr.workers[p]; w != nil {
 		w.releasing.Store(true)

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -92,21 +92,21 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, topic int, logger *zerolo
 	} else if out.SegmentsCreated > 0 {
 		log.Info().Int("created", out.SegmentsCreated).Msg("created segments of the log")
 	}
-	if out.DeadGroups, err = offsets.SweepDead(ctx, conn, topic); err != nil {
+	if out.DeadGroups, err = store.SweepDead(ctx, conn, topic); err != nil {
 		log.Warn().Err(err).Msg("could not sweep dead subscriptions")
 	}
 	for _, g := range out.DeadGroups {
 		log.Warn().Str("dead_group", g).Msg("group has no live replica: subscription DEAD, it no longer holds back retention")
 	}
-	if out.Pruned, err = offsets.PruneHistory(ctx, conn, topic); err != nil {
+	if out.Pruned, err = store.PruneHistory(ctx, conn, topic); err != nil {
 		log.Warn().Err(err).Msg("could not prune the tails and positions appends and batches left behind")
 	}
-	if keys, err := offsets.PruneKeys(ctx, conn, topic); err != nil {
+	if keys, err := store.PruneKeys(ctx, conn, topic); err != nil {
 		log.Warn().Err(err).Msg("could not delete the idempotency keys past the topic's window")
 	} else {
 		out.Pruned += keys
 	}
-	if out.Retention, err = offsets.ApplyRetention(ctx, conn, topic); err != nil {
+	if out.Retention, err = store.ApplyRetention(ctx, conn, topic); err != nil {
 		return out, fmt.Errorf("pgevents: retention of topic %d: %w", topic, err)
 	}
 	for _, r := range out.Retention.Removed {

@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -368,7 +368,7 @@ func (m *model) crash(mcon *modelConsumer) {
 	var killed string
 	err := m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(application_name || '/' || pid, ' '), '')
 		FROM pg_stat_activity WHERE datname = current_database() AND application_name IN ($1, $2) AND pg_terminate_backend(pid)`,
-		mcon.app, offsets.BatchApplicationName(mcon.c.ReplicaID())).Scan(&killed)
+		mcon.app, store.BatchApplicationName(mcon.c.ReplicaID())).Scan(&killed)
 	if err != nil {
 		m.t.Error(err)
 	}
@@ -513,12 +513,12 @@ func (m *model) operate(r *rand.Rand) {
 	case x < 40:
 		m.resolveOne(r, false)
 	case x < 50:
-		if _, err := offsets.SetState(m.ctx, m.pool, "main", 1, offsets.StatePaused); err != nil {
+		if _, err := store.SetState(m.ctx, m.pool, "main", 1, store.StatePaused); err != nil {
 			m.t.Error(err)
 			return
 		}
 		time.Sleep(time.Duration(100+r.IntN(300)) * time.Millisecond)
-		if _, err := offsets.SetState(m.ctx, m.pool, "main", 1, offsets.StateActive); err != nil {
+		if _, err := store.SetState(m.ctx, m.pool, "main", 1, store.StateActive); err != nil {
 			m.t.Error(err)
 		}
 		m.op("pause, resume")
@@ -544,7 +544,7 @@ func (m *model) operate(r *rand.Rand) {
 // resolveOne replays (with the fix for its events deployed) or discards a
 // random open dead letter of the main group.
 func (m *model) resolveOne(r *rand.Rand, replay bool) {
-	dls, err := offsets.ListDeadLetters(m.ctx, m.pool, "main")
+	dls, err := store.ListDeadLetters(m.ctx, m.pool, "main")
 	if err != nil || len(dls) == 0 {
 		return
 	}
@@ -552,7 +552,7 @@ func (m *model) resolveOne(r *rand.Rand, replay bool) {
 }
 
 func (m *model) resolve(id int64, replay bool) {
-	d, err := offsets.GetDeadLetter(m.ctx, m.pool, id)
+	d, err := store.GetDeadLetter(m.ctx, m.pool, id)
 	if err != nil {
 		return // resolved meanwhile
 	}
@@ -595,7 +595,7 @@ func (m *model) resolve(id int64, replay bool) {
 func (m *model) heal() {
 	t := m.t
 	m.fixed.Store(true)
-	if _, err := offsets.SetState(m.ctx, m.pool, "main", 1, offsets.StateActive); err != nil && !errors.Is(err, offsets.ErrTransition) {
+	if _, err := store.SetState(m.ctx, m.pool, "main", 1, store.StateActive); err != nil && !errors.Is(err, store.ErrTransition) {
 		t.Error(err)
 	}
 	// A halted partition says so, and stops where it says.
@@ -636,7 +636,7 @@ func (m *model) heal() {
 	deadline, last := time.Now().Add(60*time.Second), int64(-1)
 	giveUp := time.Now().Add(10 * time.Minute)
 	for {
-		dls, err := offsets.ListDeadLetters(m.ctx, m.pool, "main")
+		dls, err := store.ListDeadLetters(m.ctx, m.pool, "main")
 		if err != nil {
 			t.Fatal(err)
 		}

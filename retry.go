@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // This file: a worker's failure state. decide (failure.go) says what a
@@ -152,7 +152,7 @@ func (w *worker) breakerTripped() bool {
 // stops the worker.
 func (w *worker) halt(ctx context.Context) error {
 	cfg := &w.c.cfg
-	if err := offsets.Halt(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, w.haltAt.unitFirst, w.haltAt.err.Error()); err != nil {
+	if err := store.Halt(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, w.haltAt.unitFirst, w.haltAt.err.Error()); err != nil {
 		return err
 	}
 	w.haltRecord = true
@@ -183,8 +183,8 @@ func (w *worker) waitHalted(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-check.C:
-			halts, err := offsets.Halts(ctx, w.c.pool, cfg.GroupID, cfg.TopicID)
-			if err != nil || slices.ContainsFunc(halts, func(h offsets.HaltRecord) bool { return h.Partition == w.partition }) {
+			halts, err := store.Halts(ctx, w.c.pool, cfg.GroupID, cfg.TopicID)
+			if err != nil || slices.ContainsFunc(halts, func(h store.HaltRecord) bool { return h.Partition == w.partition }) {
 				continue
 			}
 			w.log.Warn().Int64("offset", w.haltAt.unitFirst).Msg("partition unhalted by an operator: trying the unit again")

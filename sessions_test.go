@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -95,7 +95,7 @@ func TestConsumerOutlivesItsSessions(t *testing.T) {
 				WHERE l.locktype = 'advisory' AND a.application_name = 'victim' AND a.datname = current_database()`) > 0
 		})
 		killed := queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name IN ('victim', $1)`, offsets.BatchApplicationName(c.ReplicaID()))
+			WHERE datname = current_database() AND application_name IN ('victim', $1)`, store.BatchApplicationName(c.ReplicaID()))
 		t.Logf("round %d: %d sessions terminated", round, killed)
 	}
 	appendSome(15)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // subscription keeps the group's subscription live: a heartbeat on the
@@ -21,14 +21,14 @@ func (c *Consumer) subscription(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		state, err := offsets.Heartbeat(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
+		state, err := store.Heartbeat(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
 		if err != nil {
 			if ctx.Err() == nil {
 				c.log.Warn().Err(err).Msg("subscription heartbeat failed")
 			}
 			continue
 		}
-		if state == offsets.StateCancelled {
+		if state == store.StateCancelled {
 			c.log.Error().Msg("the group's subscription was cancelled: stopping")
 			return ErrSubscriptionCancelled
 		}
@@ -40,7 +40,7 @@ func (c *Consumer) subscription(ctx context.Context) error {
 // setState follows the subscription's state: PAUSED stops the workers
 // between batches, ACTIVE wakes them again.
 func (c *Consumer) setState(state string) {
-	paused := state == offsets.StatePaused
+	paused := state == store.StatePaused
 	if c.paused.Swap(paused) == paused {
 		return
 	}
@@ -55,7 +55,7 @@ func (c *Consumer) setState(state string) {
 // reportSkips tells, once, about events retention removed before the group
 // handled them: nothing is skipped silently.
 func (c *Consumer) reportSkips(ctx context.Context) {
-	skips, err := offsets.TakeSkips(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
+	skips, err := store.TakeSkips(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn().Err(err).Msg("could not read retention skips")

@@ -5,13 +5,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // TestUnhaltRetriesTheUnit: a running consumer whose partition halted
 // tries the unit again once an operator removes the halt record
-// (offsets.Unhalt, the console's unhalt), without a restart: while the
+// (store.Unhalt, the console's unhalt), without a restart: while the
 // cause remains it halts again at the same unit (the record comes back,
 // nothing after it is handled); once the cause is fixed, an unhalt lets the
 // unit and what follows through, and the record goes.
@@ -35,7 +35,7 @@ func TestUnhaltRetriesTheUnit(t *testing.T) {
 	pgtest.WaitFor(t, 10*time.Second, "halt at 2", halted(2))
 
 	// Unhalted while the cause remains: it halts again at the same unit.
-	if err := offsets.Unhalt(ctx, pool, "g", 1, 0); err != nil {
+	if err := store.Unhalt(ctx, pool, "g", 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	pgtest.WaitFor(t, 10*time.Second, "halt at 2 again", func() bool { return c.Stats().Halts == 2 && halted(2)() })
@@ -44,7 +44,7 @@ func TestUnhaltRetriesTheUnit(t *testing.T) {
 	}
 
 	poisoned.Store(false)
-	if err := offsets.Unhalt(ctx, pool, "g", 1, 0); err != nil {
+	if err := store.Unhalt(ctx, pool, "g", 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	waitHandled(t, pool, 3, 10*time.Second)

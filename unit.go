@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgevents/pgevents/internal/batching"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/batching"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // This file: one batch transaction and its units. A batch claims the
@@ -33,7 +33,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	if !pinned {
 		defer conn.Release() // after the transaction ended (deferred below)
 	}
-	cl, err := offsets.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+	cl, err := store.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 		Limit: w.limit + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
 		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql,
 		AwaitAppend: w.inFlight.Swap(false)}.Do(ctx, conn, w.buf[:0])
@@ -103,7 +103,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		// memory stays bounded whatever its size. (A transaction never
 		// straddles a layout's cut: both take the counter row's lock.)
 		txID := st.lastTx
-		evs, err = offsets.Fetch(ctx, tx, w.sql, cfg.TopicID, w.partition, st.last, w.lr.cut(w.partition), cfg.BatchSize+1, w.buf[:0])
+		evs, err = store.Fetch(ctx, tx, w.sql, cfg.TopicID, w.partition, st.last, w.lr.cut(w.partition), cfg.BatchSize+1, w.buf[:0])
 		w.buf = evs
 		st.lastSQL = time.Now()
 		if err != nil {
@@ -133,8 +133,8 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		return false, err
 	}
 	// The position, the halt record and COMMIT in one round trip.
-	if err := offsets.CommitBatch(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.c.replicaID, epoch, w.haltRecord); err != nil {
-		if errors.Is(err, offsets.ErrLeaseLost) {
+	if err := store.CommitBatch(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.c.replicaID, epoch, w.haltRecord); err != nil {
+		if errors.Is(err, store.ErrLeaseLost) {
 			return false, err
 		}
 		w.last.lost = sessionEnded(err)
@@ -221,7 +221,7 @@ type batchState struct {
 	first  int64
 
 	// The handlers' context, cancelled when a unit's budget runs out
-	// (errHandlerTimeout) or the lease is lost (offsets.ErrLeaseLost).
+	// (errHandlerTimeout) or the lease is lost (store.ErrLeaseLost).
 	hctx   context.Context
 	cancel context.CancelCauseFunc
 	timer  *time.Timer
@@ -352,7 +352,7 @@ func (st *batchState) closeUnit() error {
 	case actDeadLetter:
 		f := st.fail
 		park := cfg.OnPermanentFailure == PolicyParkHost
-		id, _, err := offsets.WriteDeadLetter(ctx, st.tx.Tx, w.sql, offsets.DeadLetter{
+		id, _, err := store.WriteDeadLetter(ctx, st.tx.Tx, w.sql, store.DeadLetter{
 			Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 			FirstOffset: st.unitFirst, LastOffset: st.last, TransactionID: st.lastTx,
 			Error: f.err.Error(), Attempts: max(f.attempts, 1), FirstFailedAt: f.first, LastFailedAt: f.last,
@@ -376,7 +376,7 @@ func (st *batchState) closeUnit() error {
 		}
 		st.deadLettered++
 	case actPark:
-		if err := offsets.ParkEvents(ctx, st.tx.Tx, w.sql, cfg.GroupID, cfg.TopicID, w.partition, st.unitFirst, st.last, st.parkFor); err != nil {
+		if err := store.ParkEvents(ctx, st.tx.Tx, w.sql, cfg.GroupID, cfg.TopicID, w.partition, st.unitFirst, st.last, st.parkFor); err != nil {
 			return err
 		}
 		if w.span != nil {
@@ -438,8 +438,8 @@ func (st *batchState) run(unit []Event) error {
 	fired := !st.timer.Stop()
 	st.handlerTime += done.Sub(began)
 	if err != nil {
-		if errors.Is(context.Cause(st.hctx), offsets.ErrLeaseLost) {
-			return offsets.ErrLeaseLost
+		if errors.Is(context.Cause(st.hctx), store.ErrLeaseLost) {
+			return store.ErrLeaseLost
 		}
 		timeout := errors.Is(context.Cause(st.hctx), errHandlerTimeout)
 		if ue := st.blame(err, timeout); ue != nil {
@@ -480,8 +480,8 @@ func (st *batchState) flush() error {
 		return nil
 	}
 	cause := context.Cause(st.hctx)
-	if errors.Is(cause, offsets.ErrLeaseLost) {
-		return offsets.ErrLeaseLost
+	if errors.Is(cause, store.ErrLeaseLost) {
+		return store.ErrLeaseLost
 	}
 	if ue := st.blame(err, false); ue != nil {
 		return ue

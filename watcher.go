@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // The watcher's timing.
@@ -46,7 +46,7 @@ const (
 // goroutine per consumer, so that producers need not notify while events
 // flow (a notifying commit takes a database-wide lock until its WAL flush,
 // and notifying producers commit one at a time). The protocol, and why no
-// event waits for the poll, is in internal/offsets (wake.go): in short, a
+// event waits for the poll, is in internal/store (wake.go): in short, a
 // partition is awake, and the watcher reads its tail every watchMin to watchMax
 // and hints its worker; or, once quiet, asleep, and the watcher holds its
 // sleep key on a connection of its own, so that the next append notifies.
@@ -174,7 +174,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		}
 	}
 	if len(release) > 0 {
-		if err := offsets.Wake(ctx, w.conn, c.cfg.TopicID, release); err != nil {
+		if err := store.Wake(ctx, w.conn, c.cfg.TopicID, release); err != nil {
 			w.fail(ctx, err)
 		}
 		for _, p := range release {
@@ -208,7 +208,7 @@ func (w *watcher) step(ctx context.Context) bool {
 	}
 	// The appends counter first: when no append started lately, the tails
 	// cannot have moved, and nothing is in flight.
-	n, err := offsets.Appends(ctx, w.conn, c.cfg.TopicID)
+	n, err := store.Appends(ctx, w.conn, c.cfg.TopicID)
 	if err != nil {
 		w.fail(ctx, err)
 		return true
@@ -220,7 +220,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		return true
 	}
 	w.tailed = now
-	tails, err := offsets.Tails(ctx, w.conn, c.cfg.TopicID, awake)
+	tails, err := store.Tails(ctx, w.conn, c.cfg.TopicID, awake)
 	if err != nil {
 		w.fail(ctx, err)
 		return true
@@ -257,7 +257,7 @@ func (w *watcher) step(ctx context.Context) bool {
 	if len(sleepy) == 0 {
 		return true
 	}
-	slept, err := offsets.Sleep(ctx, w.conn, c.cfg.TopicID, sleepy)
+	slept, err := store.Sleep(ctx, w.conn, c.cfg.TopicID, sleepy)
 	if err != nil {
 		w.fail(ctx, err)
 		return true
@@ -280,7 +280,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		}
 	}
 	if len(undo) > 0 {
-		if err := offsets.Wake(ctx, w.conn, c.cfg.TopicID, undo); err != nil {
+		if err := store.Wake(ctx, w.conn, c.cfg.TopicID, undo); err != nil {
 			w.fail(ctx, err)
 		}
 		for _, p := range undo {

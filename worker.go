@@ -10,8 +10,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pgevents/pgevents/internal/batching"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/batching"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 var keys = batching.Keys[Event]{
@@ -66,7 +66,7 @@ type worker struct {
 	c         *Consumer
 	lr        *layoutRun
 	partition int
-	sql       *offsets.PartitionSQL // the partition's statements
+	sql       *store.PartitionSQL // the partition's statements
 	log       zerolog.Logger
 
 	wake    chan struct{}
@@ -74,7 +74,7 @@ type worker struct {
 	next    atomic.Int64 // the group's position after our last commit
 	// inFlight says that an append to the partition was in flight when the
 	// watcher last looked, and the worker had nothing to do: its next
-	// claim waits for that append's commit first (offsets.Claim.AwaitAppend).
+	// claim waits for that append's commit first (store.Claim.AwaitAppend).
 	inFlight atomic.Bool
 
 	epoch     atomic.Int64 // the lease's epoch while this replica owns it; 0: not owned
@@ -131,7 +131,7 @@ func newWorker(c *Consumer, lr *layoutRun, p int) *worker {
 		c:         c,
 		lr:        lr,
 		partition: p,
-		sql:       offsets.ForPartition(c.cfg.TopicID, p),
+		sql:       store.ForPartition(c.cfg.TopicID, p),
 		log:       c.log.With().Int("partition", p).Logger(),
 		wake:      make(chan struct{}, 1),
 		limit:     c.cfg.BatchSize,
@@ -172,7 +172,7 @@ func (w *worker) hint(max int64) bool {
 // worker's own (pinned: kept while it owns the partition, replaced when it
 // broke or was left in a transaction) rather than acquired for this batch,
 // which the caller releases when the batch ends. A batch ends its
-// transaction itself (offsets.CommitBatch, or a rollback), so it needs a
+// transaction itself (store.CommitBatch, or a rollback), so it needs a
 // connection of its own, not the pool's transaction wrapper.
 func (w *worker) batchConn(ctx context.Context) (*pgxpool.Conn, bool, error) {
 	if w.conn != nil {
@@ -244,7 +244,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				continue // unhalted
 			}
 			more, err := w.batch(bctx, epoch)
-			if errors.Is(err, offsets.ErrLeaseLost) {
+			if errors.Is(err, store.ErrLeaseLost) {
 				// Taken over while this replica was slow, frozen or cut
 				// off: the batch rolled back, the new owner handles it.
 				w.epoch.CompareAndSwap(epoch, 0)
@@ -297,7 +297,7 @@ func (w *worker) signal() {
 func (w *worker) lost() {
 	w.epoch.Store(0)
 	if cancel := w.hcancel.Load(); cancel != nil {
-		(*cancel)(offsets.ErrLeaseLost)
+		(*cancel)(store.ErrLeaseLost)
 	}
 }
 

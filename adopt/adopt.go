@@ -12,19 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgevents/pgevents/schema"
 )
-
-// DB is what the functions of this package run on: *pgx.Conn,
-// *pgxpool.Pool and pgx.Tx satisfy it.
-type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Options says what to adopt and into which topic. pgevents' schema is the
 // one the context names (schema.WithName), as for every pgevents function.
@@ -212,7 +202,7 @@ ORDER BY a.attnum`
 
 // columns returns the columns of table (quoted, qualified), or nil when it
 // does not exist.
-func columns(ctx context.Context, db DB, table string) ([]Column, error) {
+func columns(ctx context.Context, db schema.DB, table string) ([]Column, error) {
 	rows, err := db.Query(ctx, columnsSQL, table)
 	if err != nil {
 		return nil, fmt.Errorf("adopt: columns of %s: %w", table, err)
@@ -376,7 +366,7 @@ func (p *Plan) expr(col string) string {
 // count, the counts, the groups and their positions, and the problems that
 // would make it refuse. Counts may change before Adopt runs, which checks
 // again under its locks.
-func Inspect(ctx context.Context, db DB, opts Options) (*Plan, error) {
+func Inspect(ctx context.Context, db schema.DB, opts Options) (*Plan, error) {
 	opts.defaults()
 	if opts.Channel == "" {
 		opts.Channel = schema.ChannelFor(schema.Name(ctx))
@@ -446,7 +436,7 @@ WHERE c.oid = to_regclass($1)`, schema.SQL(ctx, schema.Marker+"pgevents_schema_m
 
 // readPartitions sets the partition count from the options or from the
 // old consumer_offsets.
-func (p *Plan) readPartitions(ctx context.Context, db DB, n names) error {
+func (p *Plan) readPartitions(ctx context.Context, db schema.DB, n names) error {
 	given := p.Options.Partitions
 	rows, err := db.Query(ctx, `SELECT group_id::text, array_agg(partition_id ORDER BY partition_id)
 FROM `+n.offsets+` WHERE topic_id = $1 GROUP BY 1 ORDER BY 1`, p.Options.OldTopic)
@@ -508,7 +498,7 @@ func inferPartitions(order []string, seen map[string][]int32) (int, string) {
 }
 
 // check runs the checks (checkSQL) and reads the counts.
-func (p *Plan) check(ctx context.Context, db DB, n names, adoptions bool) error {
+func (p *Plan) check(ctx context.Context, db schema.DB, n names, adoptions bool) error {
 	var (
 		next, lo, hi *int64
 		adopted      *time.Time
@@ -623,7 +613,7 @@ FROM c, e, gs, low, h, oth, t`
 
 // readGroups reads the old groups, their positions and what they have not
 // handled yet.
-func (p *Plan) readGroups(ctx context.Context, db DB, n names) error {
+func (p *Plan) readGroups(ctx context.Context, db schema.DB, n names) error {
 	o := p.Options
 	N := strconv.Itoa(o.Partitions)
 	rows, err := db.Query(ctx, `WITH d AS (

@@ -257,7 +257,7 @@ type Result struct {
 // that names each problem, and writes nothing. It first inspects the
 // tables (Inspect) to learn their columns and the partition count; a
 // *PartitionsUnknownError says that Options.Partitions is needed.
-func Adopt(ctx context.Context, db DB, opts Options) (*Result, error) {
+func Adopt(ctx context.Context, db schema.DB, opts Options) (*Result, error) {
 	p, err := Inspect(ctx, db, opts)
 	if err != nil {
 		return nil, err
@@ -299,7 +299,7 @@ func Adopt(ctx context.Context, db DB, opts Options) (*Result, error) {
 // producer appends with append_event: the trigger, its function, and the
 // record of it. It takes the old counter's row lock first, so that no old
 // producer is between its reservation and its insert.
-func Unbridge(ctx context.Context, db DB, opts Options) error {
+func Unbridge(ctx context.Context, db schema.DB, opts Options) error {
 	opts.defaults()
 	n := namesOf(ctx, &opts)
 	tx, err := db.Begin(ctx)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -32,11 +32,11 @@ func groupTarget(r *http.Request) (int, string, error) {
 }
 
 func (c *Console) pause(w http.ResponseWriter, r *http.Request, a *actor) {
-	c.setState(w, r, a, "pause", offsets.StatePaused)
+	c.setState(w, r, a, "pause", offsets.Paused)
 }
 
 func (c *Console) resume(w http.ResponseWriter, r *http.Request, a *actor) {
-	c.setState(w, r, a, "resume", offsets.StateActive)
+	c.setState(w, r, a, "resume", offsets.Active)
 }
 
 // setState moves the group's subscription to state (offsets.SetState),

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -46,7 +45,7 @@ type auditEntry struct {
 
 // record writes e with q (the action's transaction, or the pool); ctx
 // names the schema.
-func (c *Console) record(ctx context.Context, q offsets.Querier, a *actor, e auditEntry) error {
+func (c *Console) record(ctx context.Context, q schema.DB, a *actor, e auditEntry) error {
 	_, err := q.Exec(ctx, schema.SQL(ctx, auditInsertSQL), a.name, a.remote, e.Action, e.Topic, e.Group, e.Partition, e.DeadLetter, e.Detail, e.Outcome)
 	if err != nil {
 		return fmt.Errorf("console: audit: %w", err)

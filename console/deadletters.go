@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -142,8 +142,8 @@ func (c *Console) resolver(group string, topic int) Resolver {
 
 // deadLetterData is a dead letter's page.
 type deadLetterData struct {
-	DL         offsets.DeadLetter
-	Parked     []offsets.Event
+	DL         pgevents.DeadLetter
+	Parked     []pgevents.Event
 	CanResolve bool
 	Done       string
 }
@@ -156,12 +156,12 @@ func (c *Console) deadLetterPage(r *http.Request) (string, string, any, error) {
 	ctx, cancel := c.queryContext(r)
 	defer cancel()
 	d := deadLetterData{Done: r.URL.Query().Get("done")}
-	if d.DL, err = offsets.GetDeadLetter(ctx, c.pool, id); errors.Is(err, offsets.ErrNoDeadLetter) {
+	if d.DL, err = pgevents.GetDeadLetter(ctx, c.pool, id); errors.Is(err, pgevents.ErrNoDeadLetter) {
 		return "", "", nil, notFound("dead letter %d does not exist (any more: replayed or discarded?)", id)
 	} else if err != nil {
 		return "", "", nil, err
 	}
-	if d.Parked, err = offsets.ParkedEvents(ctx, c.pool, id); err != nil {
+	if d.Parked, err = pgevents.ParkedEvents(ctx, c.pool, id); err != nil {
 		return "", "", nil, err
 	}
 	d.CanResolve = c.resolver(d.DL.Group, d.DL.Topic) != nil
@@ -232,7 +232,7 @@ func (c *Console) resolve(w http.ResponseWriter, r *http.Request, a *actor, acti
 func (c *Console) resolveOne(ctx context.Context, a *actor, action string, id int64) (int, auditEntry, error) {
 	e := auditEntry{Action: action, DeadLetter: &id}
 	n, err := func() (int, error) {
-		d, err := offsets.GetDeadLetter(ctx, c.pool, id)
+		d, err := pgevents.GetDeadLetter(ctx, c.pool, id)
 		if err != nil {
 			return 0, err
 		}

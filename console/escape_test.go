@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/console"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // hostile is what an event, an error or a host id may hold.
@@ -30,7 +30,7 @@ func TestPayloadsAndErrorsAreText(t *testing.T) {
 	e := newEnv(t, 1, console.Options{})
 	offs := e.appendTx(ev(imgHost, boldType, scriptPayload))
 	e.subscribe("g")
-	if err := offsets.Halt(e.ctx, e.pool, "g", 1, 0, offs[0], scriptError); err != nil {
+	if err := store.Halt(e.ctx, e.pool, "g", 1, 0, offs[0], scriptError); err != nil {
 		t.Fatal(err)
 	}
 	var dl int64

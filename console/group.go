@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/partition"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -133,24 +134,27 @@ type lease struct {
 	Hostname  string
 }
 
-// ownership reads the lease of each partition of the group (ownershipSQL).
+// ownership reads the lease of each partition of the group
+// (partition.Owners).
 func (c *Console) ownership(ctx context.Context, group string, topic int) (map[int]lease, error) {
-	rows, err := c.pool.Query(ctx, schema.SQL(ctx, ownershipSQL), group, topic)
+	owners, err := partition.Owners(ctx, c.pool, group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("console: leases: %w", err)
 	}
-	out := map[int]lease{}
-	var (
-		p int
-		l lease
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&p, &l.Owner, &l.Epoch, &l.Acquired, &l.Heartbeat, &l.Expires, &l.Live, &l.Hostname}, func() error {
-		out[p] = l
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("console: leases: %w", err)
+	out := make(map[int]lease, len(owners))
+	for _, o := range owners {
+		out[o.Partition] = lease{Owner: o.Replica, Epoch: o.Epoch, Acquired: timeOrNil(o.Acquired),
+			Heartbeat: timeOrNil(o.Heartbeat), Expires: timeOrNil(o.Expires), Live: o.Live, Hostname: o.Hostname}
 	}
 	return out, nil
+}
+
+// timeOrNil is t, or nil when t is zero (none).
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 type parkedCount struct {

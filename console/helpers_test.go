@@ -22,8 +22,8 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/console"
 	"github.com/pgevents/pgevents/internal/eventtest"
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -130,7 +130,7 @@ func ev(host, typ, payload string) pgevents.Event {
 // consumer's first start does, without running one.
 func (e *env) subscribe(group string) {
 	e.t.Helper()
-	if _, _, err := offsets.Subscribe(e.ctx, e.pool, group, 1, offsets.Start{Kind: "earliest"}, time.Minute); err != nil {
+	if _, _, err := store.Subscribe(e.ctx, e.pool, group, 1, store.Start{Kind: "earliest"}, time.Minute); err != nil {
 		e.t.Fatal(err)
 	}
 }

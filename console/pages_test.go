@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/pgevents/pgevents/console"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // fixture fills env's topic with a bit of everything the pages show:
@@ -24,7 +24,7 @@ func (e *env) fixture() int64 {
 	e.subscribe("h")
 	e.exec(`UPDATE subscriptions SET state = 'PAUSED' WHERE group_id = 'h'`)
 	e.exec(`UPDATE consumer_offsets SET next_offset = next_offset + 3 WHERE group_id = 'g'`)
-	if err := offsets.Halt(e.ctx, e.pool, "g", 1, 0, 7, "handler said no"); err != nil {
+	if err := store.Halt(e.ctx, e.pool, "g", 1, 0, 7, "handler said no"); err != nil {
 		e.t.Fatal(err)
 	}
 	var dl int64

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgevents/pgevents/console"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // pathRow returns the row of group in a path table.
@@ -51,7 +51,7 @@ func TestHostAndEventPaths(t *testing.T) {
 	}
 	e.setPosition("done", p, end)
 	e.exec(`UPDATE subscriptions SET state = 'PAUSED' WHERE group_id = 'paused'`)
-	if err := offsets.Halt(e.ctx, e.pool, "halted", 1, p, first, "stuck on purpose"); err != nil {
+	if err := store.Halt(e.ctx, e.pool, "halted", 1, p, first, "stuck on purpose"); err != nil {
 		t.Fatal(err)
 	}
 	e.exec(`INSERT INTO consumer_replicas (group_id, topic_id, replica_id, mode, expires_at)

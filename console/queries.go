@@ -42,15 +42,6 @@ CROSS JOIN LATERAL (
     ) x
 ) c`
 
-	// ownershipSQL reads the lease of every partition of group $1 on
-	// topic $2, live or not (partition_ownership: a lease is live while
-	// its owner's replica row is).
-	ownershipSQL = `SELECT w.partition_id, coalesce(w.owner, ''), w.epoch, w.acquired_at, w.heartbeat_at,
-       CASE WHEN isfinite(w.expires_at) THEN w.expires_at END, coalesce(w.live, false), coalesce(w.hostname, '')
-FROM {schema}partition_ownership w
-WHERE w.group_id = $1 AND w.topic_id = $2
-ORDER BY w.partition_id`
-
 	// parkedHostsSQL counts the hosts of group $1 on topic $2 parked in
 	// each partition, with the first few of them.
 	parkedHostsSQL = `SELECT partition_id, count(*), (array_agg(host_id ORDER BY parked_at, host_id))[1:5]

@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -105,7 +104,7 @@ func countMoved(ctx context.Context, pool *pgxpool.Pool, topic int, from, to map
 
 // countRanges counts the events of each partition parts[i] in [from[i],
 // to[i]), up to countCap each (countRangesSQL).
-func countRanges(ctx context.Context, q offsets.Querier, topic int, parts []int32, from, to []int64) (map[int32]int64, error) {
+func countRanges(ctx context.Context, q schema.DB, topic int, parts []int32, from, to []int64) (map[int32]int64, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, countRangesSQL), topic, parts, from, to, countCap)
 	if err != nil {
 		return nil, fmt.Errorf("console: count events: %w", err)

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/offsets"
 )
 
 // movePreview is what a reset does to one partition: the position before
@@ -163,36 +163,16 @@ func (c *Console) answerReset(w http.ResponseWriter, r *http.Request, status int
 	c.renderStatus(w, r, status, "reset", "Reset "+d.Group, d)
 }
 
-// countMoves counts, in tx, the events each move replays or skips.
+// countMoves counts, in tx, the events each move replays or skips
+// (offsets.Count).
 func countMoves(ctx context.Context, tx pgx.Tx, topic int, moves []offsets.Move) ([]movePreview, error) {
-	out := make([]movePreview, 0, len(moves))
-	var parts []int32
-	var from, to []int64
-	for _, m := range moves {
-		out = append(out, movePreview{Partition: m.Partition, From: m.From, To: m.To})
-		switch {
-		case m.From < 0 || m.From == m.To:
-		case m.To < m.From:
-			parts, from, to = append(parts, int32(m.Partition)), append(from, m.To), append(to, m.From)
-		default:
-			parts, from, to = append(parts, int32(m.Partition)), append(from, m.From), append(to, m.To)
-		}
-	}
-	if len(parts) == 0 {
-		return out, nil
-	}
-	counts, err := countRanges(ctx, tx, topic, parts, from, to)
+	counted, err := offsets.Count(ctx, tx, topic, moves)
 	if err != nil {
 		return nil, err
 	}
-	for i := range out {
-		m := &out[i]
-		n := counts[int32(m.Partition)]
-		if m.From >= 0 && m.To < m.From {
-			m.Replay = n
-		} else if m.From >= 0 && m.To > m.From {
-			m.Skip = n
-		}
+	out := make([]movePreview, len(counted))
+	for i, m := range counted {
+		out[i] = movePreview{Partition: m.Partition, From: m.From, To: m.To, Replay: m.Replay, Skip: m.Skip}
 	}
 	return out, nil
 }

@@ -12,7 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/metrics"
 )
 
@@ -24,7 +24,7 @@ func knownMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	pool := newTopic(t, 2)
 	ctx := context.Background()
-	if err := offsets.Init(ctx, pool, "g", 1, []int{0, 1}); err != nil {
+	if err := store.Init(ctx, pool, "g", 1, []int{0, 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pgevents.Append(ctx, pool, pgevents.Event{HostID: "h", EventType: "t"}); err != nil {

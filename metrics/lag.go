@@ -16,7 +16,7 @@ import (
 // LagCacheTTL, and concurrent scrapes wait for the one reading in flight,
 // so scrapes never multiply statements.
 type lagCollector struct {
-	db      Querier
+	db      schema.DB
 	schema  string
 	group   string
 	topic   int

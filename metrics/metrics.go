@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Label names.
@@ -53,7 +54,7 @@ type Options struct {
 	Partitions []int
 	// DB, when set, is where the lag collector reads the group's state at
 	// scrape time (see ReadState); nil leaves the lag metrics out.
-	DB Querier
+	DB schema.DB
 	// Schema is the schema pgevents lives in (the consumer's
 	// Config.Schema); default: the first schema of the search_path.
 	Schema string

@@ -16,9 +16,10 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/eventtest"
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/schema"
 )
 
 const partitions = 4
@@ -225,10 +226,10 @@ func TestLagCapAndOtherGroups(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, partitions)
 	ctx := context.Background()
-	if err := offsets.Init(ctx, pool, "idle", 1, []int{0, 1, 2, 3}); err != nil {
+	if err := store.Init(ctx, pool, "idle", 1, []int{0, 1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
-	if err := offsets.Init(ctx, pool, "half", 1, []int{1}); err != nil {
+	if err := store.Init(ctx, pool, "half", 1, []int{1}); err != nil {
 		t.Fatal(err)
 	}
 	appendWorkload(t, pool, 3, 40)
@@ -236,7 +237,7 @@ func TestLagCapAndOtherGroups(t *testing.T) {
 	for p := range partitions {
 		counts[p] = eventtest.QueryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE partition_id = $1`, p)
 	}
-	if err := offsets.Halt(ctx, pool, "idle", 1, 2, 5, "stopped by the test"); err != nil {
+	if err := store.Halt(ctx, pool, "idle", 1, 2, 5, "stopped by the test"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -417,11 +418,11 @@ func TestReadyzEveryDatabase(t *testing.T) {
 	pool := newTopic(t, 1)
 	other := newTopic(t, 1)
 	ready := func() bool { return true }
-	both := startServer(t, metrics.ServerConfig{DB: pool, MoreDBs: []metrics.Querier{other}, Ready: ready})
+	both := startServer(t, metrics.ServerConfig{DB: pool, MoreDBs: []schema.DB{other}, Ready: ready})
 	if code, body := get(t, both+"/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz with both databases answering: %d %q", code, body)
 	}
-	second := startServer(t, metrics.ServerConfig{DB: pool, MoreDBs: []metrics.Querier{slowDB{other}}, Ready: ready, ReadyTimeout: 50 * time.Millisecond})
+	second := startServer(t, metrics.ServerConfig{DB: pool, MoreDBs: []schema.DB{slowDB{other}}, Ready: ready, ReadyTimeout: 50 * time.Millisecond})
 	if code, body := get(t, second+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "database 2 of 2") {
 		t.Fatalf("/readyz with the second database silent: %d %q, want 503 naming database 2 of 2", code, body)
 	}
@@ -468,7 +469,7 @@ func (d *countingDB) count() int {
 func TestLagReadingsAreShared(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, partitions)
-	if err := offsets.Init(context.Background(), pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
+	if err := store.Init(context.Background(), pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
 	db := &countingDB{Pool: pool}
@@ -507,7 +508,7 @@ func (failingDB) Query(context.Context, string, ...any) (pgx.Rows, error) {
 func TestLagFailureKeepsTheScrape(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, 1)
-	for name, db := range map[string]metrics.Querier{"error": failingDB{pool}, "timeout": slowQuerier{pool}} {
+	for name, db := range map[string]schema.DB{"error": failingDB{pool}, "timeout": slowQuerier{pool}} {
 		m, err := metrics.New(metrics.Options{Group: "g", DB: db, Partitions: []int{0}, LagTimeout: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/metrics"
 )
 
@@ -22,7 +22,7 @@ func TestStatePlanReadsThroughIndex(t *testing.T) {
 	t.Parallel()
 	pool := newTopic(t, 4)
 	ctx := context.Background()
-	if err := offsets.Init(ctx, pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
+	if err := store.Init(ctx, pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 100 {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Defaults of ServerConfig.
@@ -30,11 +32,11 @@ type ServerConfig struct {
 	// nil serves no /metrics.
 	Metrics http.Handler
 	// DB is the database /readyz checks with SELECT 1; required.
-	DB Querier
+	DB schema.DB
 	// MoreDBs are the other databases of a process whose consumers run on
 	// several (one pool each): /readyz checks each as it checks DB, and
 	// answers 200 only when every one answers.
-	MoreDBs []Querier
+	MoreDBs []schema.DB
 	// Ready reports whether the consumer's listener is connected
 	// (Consumer.Ready); /readyz also requires it. nil: not checked.
 	Ready func() bool
@@ -117,7 +119,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	var problems []string
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ReadyTimeout)
 	defer cancel()
-	for i, db := range append([]Querier{s.cfg.DB}, s.cfg.MoreDBs...) {
+	for i, db := range append([]schema.DB{s.cfg.DB}, s.cfg.MoreDBs...) {
 		name := "database"
 		if len(s.cfg.MoreDBs) > 0 {
 			name = fmt.Sprintf("database %d of %d", i+1, len(s.cfg.MoreDBs)+1)

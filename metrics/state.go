@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -15,12 +13,6 @@ import (
 // status command): counting stops there, and the partition is reported as
 // capped.
 const DefaultLagCap = 100000
-
-// Querier runs statements; *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // stateSQL reads, in one statement and one round trip, the state of every
 // (group, partition) of a topic: $1 is a group (” for every group that
@@ -223,7 +215,7 @@ type Halt struct {
 // ReadState reads the state of group on topic (of every group with a
 // position on the topic when group is empty) in one statement, counting
 // lag up to lagCap events per partition (DefaultLagCap when lagCap <= 0).
-func ReadState(ctx context.Context, q Querier, group string, topic int, lagCap int64) (State, error) {
+func ReadState(ctx context.Context, q schema.DB, group string, topic int, lagCap int64) (State, error) {
 	if lagCap <= 0 {
 		lagCap = DefaultLagCap
 	}

@@ -20,13 +20,23 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// DB is what Migrate and the topic functions need: *pgx.Conn, *pgxpool.Pool
-// and pgx.Tx all satisfy it.
+// DB is the database handle every package of pgevents runs its statements
+// on, this one's Migrate and topic functions as the engine's and the
+// operator's: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx all
+// satisfy it. Where a function needs a transaction of its own it calls
+// Begin, which on a pgx.Tx is a savepoint: given a transaction, its work
+// commits or rolls back with the caller's.
 type DB interface {
+	// Begin starts a transaction (a savepoint inside a pgx.Tx).
 	Begin(ctx context.Context) (pgx.Tx, error)
+	// Exec runs a statement that returns no rows.
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	// Query runs a statement that returns rows.
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	// QueryRow runs a statement that returns at most one row.
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	// SendBatch sends queued statements in one round trip.
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Migration is one embedded migration file.

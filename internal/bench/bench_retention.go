@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pgevents/pgevents/internal/latency"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -75,7 +75,7 @@ func benchRetention(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 			settle()
 			began := time.Now()
 			if mode == "drop segments" {
-				r, err := offsets.ApplyRetention(ctx, db.pool, benchTopic)
+				r, err := store.ApplyRetention(ctx, db.pool, benchTopic)
 				if err != nil {
 					stopLoad()
 					<-loadDone

@@ -230,9 +230,9 @@ type benchTracerKey struct{}
 // benchTasks maps a function of the caller's stack (a substring of its
 // full name) to the task it belongs to, innermost first.
 var benchTasks = []struct{ fn, task string }{
-	{"internal/partition.(*Leaser)", "lease heartbeat"},
-	{"internal/listener.(*Listener).watch", "listener canary"},
-	{"internal/listener.", "listener"},
+	{"internal/lease.(*Leaser)", "lease heartbeat"},
+	{"pgevents/listener.(*Listener).watch", "listener canary"},
+	{"pgevents/listener.", "listener"},
 	{"pgevents.(*Consumer).subscription", "subscription heartbeat"},
 	{"pgevents.(*Consumer).reportSkips", "subscription heartbeat"},
 	{"pgevents.Maintain", "maintenance"},

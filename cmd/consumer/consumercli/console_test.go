@@ -12,8 +12,8 @@ import (
 
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/eventtest"
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 const consoleTestToken = "cli-console-token-0123"
@@ -63,7 +63,7 @@ func TestConsoleCommand(t *testing.T) {
 	const password = "Cli-pw-never-on-a-page"
 	u.User = url.UserPassword(u.User.Username(), password) // the test server trusts; the password is only carried
 	ctx := pgtest.Context(context.Background())
-	if _, _, err := offsets.Subscribe(ctx, pool, "g", 1, offsets.Start{Kind: "earliest"}, time.Minute); err != nil {
+	if _, _, err := store.Subscribe(ctx, pool, "g", 1, store.Start{Kind: "earliest"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	base := recordingConfig(2, -1, 10)

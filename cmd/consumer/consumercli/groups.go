@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/internal/offsets"
+	"github.com/pgevents/pgevents/offsets"
 )
 
 // offsetsCmd is `consumer offsets reset`.
@@ -64,7 +64,7 @@ func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) < 2 {
 		return usagef(use)
 	}
-	to := map[string]string{"pause": offsets.StatePaused, "resume": offsets.StateActive, "cancel": offsets.StateCancelled}[args[0]]
+	to := map[string]string{"pause": offsets.Paused, "resume": offsets.Active, "cancel": offsets.Cancelled}[args[0]]
 	if to == "" {
 		return usagef("group: unknown action %q; %s", args[0], use)
 	}
@@ -86,7 +86,7 @@ func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	fmt.Fprintf(stdout, "group %s on topic %d: %s -> %s\n", group, *topic, prev, to)
-	if to == offsets.StateCancelled {
+	if to == offsets.Cancelled {
 		fmt.Fprintln(stdout, strings.TrimSpace(`CANCELLED is terminal: the group no longer holds back retention and its replicas stop.`))
 	}
 	return nil

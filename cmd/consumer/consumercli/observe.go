@@ -13,6 +13,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // observability is the run command's Prometheus metrics and their HTTP
@@ -70,7 +71,7 @@ func startObservability(ctx context.Context, g *errgroup.Group, cfg *config.Conf
 		all = append(all, m)
 	}
 	dbs := distinctPools(pools)
-	var more []metrics.Querier
+	var more []schema.DB
 	for _, p := range dbs[1:] {
 		more = append(more, p)
 	}

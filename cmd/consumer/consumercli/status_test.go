@@ -15,8 +15,8 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/eventtest"
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
 // statusFixture prepares a 4-partition topic with events, group g at
@@ -27,10 +27,10 @@ func statusFixture(t *testing.T) (string, *pgxpool.Pool, string) {
 	t.Helper()
 	url, pool := migrated(t, 4)
 	ctx := context.Background()
-	if err := offsets.Init(ctx, pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
+	if err := store.Init(ctx, pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
-	if err := offsets.Init(ctx, pool, "h", 1, []int{2}); err != nil {
+	if err := store.Init(ctx, pool, "h", 1, []int{2}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 12 {
@@ -56,7 +56,7 @@ func statusFixture(t *testing.T) (string, *pgxpool.Pool, string) {
 			transaction_id, event_ids, host_ids, events, error, attempts, first_failed_at, last_failed_at)
 			VALUES ('g', 1, 3, 1, 1, 1, '{}', '{}', '[]', 'boom', 1, now(), now())`)
 	}
-	if err := offsets.Halt(ctx, pool, "g", 1, 2, 7, "handler failed:\n  the reason is long, and spans lines"); err != nil {
+	if err := store.Halt(ctx, pool, "g", 1, 2, 7, "handler failed:\n  the reason is long, and spans lines"); err != nil {
 		t.Fatal(err)
 	}
 	return url, pool, writeConfig(t, recordingConfig(4, -1, 10))

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/pgevents/pgevents/internal/batching"
+	"github.com/pgevents/pgevents/batching"
 )
 
 // ev is a test event; Off is its partition offset (its index in the log).

@@ -1,4 +1,4 @@
-package offsets
+package store
 
 import (
 	"testing"

@@ -1,4 +1,4 @@
-package offsets
+package store
 
 import (
 	"context"
@@ -160,7 +160,7 @@ func ParkEvents(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, group string, 
 }
 
 // Halt records that the group's partition stopped at offset, and why.
-func Halt(ctx context.Context, q Querier, group string, topic, partition int, offset int64, reason string) error {
+func Halt(ctx context.Context, q schema.DB, group string, topic, partition int, offset int64, reason string) error {
 	if _, err := q.Exec(ctx, schema.SQL(ctx, haltSQL), group, topic, partition, offset, reason); err != nil {
 		return fmt.Errorf("offsets: record halt: %w", err)
 	}
@@ -175,7 +175,7 @@ type HaltRecord struct {
 }
 
 // Halts returns the group's halted partitions.
-func Halts(ctx context.Context, q Querier, group string, topic int) ([]HaltRecord, error) {
+func Halts(ctx context.Context, q schema.DB, group string, topic int) ([]HaltRecord, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, haltsSQL), group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: halts: %w", err)
@@ -188,7 +188,7 @@ func Halts(ctx context.Context, q Querier, group string, topic int) ([]HaltRecor
 }
 
 // Unhalt removes the partition's halt record.
-func Unhalt(ctx context.Context, q Querier, group string, topic, partition int) error {
+func Unhalt(ctx context.Context, q schema.DB, group string, topic, partition int) error {
 	if _, err := q.Exec(ctx, schema.SQL(ctx, unhaltSQL), group, topic, partition); err != nil {
 		return fmt.Errorf("offsets: remove halt: %w", err)
 	}
@@ -233,7 +233,7 @@ func scanDeadLetter(row pgx.Row, withEvents bool) (DeadLetter, error) {
 
 // ListDeadLetters returns the dead letters of group (every group when
 // group is empty), oldest first.
-func ListDeadLetters(ctx context.Context, q Querier, group string) ([]DeadLetter, error) {
+func ListDeadLetters(ctx context.Context, q schema.DB, group string) ([]DeadLetter, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, listDeadLettersSQL), group)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: list dead letters: %w", err)
@@ -254,7 +254,7 @@ func ListDeadLetters(ctx context.Context, q Querier, group string) ([]DeadLetter
 var ErrNoDeadLetter = errors.New("no such dead letter")
 
 // GetDeadLetter returns dead letter id with its events.
-func GetDeadLetter(ctx context.Context, q Querier, id int64) (DeadLetter, error) {
+func GetDeadLetter(ctx context.Context, q schema.DB, id int64) (DeadLetter, error) {
 	d, err := scanDeadLetter(q.QueryRow(ctx, schema.SQL(ctx, getDeadLetterSQL), id), true)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return d, fmt.Errorf("offsets: dead letter %d: %w", id, ErrNoDeadLetter)
@@ -267,7 +267,7 @@ func GetDeadLetter(ctx context.Context, q Querier, id int64) (DeadLetter, error)
 
 // ParkedEvents returns the events parked behind dead letter id, in offset
 // order.
-func ParkedEvents(ctx context.Context, q Querier, id int64) ([]Event, error) {
+func ParkedEvents(ctx context.Context, q schema.DB, id int64) ([]Event, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, parkedEventsSQL), id)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: parked events: %w", err)
@@ -320,7 +320,7 @@ type Parked struct {
 }
 
 // GroupParked returns the group's parked events in offset order.
-func GroupParked(ctx context.Context, q Querier, group string, topic int) ([]Parked, error) {
+func GroupParked(ctx context.Context, q schema.DB, group string, topic int) ([]Parked, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, groupParkedSQL), group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: parked events: %w", err)
@@ -348,7 +348,7 @@ func GroupParked(ctx context.Context, q Querier, group string, topic int) ([]Par
 
 // ParkingDeadLetters returns the group's dead letters that park their
 // hosts, oldest first, by id, with their hosts.
-func ParkingDeadLetters(ctx context.Context, q Querier, group string, topic int) (map[int64][]string, []int64, error) {
+func ParkingDeadLetters(ctx context.Context, q schema.DB, group string, topic int) (map[int64][]string, []int64, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, parkingDeadLettersSQL), group, topic)
 	if err != nil {
 		return nil, nil, fmt.Errorf("offsets: parking dead letters: %w", err)
@@ -422,7 +422,7 @@ func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resoluti
 }
 
 // RecordFailedReplay counts a failed replay of dead letter id.
-func RecordFailedReplay(ctx context.Context, q Querier, id int64, reason string) error {
+func RecordFailedReplay(ctx context.Context, q schema.DB, id int64, reason string) error {
 	if _, err := q.Exec(ctx, schema.SQL(ctx, failedReplaySQL), id, reason); err != nil {
 		return fmt.Errorf("offsets: record failed replay: %w", err)
 	}

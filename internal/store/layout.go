@@ -1,4 +1,4 @@
-package offsets
+package store
 
 import (
 	"context"
@@ -148,7 +148,7 @@ func (l Layout) Final() bool {
 
 // InitGroupLayout records the layout a new group starts in; an existing
 // group keeps its own.
-func InitGroupLayout(ctx context.Context, q Querier, group string, topic int) error {
+func InitGroupLayout(ctx context.Context, q schema.DB, group string, topic int) error {
 	if _, err := q.Exec(ctx, schema.SQL(ctx, initGroupLayoutSQL), group, topic); err != nil {
 		return fmt.Errorf("offsets: init layout of group %q: %w", group, err)
 	}
@@ -156,7 +156,7 @@ func InitGroupLayout(ctx context.Context, q Querier, group string, topic int) er
 }
 
 // GroupLayout returns the layout the group consumes.
-func GroupLayout(ctx context.Context, q Querier, group string, topic int) (Layout, error) {
+func GroupLayout(ctx context.Context, q schema.DB, group string, topic int) (Layout, error) {
 	var l Layout
 	err := q.QueryRow(ctx, schema.SQL(ctx, groupLayoutSQL), group, topic).Scan(&l.Version, &l.Partitions, &l.From, &l.Below)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -170,7 +170,7 @@ func GroupLayout(ctx context.Context, q Querier, group string, topic int) (Layou
 
 // LayoutDone says, without locking anything, whether every partition of
 // the group has handled every event of layout version, up to its cut.
-func LayoutDone(ctx context.Context, q Querier, group string, topic, version int) (bool, error) {
+func LayoutDone(ctx context.Context, q schema.DB, group string, topic, version int) (bool, error) {
 	var done bool
 	if err := q.QueryRow(ctx, schema.SQL(ctx, layoutDoneSQL), group, topic, version).Scan(&done); err != nil {
 		return false, fmt.Errorf("offsets: layout done: %w", err)
@@ -178,16 +178,11 @@ func LayoutDone(ctx context.Context, q Querier, group string, topic, version int
 	return done, nil
 }
 
-// Beginner begins transactions; *pgxpool.Pool satisfies it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // SwitchLayout moves the group from layout from to the next one, if every
 // partition of from has handled every event below the cut and no other
 // replica switched first. It reports whether the group is now past from.
 // It waits for the group's batches in flight.
-func SwitchLayout(ctx context.Context, db Beginner, group string, topic int, from Layout, next Layout) (bool, error) {
+func SwitchLayout(ctx context.Context, db schema.DB, group string, topic int, from Layout, next Layout) (bool, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
@@ -224,7 +219,7 @@ func SwitchLayout(ctx context.Context, db Beginner, group string, topic int, fro
 
 // NextLayout returns the topic's layout after version, or false when there
 // is none.
-func NextLayout(ctx context.Context, q Querier, topic, version int) (Layout, bool, error) {
+func NextLayout(ctx context.Context, q schema.DB, topic, version int) (Layout, bool, error) {
 	var l Layout
 	err := q.QueryRow(ctx, schema.SQL(ctx, `SELECT version, total_partitions, from_offset FROM {schema}topic_layouts
 WHERE topic_id = $1 AND version = $2`), topic, version+1).Scan(&l.Version, &l.Partitions, &l.From)

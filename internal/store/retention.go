@@ -1,4 +1,4 @@
-package offsets
+package store
 
 import (
 	"context"
@@ -92,12 +92,6 @@ type Removed = pgeventstype.RemovedSegment
 // (pgeventstype.Retention).
 type Retention = pgeventstype.Retention
 
-// Pool is what ApplyRetention runs on: *pgxpool.Pool satisfies it.
-type Pool interface {
-	Querier
-	Beginner
-}
-
 // retentionLockSQL serialises the removal of a topic's segments with the
 // placing of groups (Place takes it shared): a group placed at "earliest"
 // while a segment goes either sees the segment gone or holds the watermark
@@ -131,7 +125,7 @@ const (
 // (a DEAD group that came back holds it again), counts again if a position
 // or layout changed since the first count, and records the counts in
 // retention_skips with the drop, so nothing is skipped silently.
-func ApplyRetention(ctx context.Context, db Pool, topic int) (Retention, error) {
+func ApplyRetention(ctx context.Context, db schema.DB, topic int) (Retention, error) {
 	out := Retention{Watermark: NoLimit}
 	segs, err := schema.Segments(ctx, db, topic)
 	if err != nil {
@@ -194,7 +188,7 @@ type skipCount struct {
 // lose, drops it and records how far retention went, in one transaction.
 // It returns why the segment stays, or "" when it went, and sets
 // *watermark to the partition's.
-func dropSegment(ctx context.Context, db Beginner, topic int, seg schema.Segment, watermark *int64) (Removed, string, error) {
+func dropSegment(ctx context.Context, db schema.DB, topic int, seg schema.Segment, watermark *int64) (Removed, string, error) {
 	r := Removed{Segment: seg.Name, Partition: seg.Partition, Lo: seg.Lo, Hi: seg.Hi, Skipped: map[string]int64{}}
 	fail := func(err error) (Removed, string, error) {
 		return r, "", fmt.Errorf("offsets: drop %s: %w", seg.Name, err)

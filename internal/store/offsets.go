@@ -1,4 +1,4 @@
-package offsets
+package store
 
 import (
 	"context"
@@ -13,14 +13,6 @@ import (
 	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
 )
-
-// Querier is what the functions of this package run statements on:
-// *pgx.Conn, *pgxpool.Pool and pgx.Tx all satisfy it.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Event is one event of the log (pgeventstype.Event).
 type Event = pgeventstype.Event
@@ -240,7 +232,7 @@ func ForPartition(topic, partition int) *PartitionSQL {
 // none for yet, at their first offset in the group's layout (see initSQL;
 // the group is given a layout first if it has none, see InitGroupLayout),
 // and their free lease rows.
-func Init(ctx context.Context, q Querier, group string, topic int, partitions []int) error {
+func Init(ctx context.Context, q schema.DB, group string, topic int, partitions []int) error {
 	if err := InitGroupLayout(ctx, q, group, topic); err != nil {
 		return err
 	}
@@ -269,7 +261,7 @@ type Work struct {
 // The statement runs on its generic plan (genericPlansSQL), planned once per
 // connection: a custom plan would plan it, over every segment of every
 // partition, at every poll.
-func Pending(ctx context.Context, db Batcher, group string, topic int, partitions []int, layout int) ([]Work, time.Time, error) {
+func Pending(ctx context.Context, db schema.DB, group string, topic int, partitions []int, layout int) ([]Work, time.Time, error) {
 	var b pgx.Batch
 	b.Queue(genericPlansSQL)
 	b.Queue(schema.SQL(ctx, pendingSQL), group, topic, partitions, layout)
@@ -311,7 +303,7 @@ func scanWork(rows pgx.Rows) ([]Work, time.Time, error) {
 
 // Position returns the group's next offset in a partition, and false when
 // the group has no position there.
-func Position(ctx context.Context, q Querier, group string, topic, partition int) (int64, bool, error) {
+func Position(ctx context.Context, q schema.DB, group string, topic, partition int) (int64, bool, error) {
 	var next int64
 	err := q.QueryRow(ctx, schema.SQL(ctx, positionSQL), group, topic, partition).Scan(&next)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -326,11 +318,6 @@ func Position(ctx context.Context, q Querier, group string, topic, partition int
 // ErrNoPosition is returned by LockPosition (and a claim) when the group has
 // no position in the partition (Init was not run).
 var ErrNoPosition = errors.New("offsets: no position for the partition (group not initialised)")
-
-// Batcher sends batches; *pgxpool.Pool and *pgx.Conn satisfy it.
-type Batcher interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
 
 // Claim describes a claim of a partition's next batch.
 type Claim struct {
@@ -395,7 +382,7 @@ var ErrLeaseLost = errors.New("offsets: partition lease lost")
 // partition for the rest of it, and appends to buf up to c.Limit events
 // from that position, in offset order: BEGIN, the claim and the parked
 // hosts travel in one round trip.
-func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error) {
+func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, error) {
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(batchNameSQL, BatchApplicationName(c.Owner))
@@ -489,7 +476,7 @@ func (c Claim) Do(ctx context.Context, db Batcher, buf []Event) (Claimed, error)
 // Fetch appends to buf up to limit events of the partition after offset
 // after and below offset below, in offset order. It takes no lock: call it
 // in the transaction that claimed the partition.
-func Fetch(ctx context.Context, q Querier, ps *PartitionSQL, topic, partition int, after, below int64, limit int, buf []Event) ([]Event, error) {
+func Fetch(ctx context.Context, q schema.DB, ps *PartitionSQL, topic, partition int, after, below int64, limit int, buf []Event) ([]Event, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, ps.fetch), topic, partition, after, limit, below)
 	if err != nil {
 		return buf, fmt.Errorf("offsets: fetch: %w", err)

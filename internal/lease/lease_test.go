@@ -1,4 +1,4 @@
-package partition
+package lease
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgevents/pgevents/internal/offsets"
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -27,14 +27,14 @@ func leaseDBN(t *testing.T, n int) (context.Context, *pgxpool.Pool) {
 	t.Helper()
 	ctx := pgtest.Context(context.Background())
 	pool := pgtest.TopicPool(t, n)
-	if err := offsets.InitGroupLayout(ctx, pool, "g", 1); err != nil {
+	if err := store.InitGroupLayout(ctx, pool, "g", 1); err != nil {
 		t.Fatal(err)
 	}
 	parts := make([]int, n)
 	for i := range parts {
 		parts[i] = i
 	}
-	if err := offsets.Init(ctx, pool, "g", 1, parts); err != nil {
+	if err := store.Init(ctx, pool, "g", 1, parts); err != nil {
 		t.Fatal(err)
 	}
 	return ctx, pool
@@ -115,7 +115,7 @@ func TestFenceSparesOtherLockers(t *testing.T) {
 		}
 		return c
 	}
-	batch := lock(0, offsets.BatchApplicationName("stale"))
+	batch := lock(0, store.BatchApplicationName("stale"))
 	admin := lock(1, "consumer dlq replay")
 	o := &owner{acquired: make(chan int, 2)}
 	l, err := NewLeaser(LeaserConfig{DB: pool, Group: "g", Topic: 1, Partitions: 2, ReplicaID: "new", Lease: time.Second, Owner: o})

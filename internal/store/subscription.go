@@ -1,4 +1,4 @@
-package offsets
+package store
 
 import (
 	"context"
@@ -194,7 +194,7 @@ var ErrTransition = errors.New("invalid subscription transition")
 // returns its state and whether this was the group's first start. On the
 // first start it places the group at start, in the same transaction, so
 // that replicas starting together agree on where the group begins.
-func Subscribe(ctx context.Context, db Beginner, group string, topic int, start Start, deadAfter time.Duration) (string, bool, error) {
+func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start Start, deadAfter time.Duration) (string, bool, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
@@ -226,7 +226,7 @@ func Subscribe(ctx context.Context, db Beginner, group string, topic int, start 
 }
 
 // Heartbeat marks the group live and returns its state.
-func Heartbeat(ctx context.Context, q Querier, group string, topic int) (string, error) {
+func Heartbeat(ctx context.Context, q schema.DB, group string, topic int) (string, error) {
 	var state string
 	if err := q.QueryRow(ctx, schema.SQL(ctx, heartbeatSQL), group, topic).Scan(&state); err != nil {
 		return "", fmt.Errorf("offsets: heartbeat of %q: %w", group, err)
@@ -244,7 +244,7 @@ var allowedFrom = map[string][]string{
 
 // SetState applies an operator's transition (to PAUSED, ACTIVE from
 // PAUSED, or CANCELLED) and returns the previous state.
-func SetState(ctx context.Context, db Beginner, group string, topic int, to string) (string, error) {
+func SetState(ctx context.Context, db schema.DB, group string, topic int, to string) (string, error) {
 	from, ok := allowedFrom[to]
 	if !ok {
 		return "", fmt.Errorf("offsets: %w: no operator transition to %s", ErrTransition, to)
@@ -271,7 +271,7 @@ func SetState(ctx context.Context, db Beginner, group string, topic int, to stri
 
 // SubscriptionState returns the group's state on the topic, or "" when it
 // has no subscription.
-func SubscriptionState(ctx context.Context, q Querier, group string, topic int) (string, error) {
+func SubscriptionState(ctx context.Context, q schema.DB, group string, topic int) (string, error) {
 	var state string
 	err := q.QueryRow(ctx, schema.SQL(ctx, stateSQL), group, topic).Scan(&state)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -285,7 +285,7 @@ func SubscriptionState(ctx context.Context, q Querier, group string, topic int) 
 
 // SweepDead marks the topic's ACTIVE groups that went without a heartbeat
 // for their dead_after as DEAD, and returns them.
-func SweepDead(ctx context.Context, q Querier, topic int) ([]string, error) {
+func SweepDead(ctx context.Context, q schema.DB, topic int) ([]string, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, sweepDeadSQL), topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: sweep dead groups: %w", err)
@@ -353,7 +353,7 @@ type Move struct {
 // replica of the group is live unless force is set; with force, the live
 // replicas lose their leases (their batch in flight cannot commit) and pick
 // the new positions up.
-func Reset(ctx context.Context, db Beginner, group string, topic int, start Start, force bool) ([]Move, error) {
+func Reset(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Move, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
@@ -429,7 +429,7 @@ type Skip struct {
 
 // TakeSkips returns the group's skips not reported yet, and marks them
 // reported.
-func TakeSkips(ctx context.Context, q Querier, group string, topic int) ([]Skip, error) {
+func TakeSkips(ctx context.Context, q schema.DB, group string, topic int) ([]Skip, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, unreportedSkipsSQL), group, topic)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: skips: %w", err)

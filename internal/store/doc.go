@@ -1,4 +1,4 @@
-// Package offsets reads and moves positions in the log: it reserves offsets
+// Package store reads and moves positions in the log: it reserves offsets
 // for appends, creates a consumer group's starting positions, claims a
 // partition's next batch and commits the offset after it.
 //
@@ -25,7 +25,7 @@
 // Every other writer of a position (a reset, a layout switch, the
 // dead-letter admin) takes the same lock. The lock orders batches but is not
 // ownership: between batches nobody holds it, so which replica may claim a
-// partition is decided by its lease (internal/partition), checked in the
+// partition is decided by its lease (internal/lease), checked in the
 // claim's round trip and again at commit, where the epoch fences a replica
 // that lost it.
 //
@@ -51,4 +51,4 @@
 // empty table and checks that it still reads through the index after the
 // table has grown. The cost of the claim does not grow with the number of
 // partitions (invariant 6 of package pgevents).
-package offsets
+package store

@@ -1,4 +1,4 @@
-package partition
+package lease
 
 import (
 	"context"
@@ -11,11 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
-	"github.com/pgevents/pgevents/internal/offsets"
-
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -100,7 +98,7 @@ WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 	// would otherwise wait for that transaction until the server noticed
 	// the dead peer. The lock is an advisory lock (lock_position), found in
 	// pg_locks by its key's halves; and a batch names its owner in
-	// application_name for its duration (offsets.BatchApplicationName).
+	// application_name for its duration (store.BatchApplicationName).
 	// Only a backend that is both is ended: the lock may also be held by a
 	// dead-letter replay, an offsets reset or a layout switch, which are not
 	// the stale owner's.
@@ -115,14 +113,6 @@ JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
 JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE a.pid <> pg_backend_pid() AND a.application_name = $4`
 )
-
-// DB is what a Leaser runs statements on; *pgxpool.Pool satisfies it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
 
 // Owner is told what a Leaser acquires and loses. Its methods are called
 // from the Leaser's goroutine and must not block.
@@ -141,7 +131,7 @@ type Owner interface {
 // LeaserConfig configures a Leaser.
 type LeaserConfig struct {
 	// DB runs the lease statements; required.
-	DB DB
+	DB schema.DB
 	// Group and Topic say whose partitions are leased.
 	Group string
 	Topic int
@@ -362,7 +352,7 @@ func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
 			// Taken over from a replica whose lease expired: end its
 			// batch, if it still holds the partition's offsets row.
 			var n int
-			if err := l.cfg.DB.QueryRow(ctx, schema.SQL(ctx, fenceSQL), l.cfg.Group, l.cfg.Topic, a.p, offsets.BatchApplicationName(a.prev)).Scan(&n); err != nil {
+			if err := l.cfg.DB.QueryRow(ctx, schema.SQL(ctx, fenceSQL), l.cfg.Group, l.cfg.Topic, a.p, store.BatchApplicationName(a.prev)).Scan(&n); err != nil {
 				l.log.Warn().Err(err).Int("partition", a.p).Msg("could not fence the previous owner")
 			} else if n > 0 {
 				l.log.Warn().Int("partition", a.p).Str("previous_owner", a.prev).Msg("ended the previous owner's batch")

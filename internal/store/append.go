@@ -1,4 +1,4 @@
-package offsets
+package store
 
 // Appending: the statements that put events in the log, from Go. The SQL
 // functions they call (migrations 0009 and 0010) take the offsets under the

@@ -1,4 +1,6 @@
-// Package partition decides which partitions a consumer process serves.
+// Package partition is the contract of pgevents' partitions: which
+// partition an event lands in, which partitions a process serves (Assign),
+// and which replica owns each partition of a consumer group (Owners).
 //
 // # The partition function
 //
@@ -13,19 +15,21 @@
 //
 // # Ownership
 //
-// Which replica handles a partition is decided by leases (lease.go): a
-// lease per (group, topic, partition) with an owner and an epoch, live
-// while its owner's replica row (consumer_replicas, which the heartbeat
-// renews, with an expiry on the database clock) is. The lease row changes
-// only when it changes hands, so the lease checks of every batch read a row
-// that no heartbeat updates. In auto mode the live replicas of a group split
-// the partitions evenly (Target); in static mode (the seed design's
-// partitionId) a replica takes only its configured partitions, and a second
-// one with the same configuration waits as a hot standby. A lease whose
-// owner is no longer live (the replica died, froze or lost the network) is
-// taken over, and the new owner ends the stale owner's batch if it still
-// holds the partition's position lock. The position lock orders batches;
-// the lease and its epoch decide whose batches they are.
+// Which replica handles a partition is decided by leases (written by the
+// engine's leaser, internal/lease; read here by Owners): a lease per (group,
+// topic, partition) with an owner and an epoch, live while its owner's
+// replica row (consumer_replicas, which the heartbeat renews, with an expiry
+// on the database clock) is. The lease row changes only when it changes
+// hands, so the lease checks of every batch read a row that no heartbeat
+// updates. In auto mode the live replicas of a group split the partitions
+// evenly; in static mode (the seed design's partitionId) a replica takes
+// only its configured partitions, and a second one with the same
+// configuration waits as a hot standby. A lease whose owner is no longer
+// live (the replica died, froze or lost the network) is taken over with a
+// higher epoch, and the new owner ends the stale owner's batch if it still
+// holds the partition's position lock; the stale owner's commit fails on the
+// epoch check. The position lock orders batches; the lease and its epoch
+// decide whose batches they are.
 package partition
 
 import (

@@ -1,4 +1,4 @@
-package offsets
+package store
 
 import (
 	"context"
@@ -81,7 +81,7 @@ FROM unnest($2::integer[]) AS p`
 
 // Appends returns the topic's appends counter: a value that moves when an
 // append starts (any value; it cycles), or -1 when there is none.
-func Appends(ctx context.Context, db Querier, topic int) (int64, error) {
+func Appends(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	var n *int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, appendsSQL), topic).Scan(&n); err != nil {
 		return 0, fmt.Errorf("offsets: appends counter: %w", err)
@@ -102,7 +102,7 @@ type Tail struct {
 }
 
 // Tails returns the tails of partitions of topic, in their order.
-func Tails(ctx context.Context, db Querier, topic int, partitions []int) ([]Tail, error) {
+func Tails(ctx context.Context, db schema.DB, topic int, partitions []int) ([]Tail, error) {
 	rows, err := db.Query(ctx, schema.SQL(ctx, tailsSQL), topic, partitions)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: tails: %w", err)
@@ -134,7 +134,7 @@ type Asleep struct {
 // each partition it says whether the sleep key is held and, if so, the
 // tail read after taking it; a tail beyond what the caller knew means an
 // append committed meanwhile, and the caller should Wake and handle it.
-func Sleep(ctx context.Context, db Batcher, topic int, partitions []int) ([]Asleep, error) {
+func Sleep(ctx context.Context, db schema.DB, topic int, partitions []int) ([]Asleep, error) {
 	var b pgx.Batch
 	b.Queue(schema.SQL(ctx, sleepSQL), topic, partitions)
 	b.Queue(schema.SQL(ctx, tailsOnlySQL), topic, partitions)
@@ -172,7 +172,7 @@ func Sleep(ctx context.Context, db Batcher, topic int, partitions []int) ([]Asle
 // Wake releases, on db's session, the sleep keys of partitions of topic
 // that Sleep took there: appends stop notifying them (unless another
 // consumer sleeps on them).
-func Wake(ctx context.Context, db Querier, topic int, partitions []int) error {
+func Wake(ctx context.Context, db schema.DB, topic int, partitions []int) error {
 	if _, err := db.Exec(ctx, schema.SQL(ctx, wakeSQL), topic, partitions); err != nil {
 		return fmt.Errorf("offsets: wake: %w", err)
 	}
@@ -182,7 +182,7 @@ func Wake(ctx context.Context, db Querier, topic int, partitions []int) error {
 // PruneHistory deletes every tail of topic but the newest of each partition,
 // and every position but the newest of each group and partition (SQL
 // prune_history), and returns how many rows it deleted.
-func PruneHistory(ctx context.Context, db Querier, topic int) (int64, error) {
+func PruneHistory(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	var n int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, `SELECT {schema}prune_history($1)`), topic).Scan(&n); err != nil {
 		return 0, fmt.Errorf("offsets: prune history: %w", err)
@@ -192,7 +192,7 @@ func PruneHistory(ctx context.Context, db Querier, topic int) (int64, error) {
 
 // PruneKeys deletes the idempotency keys of topic older than its window
 // (SQL prune_keys), and returns how many it deleted.
-func PruneKeys(ctx context.Context, db Querier, topic int) (int64, error) {
+func PruneKeys(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	var n int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, `SELECT {schema}prune_keys($1)`), topic).Scan(&n); err != nil {
 		return 0, fmt.Errorf("offsets: prune idempotency keys: %w", err)

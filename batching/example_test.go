@@ -3,7 +3,7 @@ package batching_test
 import (
 	"fmt"
 
-	"github.com/pgevents/pgevents/internal/batching"
+	"github.com/pgevents/pgevents/batching"
 )
 
 type event struct {

@@ -1,0 +1,45 @@
+// Package offsets is the operator's API over a consumer group's positions:
+// where each partition of a group stands, moving a group (reset), its
+// lifecycle (pause, resume, cancel) and its halted partitions. The CLI's
+// `offsets` and `group` commands and the console use it, and so can a
+// service's own tools.
+//
+// # Positions
+//
+// A group's position in a partition is the next offset it reads, Kafka
+// style: a worker handles a batch and writes the position past its last
+// event in the batch's own transaction, so a position never runs ahead of
+// the effects in the database (exactly once for database effects). Positions
+// reads them with the partition's log end and the group's lag; it takes no
+// lock and never waits for a batch.
+//
+// # Reset
+//
+// Reset moves every position of a group to a Start (earliest, latest, an
+// offset or a time) in one transaction. It takes each partition's position
+// lock, as a worker's claim does, so it waits for the batches in flight and
+// no batch can commit a position older than the reset's. It refuses while a
+// replica of the group is live (ErrGroupRunning) unless forced: with force,
+// the live replicas lose their leases, their batch in flight cannot commit,
+// and they continue from the new positions. Preview does the same reset in
+// a transaction it rolls back, and counts the events each partition would
+// replay or skip; Count counts them in a transaction of the caller's that
+// ran Reset (to commit only the reset that was shown).
+//
+// # Lifecycle and halts
+//
+// A group's subscription is ACTIVE, PAUSED, DEAD (no replica seen for its
+// dead_after; it becomes ACTIVE again when one starts) or CANCELLED
+// (terminal: its replicas stop and it no longer holds retention back).
+// Pause, Resume and Cancel are the operator's transitions; any other is
+// ErrTransition. A partition whose handler failed permanently under the halt
+// policy stops at the failed offset and records a Halt; Unhalt removes the
+// record, and the partition's worker retries from its position.
+//
+// Every function takes a schema.DB (a pool, a connection or a transaction:
+// in a transaction, the function's own work runs in a savepoint of it) and
+// names pgevents' tables in the schema the context carries (schema.WithName).
+// Every write goes through pgevents' engine, which takes the locks a worker
+// takes; Positions and Count run the read-only statements of sql.go. Errors
+// are prefixed "offsets:".
+package offsets

@@ -1,0 +1,318 @@
+package offsets
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// The kinds of Start, as pgevents.ParseStartPosition names them.
+const (
+	// Earliest is the first event the log still retains.
+	Earliest = "earliest"
+	// Latest is the end of the log: events appended from now on.
+	Latest = "latest"
+	// AtOffset is Start.Offset, in every partition.
+	AtOffset = "offset"
+	// AtTime is the first event appended at or after Start.Time.
+	AtTime = "time"
+)
+
+// Start is a position to reset a group to (pgevents.ParseStartPosition
+// reads the CLI's form of it).
+type Start struct {
+	// Kind is Earliest, Latest, AtOffset or AtTime.
+	Kind string
+	// Offset is the first offset to read, for Kind AtOffset.
+	Offset int64
+	// Time is the time to start from, for Kind AtTime.
+	Time time.Time
+}
+
+// String returns s as pgevents.ParseStartPosition reads it: "earliest",
+// "latest", "offset:N" or "time:<RFC 3339>".
+func (s Start) String() string {
+	switch s.Kind {
+	case AtOffset:
+		return "offset:" + strconv.FormatInt(s.Offset, 10)
+	case AtTime:
+		return "time:" + s.Time.Format(time.RFC3339Nano)
+	}
+	return s.Kind
+}
+
+func (s Start) store() store.Start { return store.Start{Kind: s.Kind, Offset: s.Offset, Time: s.Time} }
+
+// Move is what a reset did, or would do, to one partition's position.
+type Move struct {
+	// Partition is the partition.
+	Partition int `json:"partition_id"`
+	// From is the position before the reset; -1 when the group had none.
+	From int64 `json:"from"`
+	// To is the position after the reset.
+	To int64 `json:"to"`
+}
+
+// ErrGroupRunning is returned by Reset and Preview, wrapped, when a replica
+// of the group is live and force is not set.
+var ErrGroupRunning = store.ErrGroupRunning
+
+// Reset moves every position of the group on topic to start, in one
+// transaction, and returns what moved, by partition. It waits for the
+// group's batches in flight. It returns ErrGroupRunning while a replica of
+// the group is live, unless force is set: the live replicas then lose their
+// leases (their batch in flight cannot commit) and continue from the new
+// positions.
+func Reset(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Move, error) {
+	moves, err := store.Reset(ctx, db, group, topic, start.store(), force)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Move, len(moves))
+	for i, m := range moves {
+		out[i] = Move{Partition: m.Partition, From: m.From, To: m.To}
+	}
+	return out, nil
+}
+
+// Counted is a Move with the events it replays or skips.
+type Counted struct {
+	Move
+	// Replay counts the events the group handles again (the position moves
+	// back), up to CountCap.
+	Replay int64
+	// Skip counts the events the group never handles (the position moves
+	// forward), up to CountCap.
+	Skip int64
+}
+
+// CountCap bounds the events Count counts per partition.
+const CountCap = 10_000_000
+
+// Count counts, for each move, the events of topic between its From and
+// its To: replayed when the position moved back, skipped when it moved
+// forward (neither when the group had no position). Call it in the
+// transaction that ran Reset, to show what the reset does before
+// committing it, or with moves read at any time.
+func Count(ctx context.Context, db schema.DB, topic int, moves []Move) ([]Counted, error) {
+	out := make([]Counted, 0, len(moves))
+	var parts []int32
+	var from, to []int64
+	for _, m := range moves {
+		out = append(out, Counted{Move: m})
+		switch {
+		case m.From < 0 || m.From == m.To:
+		case m.To < m.From:
+			parts, from, to = append(parts, int32(m.Partition)), append(from, m.To), append(to, m.From)
+		default:
+			parts, from, to = append(parts, int32(m.Partition)), append(from, m.From), append(to, m.To)
+		}
+	}
+	if len(parts) == 0 {
+		return out, nil
+	}
+	rows, err := db.Query(ctx, schema.SQL(ctx, countRangesSQL), topic, parts, from, to, CountCap)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: count events: %w", err)
+	}
+	counts := map[int32]int64{}
+	var (
+		p int32
+		n int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { counts[p] += n; return nil }); err != nil {
+		return nil, fmt.Errorf("offsets: count events: %w", err)
+	}
+	for i := range out {
+		c := &out[i]
+		n := counts[int32(c.Partition)]
+		if c.From >= 0 && c.To < c.From {
+			c.Replay = n
+		} else if c.From >= 0 && c.To > c.From {
+			c.Skip = n
+		}
+	}
+	return out, nil
+}
+
+// Preview returns what Reset with the same arguments would do, with the
+// events each partition would replay or skip, and changes nothing: it runs
+// the reset in a transaction that it rolls back.
+func Preview(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Counted, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: preview: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the preview is rolled back
+	moves, err := Reset(ctx, tx, group, topic, start, force)
+	if err != nil {
+		return nil, err
+	}
+	return Count(ctx, tx, topic, moves)
+}
+
+// DefaultLagCap is the cap on the events Positions counts per partition.
+const DefaultLagCap = 100000
+
+// Position is a group's position in one partition.
+type Position struct {
+	// Partition is the partition.
+	Partition int
+	// Next is the next offset the group reads; -1 when the group has no
+	// position in the partition (no replica of it ever served it).
+	Next int64
+	// LogEnd is the highest offset of the partition; 0 when it holds no
+	// event.
+	LogEnd int64
+	// Lag counts the partition's events at or after Next, up to the cap
+	// given to Positions; 0 without a position.
+	Lag int64
+	// LagCapped says that counting stopped at the cap: the lag is at least
+	// Lag.
+	LagCapped bool
+	// LagTime is the database clock minus the append time of the first
+	// event at or after Next; 0 when there is none.
+	LagTime time.Duration
+}
+
+// Positions returns the group's position in each partition of its layout
+// on topic, in partition order, with the partition's log end and the
+// group's lag, counting at most lagCap events per partition (DefaultLagCap
+// when lagCap is not positive). It takes no lock. It returns no position
+// when the topic does not exist.
+func Positions(ctx context.Context, db schema.DB, group string, topic int, lagCap int64) ([]Position, error) {
+	if lagCap <= 0 {
+		lagCap = DefaultLagCap
+	}
+	rows, err := db.Query(ctx, schema.SQL(ctx, positionsSQL), group, topic, lagCap)
+	if err != nil {
+		return nil, fmt.Errorf("offsets: positions: %w", err)
+	}
+	var (
+		out          []Position
+		p            int32
+		next, logEnd *int64
+		lag          int64
+		secs         float64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&p, &next, &logEnd, &lag, &secs}, func() error {
+		pos := Position{Partition: int(p), Next: -1, Lag: lag, LagCapped: lag >= lagCap,
+			LagTime: time.Duration(secs * float64(time.Second))}
+		if next != nil {
+			pos.Next = *next
+		} else {
+			pos.Lag, pos.LagCapped = 0, false
+		}
+		if logEnd != nil {
+			pos.LogEnd = *logEnd
+		}
+		out = append(out, pos)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("offsets: positions: %w", err)
+	}
+	return out, nil
+}
+
+// Lag returns the group's lag on topic in events, summed over its
+// partitions, counting at most lagCap events per partition (DefaultLagCap
+// when lagCap is not positive); capped says that a partition's count
+// stopped at the cap, so the lag is at least the sum.
+func Lag(ctx context.Context, db schema.DB, group string, topic int, lagCap int64) (events int64, capped bool, err error) {
+	ps, err := Positions(ctx, db, group, topic, lagCap)
+	if err != nil {
+		return 0, false, err
+	}
+	for _, p := range ps {
+		events += p.Lag
+		capped = capped || p.LagCapped
+	}
+	return events, capped, nil
+}
+
+// Subscription states (see migration 0005 for the lifecycle).
+const (
+	// Active means that the group's replicas consume.
+	Active = store.StateActive
+	// Paused means that the group's replicas run but handle nothing until it
+	// is resumed.
+	Paused = store.StatePaused
+	// Dead means that no replica was seen for the group's dead_after; the
+	// next one to start makes the group Active again.
+	Dead = store.StateDead
+	// Cancelled is terminal: the group's replicas stop, and the group no
+	// longer holds retention back.
+	Cancelled = store.StateCancelled
+)
+
+// ErrTransition is returned, wrapped, for a transition the lifecycle does
+// not allow (resuming a group that is not paused, leaving Cancelled).
+var ErrTransition = store.ErrTransition
+
+// ErrCancelled is returned, wrapped, where a group's subscription is
+// Cancelled and the operation needs a live one.
+var ErrCancelled = store.ErrCancelled
+
+// SetState moves the group's subscription on topic to Paused, to Active
+// (from Paused) or to Cancelled, and returns the state it had before. Any
+// other transition returns ErrTransition.
+func SetState(ctx context.Context, db schema.DB, group string, topic int, to string) (string, error) {
+	return store.SetState(ctx, db, group, topic, to)
+}
+
+// Pause is SetState(ctx, db, group, topic, Paused).
+func Pause(ctx context.Context, db schema.DB, group string, topic int) (string, error) {
+	return SetState(ctx, db, group, topic, Paused)
+}
+
+// Resume is SetState(ctx, db, group, topic, Active).
+func Resume(ctx context.Context, db schema.DB, group string, topic int) (string, error) {
+	return SetState(ctx, db, group, topic, Active)
+}
+
+// Cancel is SetState(ctx, db, group, topic, Cancelled).
+func Cancel(ctx context.Context, db schema.DB, group string, topic int) (string, error) {
+	return SetState(ctx, db, group, topic, Cancelled)
+}
+
+// State returns the group's subscription state on topic, or "" when the
+// group has no subscription there.
+func State(ctx context.Context, db schema.DB, group string, topic int) (string, error) {
+	return store.SubscriptionState(ctx, db, group, topic)
+}
+
+// Halt says where and why a partition of a group halted.
+type Halt struct {
+	// Partition is the halted partition.
+	Partition int
+	// Offset is the offset the partition stopped at: the first of the unit
+	// that failed.
+	Offset int64
+	// Reason is the failure.
+	Reason string
+}
+
+// Halts returns the group's halted partitions on topic.
+func Halts(ctx context.Context, db schema.DB, group string, topic int) ([]Halt, error) {
+	hs, err := store.Halts(ctx, db, group, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Halt, len(hs))
+	for i, h := range hs {
+		out[i] = Halt(h)
+	}
+	return out, nil
+}
+
+// Unhalt removes the partition's halt record: the partition's worker
+// retries from the group's position.
+func Unhalt(ctx context.Context, db schema.DB, group string, topic, partition int) error {
+	return store.Unhalt(ctx, db, group, topic, partition)
+}

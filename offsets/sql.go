@@ -1,0 +1,71 @@
+package offsets
+
+// The package's own statements; the others are the engine's
+// (internal/store), which every writer of a position goes through.
+const (
+	// countRangesSQL counts, for each partition $2[i], the events of topic
+	// $1 with offsets in [$3[i], $4[i]), up to $5 per partition. Each count
+	// is a range scan of the partition's (topic_id, partition_id, c_offset)
+	// index, so it reads at most $5 entries whatever the log's size.
+	countRangesSQL = `SELECT u.p, c.n
+FROM unnest($2::integer[], $3::bigint[], $4::bigint[]) AS u(p, f, t)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM {schema}outbox_message_t m
+        WHERE m.topic_id = $1 AND m.partition_id = u.p AND m.c_offset >= u.f AND m.c_offset < u.t
+        LIMIT $5
+    ) x
+) c`
+
+	// positionsSQL reads group $1's position in each partition of its
+	// layout on topic $2 (the topic's current partition count when the
+	// group has no layout yet), with the partition's log end, the events at
+	// or after the position up to $3, and the age of the first of them
+	// below the partition's cut (a group finishing an older layout after a
+	// repartition also counts the new layout's events of the same
+	// partition number). Each position is the newest row of
+	// consumer_positions, read from the end of its index whatever older
+	// rows an open snapshot keeps; every read of outbox_message_t is an
+	// index probe or a range scan bounded by $3 (as metrics' state).
+	positionsSQL = `WITH glayout AS (
+    SELECT t.topic_id, coalesce(l.total_partitions, t.total_partitions) AS total_partitions, gl.version
+    FROM {schema}log_counter t
+    LEFT JOIN {schema}group_layouts gl ON gl.group_id = $1 AND gl.topic_id = t.topic_id
+    LEFT JOIN {schema}topic_layouts l ON l.topic_id = t.topic_id AND l.version = gl.version
+    WHERE t.topic_id = $2
+),
+parts AS (
+    SELECT g.topic_id, p.partition_id, o.next_offset,
+           coalesce({schema}layout_cut(g.topic_id, g.version, p.partition_id), 9223372036854775807) AS below
+    FROM glayout g
+    CROSS JOIN generate_series(0, g.total_partitions - 1) AS p(partition_id)
+    LEFT JOIN LATERAL (
+        SELECT o.next_offset FROM {schema}consumer_positions o
+        WHERE o.group_id = $1 AND o.topic_id = g.topic_id AND o.partition_id = p.partition_id
+        ORDER BY o.seq DESC LIMIT 1
+    ) o ON true
+)
+SELECT s.partition_id, s.next_offset, e.log_end, l.events,
+       coalesce(greatest(extract(epoch FROM clock_timestamp() - f.created_at)::float8, 0), 0)
+FROM parts s
+CROSS JOIN LATERAL (
+    SELECT max(m.c_offset) AS log_end FROM {schema}outbox_message_t m
+    WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id
+) e
+CROSS JOIN LATERAL (
+    SELECT count(*) AS events FROM (
+        SELECT 1 FROM {schema}outbox_message_t m
+        WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
+        ORDER BY m.c_offset
+        LIMIT $3
+    ) x
+) l
+LEFT JOIN LATERAL (
+    SELECT m.created_at FROM {schema}outbox_message_t m
+    WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
+      AND m.c_offset < s.below
+    ORDER BY m.c_offset
+    LIMIT 1
+) f ON true
+ORDER BY s.partition_id`
+)
