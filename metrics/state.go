@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -220,7 +221,7 @@ func ReadState(ctx context.Context, q schema.DB, group string, topic int, lagCap
 		lagCap = DefaultLagCap
 	}
 	st := State{Topic: topic, LagCap: lagCap}
-	rows, err := q.Query(ctx, schema.SQL(ctx, stateSQL), group, topic, lagCap)
+	rows, err := store.QueryWithoutJIT(ctx, q, schema.SQL(ctx, stateSQL), group, topic, lagCap)
 	if err != nil {
 		return st, fmt.Errorf("metrics: read state: %w", err)
 	}

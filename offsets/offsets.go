@@ -190,7 +190,7 @@ func Positions(ctx context.Context, db schema.DB, group string, topic int, lagCa
 	if lagCap <= 0 {
 		lagCap = DefaultLagCap
 	}
-	rows, err := db.Query(ctx, schema.SQL(ctx, positionsSQL), group, topic, lagCap)
+	rows, err := store.QueryWithoutJIT(ctx, db, schema.SQL(ctx, positionsSQL), group, topic, lagCap)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: positions: %w", err)
 	}
