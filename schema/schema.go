@@ -104,10 +104,11 @@ const (
 	// search_path: append_event called schema-qualified from a session
 	// whose search_path holds an application's log_counter still reserves
 	// from pgevents'. pg_temp comes last, so that no temporary table can
-	// stand in for one of them. SQL-language functions need no pin: their
-	// bodies bind names when they are created. CREATE OR REPLACE FUNCTION
-	// drops the pin, so it runs after every migration; %s is the list of
-	// the functions' names.
+	// stand in for one of them. SQL-language functions with a standard
+	// body (RETURN or BEGIN ATOMIC, as all of ours) need no pin: it binds
+	// names when the function is created (a string body would not). CREATE
+	// OR REPLACE FUNCTION drops the pin, so it runs after every migration;
+	// %s is the list of the functions' names.
 	pinSQL = `DO $pin$
 DECLARE
     f record;

@@ -205,10 +205,14 @@ END;
 $$;
 
 -- set_idempotency_window sets how long a topic's idempotency keys are kept.
+-- A standard-SQL body (BEGIN ATOMIC), bound to this schema's log_counter
+-- when created: a string body would find log_counter through the caller's
+-- search_path, another installation's or none.
 CREATE FUNCTION set_idempotency_window(p_topic_id integer, p_window interval) RETURNS void
-LANGUAGE sql VOLATILE STRICT AS $$
-UPDATE log_counter SET idempotency_window = p_window WHERE topic_id = p_topic_id
-$$;
+LANGUAGE sql VOLATILE STRICT
+BEGIN ATOMIC
+    UPDATE log_counter SET idempotency_window = p_window WHERE topic_id = p_topic_id;
+END;
 
 -- prune_keys deletes a topic's idempotency keys older than its window, and
 -- returns how many it deleted. Maintenance runs it at every pass.
