@@ -4,12 +4,15 @@
 // # Mechanism
 //
 // One dedicated connection per process runs LISTEN on the event channel
-// through pgxlisten. The append trigger sends, at commit, one notification
-// per statement and topic whose payload names the partitions written and the
-// highest offset written in each ("3:0/1041,5/1040"); the listener decodes it
-// and calls the Sink once per partition, so only the workers that have work
-// wake up, and a worker whose position is already past the offset stays
-// asleep.
+// through pgxlisten. An append notifies only the partitions a consumer
+// sleeps on (the topic's wake-up mode `waiting`, the default; mode `always`
+// notifies every append): at commit, one notification per append call and
+// topic whose payload names those partitions and the highest offset written
+// in each ("3:0/1041,5/1040"). While events flow, consumers read the tails
+// themselves and producers send almost nothing (the root package's doc has
+// the protocol). The listener decodes a payload and calls the Sink once per
+// partition, so only the workers that may have work look, and a worker
+// whose position is already past the offset stays asleep.
 //
 // # Notifications are hints
 //
