@@ -64,8 +64,9 @@ WHERE group_id = %s AND topic_id = 1 AND partition_id = 0 AND owner = %s AND epo
 FROM unnest('{%s}'::integer[]) WITH ORDINALITY AS u(p, i)
 CROSS JOIN LATERAL (SELECT lock_key('flight', 1 || '/' || u.p) AS key) k
 ORDER BY u.i`, strings.Join(parts, ",")), partitions},
-		{"the poll's positions (view consumer_offsets)", fmt.Sprintf(`SELECT o.partition_id, o.next_offset FROM consumer_offsets o
-WHERE o.group_id = %s AND o.topic_id = 1`, q(group)), 1},
+		{"the poll's positions", fmt.Sprintf(`SELECT u.p, (SELECT o.next_offset FROM consumer_positions o
+                  WHERE o.group_id = %s AND o.topic_id = 1 AND o.partition_id = u.p ORDER BY o.seq DESC LIMIT 1)
+FROM unnest('{%s}'::integer[]) AS u(p)`, q(group), strings.Join(parts, ",")), partitions},
 	}
 }
 
