@@ -194,6 +194,7 @@ var funcs = template.FuncMap{
 	"ts":     formatTime,
 	"ago":    formatAgo,
 	"dur":    formatDur,
+	"lagCap": func() int { return lagCountCap },
 	"opt": func(v *int64) string {
 		if v == nil {
 			return "-"
