@@ -39,7 +39,7 @@ type groupSummary struct {
 	Group       string
 	State       string
 	Lag         int64
-	LagCapped   bool // Lag is an estimate (lagEstimate)
+	LagCapped   bool    // Lag is an estimate (lagEstimate)
 	LagSeconds  float64 // of its most behind partition
 	DeadLetters int64
 	Halted      int
