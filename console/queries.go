@@ -9,12 +9,17 @@ package console
 // topic) costs at most that.
 const (
 	// topicsSQL lists every topic with its partitions, offset scope,
-	// allocation, retention settings and head (highest offset; one index
-	// probe per segment).
+	// allocation, retention settings and head (highest offset: one
+	// descending probe of the log's index, topic_id, partition_id,
+	// c_offset, per partition of any layout; max(c_offset) over the topic
+	// has no index in that order and read the whole log).
 	topicsSQL = `SELECT c.topic_id, c.total_partitions, c.offset_scope, c.allocation, c.segment_size, c.channel, c.wake,
        coalesce(r.retention::text, ''), coalesce(r.max_retention::text, ''), coalesce(r.zero_subscription_retention::text, ''),
        coalesce(r.removed_below, 1),
-       (SELECT max(m.c_offset) FROM {schema}outbox_message_t m WHERE m.topic_id = c.topic_id)
+       (SELECT max(h.o) FROM generate_series(0, greatest(c.total_partitions,
+                                          (SELECT max(l.total_partitions) FROM {schema}topic_layouts l WHERE l.topic_id = c.topic_id)) - 1) AS p
+        CROSS JOIN LATERAL (SELECT m.c_offset AS o FROM {schema}outbox_message_t m
+                            WHERE m.topic_id = c.topic_id AND m.partition_id = p ORDER BY m.c_offset DESC LIMIT 1) h)
 FROM {schema}log_counter c
 LEFT JOIN {schema}topic_retention r ON r.topic_id = c.topic_id
 ORDER BY c.topic_id`
