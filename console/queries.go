@@ -176,11 +176,19 @@ FROM {schema}outbox_message_t m
 WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset = $3`
 
 	// hostEventsSQL reads the newest $3 events of host $2 on topic $1, in
-	// the partitions the host had in every layout of the topic.
+	// the partitions the host had in every layout of the topic: each read
+	// apart, backwards from the end of the log's index (topic_id,
+	// partition_id, c_offset), up to $3 of the host's events (with the
+	// partitions in a subquery the planner cannot prune, every partition
+	// of the log was read to its start).
 	hostEventsSQL = `SELECT ` + eventCols + `
-FROM {schema}outbox_message_t m
-WHERE m.topic_id = $1 AND m.host_id = $2
-  AND m.partition_id IN (SELECT {schema}event_partition($2, l.total_partitions) FROM {schema}topic_layouts l WHERE l.topic_id = $1)
+FROM (SELECT DISTINCT {schema}event_partition($2, l.total_partitions) AS p FROM {schema}topic_layouts l WHERE l.topic_id = $1) hp
+CROSS JOIN LATERAL (
+    SELECT m.* FROM {schema}outbox_message_t m
+    WHERE m.topic_id = $1 AND m.partition_id = hp.p AND m.host_id = $2
+    ORDER BY m.c_offset DESC
+    LIMIT $3
+) m
 ORDER BY m.c_offset DESC
 LIMIT $3`
 
