@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -104,6 +105,16 @@ func (c *Console) eventsPage(r *http.Request) (string, string, any, error) {
 	if err != nil {
 		return "", "", nil, err
 	}
+	if at != nil {
+		// Start at the lowest of the partitions' first offsets at that time.
+		start, err := c.timeStart(ctx, topic, partition, d.Partitions, *at)
+		if err != nil {
+			return "", "", nil, err
+		}
+		if start > offset {
+			offset, offsetPart = start, 0
+		}
+	}
 	rows, err := c.pool.Query(ctx, schema.SQL(ctx, stmt), topic, partition, offset, at, f.Host, f.Type, f.ID, limit, offsetPart)
 	if err != nil {
 		return "", "", nil, fmt.Errorf("console: events: %w", err)
@@ -129,6 +140,27 @@ func (c *Console) eventsPage(r *http.Request) (string, string, any, error) {
 		d.Next = next.Encode()
 	}
 	return "events", fmt.Sprintf("Events of topic %d", topic), d, nil
+}
+
+// timeStart returns the lowest offset, over partition (-1: the topic's
+// partitions partitions), from which its events were created at or after
+// at (timeStartSQL).
+func (c *Console) timeStart(ctx context.Context, topic int, partition int64, partitions int, at time.Time) (int64, error) {
+	first, last := int(partition), int(partition)
+	if partition < 0 {
+		first, last = 0, partitions-1
+	}
+	start := int64(math.MaxInt64)
+	for p := first; p <= last; p++ {
+		var o int64
+		if err := c.pool.QueryRow(ctx, schema.SQL(ctx, timeStartSQL), topic, p, at).Scan(&o); err != nil {
+			return 0, fmt.Errorf("console: events at %s: %w", at.Format(time.RFC3339), err)
+		}
+		if o > 0 { // 0: the partition holds no event
+			start = min(start, o)
+		}
+	}
+	return start, nil
 }
 
 // optInt reads query value name as an integer, def when absent.

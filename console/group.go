@@ -42,6 +42,7 @@ type groupData struct {
 	Sub        *subscription
 	Partitions []partitionRow
 	Lag        int64
+	LagCapped  bool // Lag is an estimate (lagEstimate)
 	Rate       float64
 	Hist       []float64
 	DBTime     time.Time
@@ -77,7 +78,7 @@ func (c *Console) groupData(ctx context.Context, topic int, group string) (*grou
 			d.Sub = &subs[i]
 		}
 	}
-	st, err := metrics.ReadState(ctx, c.pool, group, topic, metrics.DefaultLagCap)
+	st, err := metrics.ReadState(ctx, c.pool, group, topic, lagCountCap)
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +90,10 @@ func (c *Console) groupData(ctx context.Context, topic int, group string) (*grou
 	if d.Sub == nil && !hasPosition {
 		return nil, notFound("group %q has no subscription and no position on topic %d", group, topic)
 	}
+	scope, partitions, err := c.topicScope(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
 	owners, err := c.ownership(ctx, group, topic)
 	if err != nil {
 		return nil, err
@@ -99,7 +104,7 @@ func (c *Console) groupData(ctx context.Context, topic int, group string) (*grou
 	}
 	pos := map[int32]int64{}
 	for _, p := range st.Partitions {
-		row := partitionRow{Partition: p.Partition, Position: p.NextOffset, Head: p.LogEnd, Lag: p.LagEvents,
+		row := partitionRow{Partition: p.Partition, Position: p.NextOffset, Head: p.LogEnd, Lag: lagEstimate(p, scope, partitions),
 			LagCapped: p.LagCapped, LagSeconds: p.LagSeconds, DeadLetters: p.DeadLettersOpen, Halt: p.Halt}
 		if o, ok := owners[p.Partition]; ok {
 			row.Owner, row.Epoch, row.Live, row.Acquired, row.Heartbeat, row.Expires, row.Hostname =
@@ -109,7 +114,8 @@ func (c *Console) groupData(ctx context.Context, topic int, group string) (*grou
 			row.Parked, row.ParkedHosts = pk.n, pk.hosts
 		}
 		if p.NextOffset != nil {
-			d.Lag += p.LagEvents
+			d.Lag += row.Lag
+			d.LagCapped = d.LagCapped || p.LagCapped
 			pos[int32(p.Partition)] = *p.NextOffset
 		}
 		d.Partitions = append(d.Partitions, row)

@@ -9,15 +9,24 @@ package console
 // topic) costs at most that.
 const (
 	// topicsSQL lists every topic with its partitions, offset scope,
-	// allocation, retention settings and head (highest offset; one index
-	// probe per segment).
+	// allocation, retention settings and head (highest offset: one
+	// descending probe of the log's index, topic_id, partition_id,
+	// c_offset, per partition of any layout; max(c_offset) over the topic
+	// has no index in that order and read the whole log).
 	topicsSQL = `SELECT c.topic_id, c.total_partitions, c.offset_scope, c.allocation, c.segment_size, c.channel, c.wake,
        coalesce(r.retention::text, ''), coalesce(r.max_retention::text, ''), coalesce(r.zero_subscription_retention::text, ''),
        coalesce(r.removed_below, 1),
-       (SELECT max(m.c_offset) FROM {schema}outbox_message_t m WHERE m.topic_id = c.topic_id)
+       (SELECT max(h.o) FROM generate_series(0, greatest(c.total_partitions,
+                                          (SELECT max(l.total_partitions) FROM {schema}topic_layouts l WHERE l.topic_id = c.topic_id)) - 1) AS p
+        CROSS JOIN LATERAL (SELECT m.c_offset AS o FROM {schema}outbox_message_t m
+                            WHERE m.topic_id = c.topic_id AND m.partition_id = p ORDER BY m.c_offset DESC LIMIT 1) h)
 FROM {schema}log_counter c
 LEFT JOIN {schema}topic_retention r ON r.topic_id = c.topic_id
 ORDER BY c.topic_id`
+
+	// topicScopeSQL reads topic $1's offset scope and partition count,
+	// for the lag estimate (lagEstimate).
+	topicScopeSQL = `SELECT c.offset_scope, c.total_partitions FROM {schema}log_counter c WHERE c.topic_id = $1`
 
 	// subscriptionsSQL lists the groups subscribed to topic $1 (every
 	// topic when $1 is 0) with their lifecycle.
@@ -63,34 +72,94 @@ ORDER BY r.expires_at > clock_timestamp() DESC, r.group_id, r.topic_id, r.replic
 	eventCols = `m.c_offset, m.topic_id, m.partition_id, m.event_id::text, m.host_id, m.user_id, m.transaction_id,
        m.event_type, m.payload, m.metadata, m.created_at`
 
+	// browsePartsSQL is the partitions a browse reads (the common table
+	// expression parts of browseSQL and browseBackSQL): partition $2 of
+	// topic $1 (-1: every partition of any of its layouts), and only the
+	// partitions host $5 had in some layout when $5 is given.
+	browsePartsSQL = `WITH parts AS (
+    SELECT p FROM generate_series(0, (SELECT max(x.n) - 1 FROM (SELECT c.total_partitions FROM {schema}log_counter c WHERE c.topic_id = $1
+                                                               UNION ALL
+                                                               SELECT l.total_partitions FROM {schema}topic_layouts l WHERE l.topic_id = $1) x(n))) AS p
+    WHERE ($2::integer < 0 OR p = $2)
+      AND ($5::text = '' OR p IN (SELECT {schema}event_partition($5, l.total_partitions) FROM {schema}topic_layouts l WHERE l.topic_id = $1
+                                  UNION
+                                  SELECT {schema}event_partition($5, c.total_partitions) FROM {schema}log_counter c WHERE c.topic_id = $1))
+)
+`
+
 	// browseSQL reads up to $8 events of topic $1 in offset order from
 	// offset $3 (and partition $9 within it, which orders events of
 	// different partitions with one offset under scope partition): of
 	// partition $2 (-1: every partition), created at or after $4 (NULL:
 	// any time), of host $5, type $6 and event id $7 ('' : any).
-	browseSQL = `SELECT ` + eventCols + `
-FROM {schema}outbox_message_t m
-WHERE m.topic_id = $1 AND ($2::integer < 0 OR m.partition_id = $2)
-  AND (m.c_offset, m.partition_id) >= ($3::bigint, $9::integer)
-  AND ($4::timestamptz IS NULL OR m.created_at >= $4)
-  AND ($5::text = '' OR m.host_id = $5)
-  AND ($6::text = '' OR m.event_type = $6)
-  AND ($7::text = '' OR m.event_id::text = $7)
+	//
+	// The log's only index in offset order is per partition (its primary
+	// key, topic_id, partition_id, c_offset), so each partition is read
+	// apart, from the index at $3, up to $8 events, and the partitions'
+	// events merged: at most $8 events per partition when no filter is
+	// given, whatever the size of the log. A filter (host, type, id, time)
+	// is checked on the rows read: a rare one reads the partition until it
+	// has $8 matches or reaches the end (the host's is narrowed to the
+	// host's partitions first). The time is also a bound on the offset:
+	// eventsPage starts at timeStartSQL's offset.
+	browseSQL = browsePartsSQL + `SELECT ` + eventCols + `
+FROM parts
+CROSS JOIN LATERAL (
+    SELECT m.* FROM {schema}outbox_message_t m
+    WHERE m.topic_id = $1 AND m.partition_id = parts.p AND m.c_offset >= $3
+      AND (m.c_offset, m.partition_id) >= ($3::bigint, $9::integer)
+      AND ($4::timestamptz IS NULL OR m.created_at >= $4)
+      AND ($5::text = '' OR m.host_id = $5)
+      AND ($6::text = '' OR m.event_type = $6)
+      AND ($7::text = '' OR m.event_id::text = $7)
+    ORDER BY m.c_offset
+    LIMIT $8
+) m
 ORDER BY m.c_offset, m.partition_id
 LIMIT $8`
 
 	// browseBackSQL is browseSQL from the newest events back: those before
 	// offset $3 (and partition $9), newest first.
-	browseBackSQL = `SELECT ` + eventCols + `
-FROM {schema}outbox_message_t m
-WHERE m.topic_id = $1 AND ($2::integer < 0 OR m.partition_id = $2)
-  AND (m.c_offset, m.partition_id) < ($3::bigint, $9::integer)
-  AND ($4::timestamptz IS NULL OR m.created_at >= $4)
-  AND ($5::text = '' OR m.host_id = $5)
-  AND ($6::text = '' OR m.event_type = $6)
-  AND ($7::text = '' OR m.event_id::text = $7)
+	browseBackSQL = browsePartsSQL + `SELECT ` + eventCols + `
+FROM parts
+CROSS JOIN LATERAL (
+    SELECT m.* FROM {schema}outbox_message_t m
+    WHERE m.topic_id = $1 AND m.partition_id = parts.p AND m.c_offset <= $3
+      AND (m.c_offset, m.partition_id) < ($3::bigint, $9::integer)
+      AND ($4::timestamptz IS NULL OR m.created_at >= $4)
+      AND ($5::text = '' OR m.host_id = $5)
+      AND ($6::text = '' OR m.event_type = $6)
+      AND ($7::text = '' OR m.event_id::text = $7)
+    ORDER BY m.c_offset DESC
+    LIMIT $8
+) m
 ORDER BY m.c_offset DESC, m.partition_id DESC
 LIMIT $8`
+
+	// timeStartSQL finds, by bisection over partition $2 of topic $1, the
+	// lowest offset whose next event (at or after it) was created at or
+	// after $3, or just past the partition's last event: about 2 log2(N)
+	// index probes instead of a scan of the events before that time (the
+	// log has no index on created_at). It relies on created_at growing
+	// with the offset within a partition, as appends make it (an append
+	// takes its offsets and writes its rows under the partition's append
+	// lock, with the clock read at the insert); the browse still checks
+	// created_at on every event it shows.
+	timeStartSQL = `WITH RECURSIVE b(lo, hi) AS (
+    SELECT coalesce((SELECT m.c_offset FROM {schema}outbox_message_t m WHERE m.topic_id = $1 AND m.partition_id = $2
+                      ORDER BY m.c_offset LIMIT 1), 0),
+           coalesce((SELECT m.c_offset FROM {schema}outbox_message_t m WHERE m.topic_id = $1 AND m.partition_id = $2
+                      ORDER BY m.c_offset DESC LIMIT 1), 0) + 1
+    UNION ALL
+    SELECT CASE WHEN f.ok THEN b.lo ELSE (b.lo + b.hi) / 2 + 1 END,
+           CASE WHEN f.ok THEN (b.lo + b.hi) / 2 ELSE b.hi END
+    FROM b
+    CROSS JOIN LATERAL (SELECT coalesce((SELECT m.created_at >= $3 FROM {schema}outbox_message_t m
+                                          WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset >= (b.lo + b.hi) / 2
+                                          ORDER BY m.c_offset LIMIT 1), true) AS ok) f
+    WHERE b.lo < b.hi
+)
+SELECT b.lo FROM b WHERE b.lo >= b.hi`
 
 	// eventSQL reads one event of topic $1, partition $2, offset $3.
 	eventSQL = `SELECT ` + eventCols + `
@@ -98,11 +167,19 @@ FROM {schema}outbox_message_t m
 WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset = $3`
 
 	// hostEventsSQL reads the newest $3 events of host $2 on topic $1, in
-	// the partitions the host had in every layout of the topic.
+	// the partitions the host had in every layout of the topic: each read
+	// apart, backwards from the end of the log's index (topic_id,
+	// partition_id, c_offset), up to $3 of the host's events (with the
+	// partitions in a subquery the planner cannot prune, every partition
+	// of the log was read to its start).
 	hostEventsSQL = `SELECT ` + eventCols + `
-FROM {schema}outbox_message_t m
-WHERE m.topic_id = $1 AND m.host_id = $2
-  AND m.partition_id IN (SELECT {schema}event_partition($2, l.total_partitions) FROM {schema}topic_layouts l WHERE l.topic_id = $1)
+FROM (SELECT DISTINCT {schema}event_partition($2, l.total_partitions) AS p FROM {schema}topic_layouts l WHERE l.topic_id = $1) hp
+CROSS JOIN LATERAL (
+    SELECT m.* FROM {schema}outbox_message_t m
+    WHERE m.topic_id = $1 AND m.partition_id = hp.p AND m.host_id = $2
+    ORDER BY m.c_offset DESC
+    LIMIT $3
+) m
 ORDER BY m.c_offset DESC
 LIMIT $3`
 

@@ -91,7 +91,7 @@ func countMoved(ctx context.Context, pool *pgxpool.Pool, topic int, from, to map
 	if len(parts) == 0 {
 		return 0, nil
 	}
-	counts, err := countRanges(ctx, pool, topic, parts, fs, ts)
+	counts, err := countRanges(ctx, pool, topic, parts, fs, ts, countCap)
 	if err != nil {
 		return 0, err
 	}
@@ -103,9 +103,9 @@ func countMoved(ctx context.Context, pool *pgxpool.Pool, topic int, from, to map
 }
 
 // countRanges counts the events of each partition parts[i] in [from[i],
-// to[i]), up to countCap each (countRangesSQL).
-func countRanges(ctx context.Context, q schema.DB, topic int, parts []int32, from, to []int64) (map[int32]int64, error) {
-	rows, err := q.Query(ctx, schema.SQL(ctx, countRangesSQL), topic, parts, from, to, countCap)
+// to[i]), up to limit each (countRangesSQL).
+func countRanges(ctx context.Context, q schema.DB, topic int, parts []int32, from, to []int64, limit int64) (map[int32]int64, error) {
+	rows, err := q.Query(ctx, schema.SQL(ctx, countRangesSQL), topic, parts, from, to, limit)
 	if err != nil {
 		return nil, fmt.Errorf("console: count events: %w", err)
 	}

@@ -190,10 +190,12 @@ var funcs = template.FuncMap{
 		}
 		return "/dead-letters"
 	},
-	"pretty": prettyJSON,
-	"ts":     formatTime,
-	"ago":    formatAgo,
-	"dur":    formatDur,
+	"pretty":     prettyJSON,
+	"ts":         formatTime,
+	"ago":        formatAgo,
+	"dur":        formatDur,
+	"lagCap":     func() int { return lagCountCap },
+	"previewCap": func() int { return previewCountCap },
 	"opt": func(v *int64) string {
 		if v == nil {
 			return "-"
