@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
@@ -458,6 +459,15 @@ func (d *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 	return d.Pool.Query(ctx, sql, args...)
 }
 
+// SendBatch counts a batch as one statement: a reading is a batch (JIT
+// off, then the state).
+func (d *countingDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	d.mu.Lock()
+	d.n++
+	d.mu.Unlock()
+	return d.Pool.SendBatch(ctx, b)
+}
+
 func (d *countingDB) count() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -503,6 +513,24 @@ func (failingDB) Query(context.Context, string, ...any) (pgx.Rows, error) {
 	return nil, errors.New("database unreachable")
 }
 
+func (failingDB) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults {
+	return failedBatch{errors.New("database unreachable")}
+}
+
+// failedBatch is a batch whose every result is err.
+type failedBatch struct{ err error }
+
+func (f failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, f.err }
+func (f failedBatch) Query() (pgx.Rows, error)         { return nil, f.err }
+func (f failedBatch) QueryRow() pgx.Row                { return failedRow(f) }
+func (f failedBatch) Close() error                     { return f.err }
+func (f failedBatch) Tx() pgx.Tx                       { return nil }
+
+// failedRow is a row whose Scan fails with err.
+type failedRow struct{ err error }
+
+func (f failedRow) Scan(...any) error { return f.err }
+
 // TestLagFailureKeepsTheScrape: when the database cannot be read, the lag
 // metrics are absent, pgevents_lag_query_up is 0, and the rest is served.
 func TestLagFailureKeepsTheScrape(t *testing.T) {
@@ -532,6 +560,13 @@ type slowQuerier struct{ *pgxpool.Pool }
 
 func (d slowQuerier) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	return d.Pool.Query(ctx, "SELECT pg_sleep(10)")
+}
+
+func (d slowQuerier) SendBatch(ctx context.Context, _ *pgx.Batch) pgx.BatchResults {
+	var b pgx.Batch
+	b.Queue("SELECT pg_sleep(10)")
+	b.Queue("SELECT pg_sleep(10)")
+	return d.Pool.SendBatch(ctx, &b)
 }
 
 // TestServerShutdown: Run returns nil soon after its context ends, and the
