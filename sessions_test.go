@@ -50,11 +50,14 @@ func TestNewGroupAfterRepartitions(t *testing.T) {
 	checkHandled(t, pool)
 }
 
-// TestConsumerOutlivesItsSessions: every session of a running consumer is
-// terminated (an administrator, a pooler's restart, idle_session_timeout
-// on the watcher's idle connection) while its partitions sleep, after a
-// repartition, again and again; the events appended after each time are
-// handled, once and in order, and none waits for the poll (an hour).
+// TestConsumerOutlivesItsSessions: the sessions of a running consumer end
+// while its partitions sleep — the one holding its sleep keys alone (an
+// idle session, as idle_session_timeout or a pooler ends them), or every
+// one (an administrator, a failover) — after a repartition, again and
+// again; the events appended after each time are handled, once and in
+// order, and none waits for the poll (an hour). Without the watcher's check
+// of its keys' session, the first round's events waited: appends found
+// nobody asleep and notified nobody.
 func TestConsumerOutlivesItsSessions(t *testing.T) {
 	t.Parallel()
 	ctx := pgtest.Context(context.Background())
@@ -85,17 +88,26 @@ func TestConsumerOutlivesItsSessions(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(rctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	for round := range 6 {
+	const keysHolder = `SELECT DISTINCT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'victim' AND a.datname = current_database()`
+	for round := range 8 {
 		appendSome(15)
 		n := int64(queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`))
 		waitHandled(t, pool, n, 10*time.Second)
-		// Asleep: the consumer holds sleep keys on a session of its own.
-		pgtest.WaitFor(t, 10*time.Second, "the consumer sleeps", func() bool {
+		// Asleep on every partition: the consumer holds their sleep keys
+		// on a session of its own.
+		pgtest.WaitFor(t, 10*time.Second, "the consumer sleeps on every partition", func() bool {
 			return queryInt(t, pool, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-				WHERE l.locktype = 'advisory' AND a.application_name = 'victim' AND a.datname = current_database()`) > 0
+				WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
+				  AND a.application_name = 'victim' AND a.datname = current_database()`) == 5
 		})
-		killed := queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name IN ('victim', $1)`, store.BatchApplicationName(c.ReplicaID()))
+		var killed int64
+		if round%2 == 0 {
+			killed = queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM (`+keysHolder+`) k`)
+		} else {
+			killed = queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name IN ('victim', $1)`, store.BatchApplicationName(c.ReplicaID()))
+		}
 		t.Logf("round %d: %d sessions terminated", round, killed)
 	}
 	appendSome(15)

@@ -2,6 +2,7 @@ package pgevents
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -40,6 +41,14 @@ const (
 	quietGaps = 8
 	quietMin  = 50 * time.Millisecond
 	quietMax  = 2 * time.Second
+	// keysCheck is how often a watcher asleep on every partition checks,
+	// without a statement (a read of its socket that waits at most a
+	// millisecond), that the session holding its sleep keys still exists.
+	// A session ended by an administrator, a pooler or
+	// idle_session_timeout drops the keys with it: appends then find
+	// nobody asleep and notify nobody, and only this check (or the poll)
+	// would wake the partitions.
+	keysCheck = 100 * time.Millisecond
 )
 
 // watcher finds the events committed in the consumer's partitions, in one
@@ -124,11 +133,16 @@ func (w *watcher) run(ctx context.Context) error {
 			interval = min(2*interval, watchMax)
 		}
 		var tick <-chan time.Time
+		checking := false
 		if awake {
 			t.Reset(interval)
 			tick = t.C
 		} else {
 			interval = watchMin
+			if w.conn != nil && len(w.asleep) > 0 {
+				t.Reset(keysCheck)
+				tick, checking = t.C, true
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -141,7 +155,19 @@ func (w *watcher) run(ctx context.Context) error {
 				}
 			}
 		case <-tick:
+			if checking {
+				w.checkKeys(ctx)
+			}
 		}
+	}
+}
+
+// checkKeys wakes every partition when the session holding the sleep keys
+// is gone (fail releases what is left and drops the connection; the next
+// step reads every tail on a new one).
+func (w *watcher) checkKeys(ctx context.Context) {
+	if err := w.conn.Conn().PgConn().CheckConn(); err != nil {
+		w.fail(ctx, fmt.Errorf("the session holding the sleep keys ended: %w", err))
 	}
 }
 
