@@ -251,6 +251,12 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 	for range mc.replicas {
 		m.consumers = append(m.consumers, m.start("main"))
 	}
+	// The operations begin once both groups exist: a pause drawn before
+	// the main group's first consumer had subscribed (on a loaded machine)
+	// failed with "no subscription", as an operator's would.
+	pgtest.WaitFor(t, time.Minute, "both groups subscribed", func() bool {
+		return queryInt(t, m.pool, `SELECT count(*) FROM subscriptions WHERE topic_id = 1 AND group_id IN ('main', 'ghost')`) == 2
+	})
 
 	r := rand.New(rand.NewPCG(mc.seed, 1))
 	var stop atomic.Bool
