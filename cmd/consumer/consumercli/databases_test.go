@@ -81,7 +81,7 @@ groups:
 	eventtest.WaitHandled(t, poolA, 20, 30*time.Second)
 	eventtest.WaitHandled(t, poolB, 30, 30*time.Second)
 	for _, pool := range []*pgxpool.Pool{poolA, poolB} {
-		if d := eventtest.QueryInt(t, pool, `SELECT count(*) - count(DISTINCT c_offset) FROM handled`); d != 0 {
+		if d := eventtest.QueryInt(t, pool, `SELECT count(*) - count(DISTINCT (partition_id, c_offset)) FROM handled`); d != 0 {
 			t.Fatalf("%d events handled twice", d)
 		}
 	}
