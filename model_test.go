@@ -345,6 +345,13 @@ func (m *model) start(group string) *modelConsumer {
 	mcon.cancel = cancel
 	go func() { mcon.done <- c.Run(ctx) }()
 	m.t.Cleanup(func() { m.stop(mcon) })
+	// Started: past the check of its partition count against the topic's
+	// (or ended). The next operation may repartition: a consumer that had
+	// not checked yet on a loaded machine found the new count and refused
+	// to run, as one started with an outdated totalPartitions must.
+	pgtest.WaitFor(m.t, time.Minute, mcon.app+" started", func() bool {
+		return c.rt.Load() != nil || len(mcon.done) > 0
+	})
 	return mcon
 }
 
