@@ -166,6 +166,11 @@ func (w *watcher) run(ctx context.Context) error {
 // is gone (fail releases what is left and drops the connection; the next
 // step reads every tail on a new one).
 func (w *watcher) checkKeys(ctx context.Context) {
+	// CheckConn, not Ping: a ping is a statement, ten a second per idle
+	// consumer. What it cannot see (a half-open connection: a cut network,
+	// a host gone) ends the listener's connection too, and the listener's
+	// reconnect wakes every partition.
+	//lint:ignore SA1019 the deprecation prefers Ping, a round trip; see above
 	if err := w.conn.Conn().PgConn().CheckConn(); err != nil {
 		w.fail(ctx, fmt.Errorf("the session holding the sleep keys ended: %w", err))
 	}
