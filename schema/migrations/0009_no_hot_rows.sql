@@ -206,9 +206,9 @@ $$;
 --
 -- wake_sleepers returns, of the partitions parts of a topic an append
 -- wrote, those it must notify: all of them under wake 'always'; else those
--- whose sleep key it could not take, where it can take the key shared (a
--- consumer sleeps there) or where the append is not marked in flight
--- (unmarked, from mark_flight).
+-- whose sleep key it could not take, where a consumer holds the key shared
+-- (the append can take it shared and still not exclusive) or where the
+-- append is not marked in flight (unmarked, from mark_flight).
 CREATE FUNCTION wake_sleepers(p_topic_id integer, p_wake text, parts integer[], unmarked integer[])
 RETURNS integer[]
 LANGUAGE plpgsql AS $$
@@ -222,8 +222,12 @@ BEGIN
     END IF;
     FOREACH p IN ARRAY parts LOOP
         k := lock_key('sleep', p_topic_id || '/' || p);
+        -- Taken shared, the key is tried exclusive once more (a session's
+        -- own hold never conflicts with its request): the append that held
+        -- it exclusive may have committed between the two tries, and then
+        -- nobody sleeps here; only a consumer's shared hold refuses it.
         IF NOT pg_try_advisory_xact_lock(k)
-           AND (p = ANY (unmarked) OR pg_try_advisory_xact_lock_shared(k)) THEN
+           AND (p = ANY (unmarked) OR (pg_try_advisory_xact_lock_shared(k) AND NOT pg_try_advisory_xact_lock(k))) THEN
             out := out || p;
         END IF;
     END LOOP;
@@ -411,7 +415,8 @@ BEGIN
     INSERT INTO partition_tails VALUES (append_one.topic_id, p, off);
     -- See wake_sleepers, which this is for one partition.
     IF t.wake = 'always' OR (NOT pg_try_advisory_xact_lock(lock_key('sleep', append_one.topic_id || '/' || p))
-                             AND (NOT marked OR pg_try_advisory_xact_lock_shared(lock_key('sleep', append_one.topic_id || '/' || p)))) THEN
+                             AND (NOT marked OR (pg_try_advisory_xact_lock_shared(lock_key('sleep', append_one.topic_id || '/' || p))
+                                                 AND NOT pg_try_advisory_xact_lock(lock_key('sleep', append_one.topic_id || '/' || p))))) THEN
         PERFORM pg_notify(t.channel, append_one.topic_id || ':' || p || '/' || off);
     END IF;
     RETURN off;
