@@ -178,7 +178,9 @@ func TestIdempotencyWindow(t *testing.T) {
 	t.Parallel()
 	ctx := pgtest.Context(context.Background())
 	pool := newTopic(t, 2)
-	if err := schema.SetIdempotencyWindow(ctx, pool, 1, 300*time.Millisecond); err != nil {
+	// Two seconds: the two appends "within the window" run back to back,
+	// but a loaded machine under -race once put 300 ms between them.
+	if err := schema.SetIdempotencyWindow(ctx, pool, 1, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	e := Event{HostID: "h", EventType: "t", IdempotencyKey: "once"}
@@ -193,7 +195,7 @@ func TestIdempotencyWindow(t *testing.T) {
 	if first[0].Duplicate || !again[0].Duplicate || again[0] != (AppendResult{Offset: first[0].Offset, Partition: first[0].Partition, Duplicate: true}) {
 		t.Fatalf("first %+v, again within the window %+v", first[0], again[0])
 	}
-	time.Sleep(400 * time.Millisecond) // past the window: the clock is the subject
+	time.Sleep(2100 * time.Millisecond) // past the window: the clock is the subject
 	later, err := AppendResults(ctx, pool, e)
 	if err != nil {
 		t.Fatal(err)
@@ -201,7 +203,7 @@ func TestIdempotencyWindow(t *testing.T) {
 	if later[0].Duplicate || later[0].Offset == first[0].Offset {
 		t.Fatalf("past the window: %+v, want a new event", later[0])
 	}
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(2100 * time.Millisecond) // the second key past the window too
 	m, err := Maintain(ctx, pool, 1, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -132,10 +132,25 @@ func TestTracingFromProducerToHandler(t *testing.T) {
 	}
 
 	var spans tracetest.SpanStubs
-	pgtest.WaitFor(t, 10*time.Second, "the batch spans of every handled event", func() bool {
+	// Every handled event's span, and the batch span of every handler
+	// span: a batch span ends (and is exported) after its handlers', at
+	// its commit.
+	pgtest.WaitFor(t, 10*time.Second, "the handler and batch spans of every handled event", func() bool {
 		spans = exp.GetSpans()
+		ended := map[trace.SpanID]bool{}
+		for _, s := range spans {
+			if s.Name == "pgevents batch" {
+				ended[s.SpanContext.SpanID()] = true
+			}
+		}
 		var n int64
 		for _, s := range spans {
+			switch s.Name {
+			case "pgevents handle t", "pgevents handle flaky", "pgevents handle poison":
+				if !ended[s.Parent.SpanID()] {
+					return false
+				}
+			}
 			if s.Name == "pgevents handle t" || s.Name == "pgevents handle flaky" {
 				if s.Status.Code != codes.Error {
 					n++
