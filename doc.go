@@ -70,7 +70,10 @@
 // for the poll: it is found in a tail, or in flight, or announced. An idle
 // consumer, asleep on every partition, runs no statement but its
 // heartbeats and its poll every WaitPeriod, which stays as the safety net
-// for lost notifications.
+// for lost notifications; ten times a second it checks, without a
+// statement, that the session holding its sleep keys still exists, and
+// wakes every partition when it does not (an ended session takes the keys
+// with it, and appends would notify nobody).
 //
 // # Consuming
 //
