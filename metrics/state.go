@@ -87,27 +87,7 @@ state AS (
            h.c_offset AS halt_offset, h.reason AS halt_reason, h.halted_at,
            w.owner, w.epoch, w.heartbeat_at, w.live,
            sub.state AS subscription, k.n AS skipped
-    FROM parts s
-    CROSS JOIN LATERAL (
-        SELECT max(m.c_offset) AS log_end FROM {schema}outbox_message_t m
-        WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id
-    ) e
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS events FROM (
-            SELECT 1 FROM {schema}outbox_message_t m
-            WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
-            ORDER BY m.c_offset
-            LIMIT $3
-        ) x
-    ) l
-    LEFT JOIN LATERAL (
-        SELECT m.created_at FROM {schema}outbox_message_t m
-        WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
-          AND m.c_offset < s.below
-        ORDER BY m.c_offset
-        LIMIT 1
-    ) f ON true
-    CROSS JOIN LATERAL (
+    FROM parts s` + store.LagReadsSQL + `    CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM {schema}dead_letter_queue q
         WHERE q.group_id = s.group_id AND q.topic_id = s.topic_id AND q.partition_id = s.partition_id
     ) d

@@ -1,5 +1,7 @@
 package offsets
 
+import "github.com/pgevents/pgevents/internal/store"
+
 // The package's own statements; the others are the engine's
 // (internal/store), which every writer of a position goes through.
 const (
@@ -47,25 +49,5 @@ parts AS (
 )
 SELECT s.partition_id, s.next_offset, e.log_end, l.events,
        coalesce(greatest(extract(epoch FROM clock_timestamp() - f.created_at)::float8, 0), 0)
-FROM parts s
-CROSS JOIN LATERAL (
-    SELECT max(m.c_offset) AS log_end FROM {schema}outbox_message_t m
-    WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id
-) e
-CROSS JOIN LATERAL (
-    SELECT count(*) AS events FROM (
-        SELECT 1 FROM {schema}outbox_message_t m
-        WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
-        ORDER BY m.c_offset
-        LIMIT $3
-    ) x
-) l
-LEFT JOIN LATERAL (
-    SELECT m.created_at FROM {schema}outbox_message_t m
-    WHERE m.topic_id = s.topic_id AND m.partition_id = s.partition_id AND m.c_offset >= s.next_offset
-      AND m.c_offset < s.below
-    ORDER BY m.c_offset
-    LIMIT 1
-) f ON true
-ORDER BY s.partition_id`
+FROM parts s` + store.LagReadsSQL + `ORDER BY s.partition_id`
 )
