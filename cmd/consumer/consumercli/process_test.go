@@ -335,8 +335,11 @@ func TestKillNineInsideHandler(t *testing.T) {
 		appendTx(e(fmt.Sprintf("h%d", i)))
 	}
 	pgtest.WaitFor(t, 20*time.Second, "handler blocked on the advisory lock", func() bool {
-		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event_type = 'Lock' AND wait_event = 'advisory'`) == 1
+		// Waiting for lock 4242 itself, not for an advisory lock of the
+		// consumer's own (an append in flight, a partition's append lock).
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND classid = 0 AND objid = 4242 AND objsubid = 1
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 1
 	})
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -289,8 +289,12 @@ func TestFencingFrozenInsideHandler(t *testing.T) {
 	appendTx(other)
 	appendTx(other, fence, other) // the handler waits inside this unit
 	pgtest.WaitFor(t, 10*time.Second, "handler waiting inside the batch", func() bool {
-		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event_type = 'Lock' AND wait_event = 'advisory'`) == 1
+		// Waiting for lock 777 itself: appends and claims wait on advisory
+		// locks of their own (a partition's append lock, an append in
+		// flight), and one of those once passed for the handler.
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND classid = 0 AND objid = 777 AND objsubid = 1
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 1
 	})
 	// The owner is the first replica, unless a loaded machine delayed its
 	// heartbeat past the lease and the standby took over (fencing the
