@@ -346,6 +346,47 @@ func TestParkedUnitParksItsHostsWithinTheBatch(t *testing.T) {
 	}
 }
 
+// TestPoisonUnitTouchingAParkedHostIsParked: a unit that fails
+// permanently in its first chunk and touches a parked host in a later one
+// (BatchSize 1 claims two events and reads the rest of a unit an event at a
+// time) is parked behind that host's dead letter, not dead-lettered
+// itself: a dead letter holding b's event 6 while b's earlier event 3
+// waits parked would, once replayed, handle 6 before 3 (the soak's seed
+// 1795545952976593459 did so).
+func TestPoisonUnitTouchingAParkedHostIsParked(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	var poisoned atomic.Bool
+	poisoned.Store(true)
+	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 1: dead letter, parks a
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 2, 3: parked, parks b
+	appendTx(t, pool, ev("c", "t", `{"poison":true}`), ev("c", "t", `{}`),
+		ev("b", "t", `{}`)) // 4-6: b is parked, found in the unit's second chunk
+	appendTx(t, pool, ev("c", "t", `{}`)) // 7: parked behind 4-6's c
+	appendTx(t, pool, ev("d", "t", `{}`)) // 8: flows
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, BatchSize: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	waitPosition(t, pool, 9)
+	dls, err := ListDeadLetters(context.Background(), pool, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != 1 || dls[0].FirstOffset != 1 {
+		t.Fatalf("dead letters %+v; want one, of offset 1 (4-6 touches the parked b)", dls)
+	}
+	if got := handledOffsets(t, pool); got != "[8]" {
+		t.Fatalf("handled %s, want [8]", got)
+	}
+	poisoned.Store(false)
+	if n, err := c.ReplayDeadLetter(context.Background(), dls[0].ID); err != nil || n != 7 {
+		t.Fatalf("replay handled %d, %v; want 7 (1 to 7)", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[8 1 2 3 4 5 6 7]" {
+		t.Fatalf("handled %s, want [8 1 2 3 4 5 6 7]", got)
+	}
+	checkHandledOrderOnly(t, pool)
+}
+
 // TestParkedReplayAfterRepartition (defect 6): a dead letter with events
 // parked behind it, then the topic goes from 2 partitions to 1: the switch
 // moves the dead letter and its parked events with their host, and the

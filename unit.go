@@ -271,9 +271,12 @@ func (st *batchState) handle(evs []Event) error {
 			if err := st.openUnit(unit); err != nil {
 				return err
 			}
-		} else if st.action == actHandle {
+		} else if st.action != actPark {
 			// The unit continues into a new chunk: a host in it may be
-			// parked, which is only known now.
+			// parked, which is only known now. A unit to be dead-lettered
+			// is parked instead: its dead letter would hold a later event
+			// of a host whose earlier events wait parked, and replaying it
+			// would handle that event before them.
 			if dl, host, ok := st.parkedHost(unit); ok {
 				return &unitError{txID: head.TransactionID, unitFirst: st.unitFirst, offset: head.Offset, parkFor: dl, parkHost: host}
 			}
@@ -320,15 +323,19 @@ func (st *batchState) openUnit(unit []Event) error {
 	st.action, st.unitFirst, st.parkFor, st.fail = actHandle, head.Offset, 0, nil
 	w.last.units++
 	w.last.lastTx, w.last.unitFirst = tx, head.Offset
-	if f := w.poison[tx]; f != nil {
-		st.action, st.fail = actDeadLetter, f
-	} else if dl, ok := st.parked[w.park[tx]]; ok {
+	// Parking comes first, even for a unit that failed permanently: a unit
+	// that touches a parked host waits behind that host's dead letter, so
+	// that no dead letter holds a host's event that is later than one of
+	// its parked events.
+	if dl, ok := st.foundParked(tx); ok {
 		// Found parked mid-unit by an earlier attempt, and still parked
 		// (the dead letter may have been resolved since: then the unit is
-		// handled).
+		// handled, or dead-lettered).
 		st.action, st.parkFor = actPark, dl
 	} else if dl, _, ok := st.parkedHost(unit); ok {
 		st.action, st.parkFor = actPark, dl
+	} else if f := w.poison[tx]; f != nil {
+		st.action, st.fail = actDeadLetter, f
 	}
 	if st.action == actHandle {
 		st.batch.addUnit(head.Offset, tx)
@@ -414,17 +421,29 @@ func (st *batchState) addParked(evs []Event, dl int64) {
 }
 
 // parkedHost returns the first host of evs that is parked, and the dead
-// letter it is parked behind.
+// letter it is parked behind. The hosts of the unit being dead-lettered
+// (pendingDeadLetter) are not parked behind anything yet.
 func (st *batchState) parkedHost(evs []Event) (int64, string, bool) {
 	if len(st.parked) == 0 {
 		return 0, "", false
 	}
 	for i := range evs {
-		if dl, ok := st.parked[evs[i].HostID]; ok {
+		if dl, ok := st.parked[evs[i].HostID]; ok && dl != pendingDeadLetter {
 			return dl, evs[i].HostID, true
 		}
 	}
 	return 0, "", false
+}
+
+// foundParked says whether an earlier attempt found unit tx touching a
+// parked host mid-unit, and that host is still parked.
+func (st *batchState) foundParked(tx int64) (int64, bool) {
+	host, ok := st.w.park[tx]
+	if !ok {
+		return 0, false
+	}
+	dl, ok := st.parked[host]
+	return dl, ok
 }
 
 // run handles one unit (or the part of it in this chunk) under its time
