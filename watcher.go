@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgevents/pgevents/internal/finetimer"
 	"github.com/pgevents/pgevents/internal/store"
 )
 
@@ -124,6 +125,12 @@ func (w *watcher) run(ctx context.Context) error {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	interval := watchMin
+	// The waits between reads while awake are below a millisecond, which
+	// Go's timers round up to about a millisecond in an idle process: a
+	// finetimer keeps them (ctx and pokes are looked at after each, at
+	// most watchMax later).
+	fine := finetimer.New()
+	defer fine.Close()
 	for {
 		moved := w.appendsMoved
 		awake := w.step(ctx)
@@ -132,17 +139,22 @@ func (w *watcher) run(ctx context.Context) error {
 		} else {
 			interval = min(2*interval, watchMax)
 		}
+		if awake {
+			fine.Sleep(interval)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-w.signal: // the next step looks
+			default:
+			}
+			continue
+		}
 		var tick <-chan time.Time
 		checking := false
-		if awake {
-			t.Reset(interval)
-			tick = t.C
-		} else {
-			interval = watchMin
-			if w.conn != nil && len(w.asleep) > 0 {
-				t.Reset(keysCheck)
-				tick, checking = t.C, true
-			}
+		interval = watchMin
+		if w.conn != nil && len(w.asleep) > 0 {
+			t.Reset(keysCheck)
+			tick, checking = t.C, true
 		}
 		select {
 		case <-ctx.Done():
@@ -238,8 +250,22 @@ func (w *watcher) step(ctx context.Context) bool {
 		return true
 	}
 	// The appends counter first: when no append started lately, the tails
-	// cannot have moved, and nothing is in flight.
-	n, err := store.Appends(ctx, w.conn, c.cfg.TopicID)
+	// cannot have moved, and nothing is in flight. When they will be read
+	// whatever the counter says (it moved lately, a full read is due, or
+	// a partition woke), both go in one round trip.
+	readTails := func() bool {
+		return now.Sub(w.appendsMoved) <= settle || now.Sub(w.tailed) >= fullEvery || all || len(woken) > 0
+	}
+	var (
+		n     int64
+		tails []store.Tail
+		err   error
+	)
+	if readTails() {
+		n, tails, err = store.AppendsAndTails(ctx, w.conn, c.cfg.TopicID, awake)
+	} else {
+		n, err = store.Appends(ctx, w.conn, c.cfg.TopicID)
+	}
 	if err != nil {
 		w.fail(ctx, err)
 		return true
@@ -247,15 +273,16 @@ func (w *watcher) step(ctx context.Context) bool {
 	if n != w.appends || n < 0 {
 		w.appends, w.appendsMoved = n, now
 	}
-	if now.Sub(w.appendsMoved) > settle && now.Sub(w.tailed) < fullEvery && !all && len(woken) == 0 {
-		return true
+	if tails == nil {
+		if !readTails() {
+			return true
+		}
+		if tails, err = store.Tails(ctx, w.conn, c.cfg.TopicID, awake); err != nil {
+			w.fail(ctx, err)
+			return true
+		}
 	}
 	w.tailed = now
-	tails, err := store.Tails(ctx, w.conn, c.cfg.TopicID, awake)
-	if err != nil {
-		w.fail(ctx, err)
-		return true
-	}
 	var sleepy []int
 	for i, p := range awake {
 		wp, tl := w.parts[p], tails[i]

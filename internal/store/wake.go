@@ -118,6 +118,40 @@ func Tails(ctx context.Context, db schema.DB, topic int, partitions []int) ([]Ta
 	return out, nil
 }
 
+// AppendsAndTails is Appends and Tails in one round trip (two statements,
+// the tails' snapshot taken after the counter's read), for a watcher that
+// would read the tails anyway: the counter moved lately.
+func AppendsAndTails(ctx context.Context, db schema.DB, topic int, partitions []int) (int64, []Tail, error) {
+	var b pgx.Batch
+	b.Queue(schema.SQL(ctx, appendsSQL), topic)
+	b.Queue(schema.SQL(ctx, tailsSQL), topic, partitions)
+	br := db.SendBatch(ctx, &b)
+	defer br.Close()
+	var n *int64
+	if err := br.QueryRow().Scan(&n); err != nil {
+		return 0, nil, fmt.Errorf("offsets: appends counter: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return 0, nil, fmt.Errorf("offsets: tails: %w", err)
+	}
+	var t Tail
+	var out []Tail
+	if _, err := pgx.ForEachRow(rows, []any{&t.Offset, &t.InFlight}, func() error {
+		out = append(out, t)
+		return nil
+	}); err != nil {
+		return 0, nil, fmt.Errorf("offsets: tails: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return 0, nil, fmt.Errorf("offsets: tails: %w", err)
+	}
+	if n == nil {
+		return -1, out, nil
+	}
+	return *n, out, nil
+}
+
 // Asleep is what Sleep did for one partition.
 type Asleep struct {
 	// Got says that the session now holds the partition's sleep key: appends
