@@ -21,9 +21,11 @@ type benchResourcesLoad struct {
 }
 
 // benchResourcesLoads are the resources case's loads: 10,000 events/s in
-// 100-event transactions, and 1,000/s in single-event transactions (what
-// an idle-ish consumer's wake-ups and per-batch costs come to per event).
-var benchResourcesLoads = []benchResourcesLoad{{10000, 100, 4}, {1000, 1, 4}}
+// 100-event transactions, 1,000/s in single-event transactions (what an
+// idle-ish consumer's wake-ups and per-batch costs come to per event), and
+// 100/s in single-event transactions (what keeping partitions awake
+// between sparse events costs: the watcher's reads, per event).
+var benchResourcesLoads = []benchResourcesLoad{{10000, 100, 4}, {1000, 1, 4}, {100, 1, 2}}
 
 // benchResourcesGroup is the consumer group of the separate process.
 const benchResourcesGroup = "resources"
