@@ -47,8 +47,10 @@
 // Producers therefore notify only partitions a consumer sleeps on, and
 // while events flow nobody sleeps: each consumer reads the topic's appends
 // counter every 0.1 to 1 ms (one statement for all its partitions, not one
-// per worker; sooner right after it moved) and, when it moved, the tails of
-// its partitions, and hints the workers of the partitions whose tail moved;
+// per worker; sooner right after it moved; on Linux the waits sleep on a
+// timerfd, precise where Go's timers round them up to a millisecond) and,
+// when it moved, the tails of its partitions, and hints the workers of the
+// partitions whose tail moved;
 // a worker with nothing to do, whose partition has an append in flight,
 // claims at once and its claim waits for that append's commit. A partition
 // quiet for a while (eight of its mean gaps between events, from 50 ms to
