@@ -538,18 +538,21 @@ func TestUnitBudgetEndsWithTheUnit(t *testing.T) {
 				}
 				go func() {
 					defer conn.Release()
-					time.Sleep(400 * time.Millisecond)
+					time.Sleep(900 * time.Millisecond) // past this unit's budget
 					_, _ = conn.Exec(ctx, `COMMIT`)
 				}()
 			}
-			time.Sleep(200 * time.Millisecond) // inside its 300 ms budget
+			// Inside its 700 ms budget with room for the lock above (a
+			// budget of 300 ms once ran out under a loaded machine's
+			// -race run, and the test blamed the product).
+			time.Sleep(200 * time.Millisecond)
 		}
 		return record.Handle(hctx, tx, ev)
 	}))
 	appendTx(t, pool, ev("a", "slow", `{}`))   // 1
 	appendTx(t, pool, ev("a", "poison", `{}`)) // 2: dead-lettered
 	appendTx(t, pool, ev("a", "t", `{}`))      // 3: must not time out
-	c := startConsumer(t, pool, Config{TotalPartitions: 1, HandlerTimeout: 300 * time.Millisecond, Handlers: hs})
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, HandlerTimeout: 700 * time.Millisecond, Handlers: hs})
 	waitPosition(t, pool, 4)
 	if got := handledOffsets(t, pool); got != "[1 3]" {
 		t.Fatalf("handled %s, want [1 3]", got)
