@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// TestSleepIsPrecise: a 100 µs sleep in an idle process ends well before
-// the millisecond Go's timers round it up to (on Linux; elsewhere the
+// TestSleepIsPrecise: 100 µs sleeps in an idle process end well before the
+// millisecond Go's timers round them up to (on Linux; elsewhere the
 // fallback is only checked to sleep at least d).
 func TestSleepIsPrecise(t *testing.T) {
 	tm := New()
@@ -24,7 +24,10 @@ func TestSleepIsPrecise(t *testing.T) {
 	if took[0] < d {
 		t.Fatalf("slept %v, less than %v", took[0], d)
 	}
-	if med := took[len(took)/2]; runtime.GOOS == "linux" && med > 600*time.Microsecond {
-		t.Fatalf("median sleep of %v took %v: not precise", d, med)
+	// The tenth percentile, not the median: on a loaded machine many
+	// wake-ups wait for a CPU, but not nine in ten; time.Sleep in this
+	// idle process never ends before about a millisecond.
+	if p10 := took[len(took)/10]; runtime.GOOS == "linux" && p10 > 600*time.Microsecond {
+		t.Fatalf("the tenth percentile of %d sleeps of %v took %v: not precise", len(took), d, p10)
 	}
 }
