@@ -123,6 +123,35 @@ func startBinary(t *testing.T, path, url string, args ...string) *proc {
 	return p
 }
 
+// freeze stops p with SIGSTOP and waits until every thread of it is
+// stopped. kill(2) only makes the stop pending: on a loaded machine a
+// thread of the consumer went on for milliseconds after it returned, read
+// the answer of the statement its batch waited on and committed the batch,
+// and TestFencingFrozenInsideHandler blamed the fencing (3 runs in 15 under
+// load). Only a process whose threads are all stopped is frozen.
+func (p *proc) freeze(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	pid := p.cmd.Process.Pid
+	pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("every thread of process %d stopped", pid), func() bool {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil || len(tasks) == 0 {
+			return false
+		}
+		for _, task := range tasks {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+			// The state follows the command's name, which is in parentheses.
+			i := bytes.LastIndexByte(stat, ')')
+			if err != nil || i < 0 || i+2 >= len(stat) || (stat[i+2] != 'T' && stat[i+2] != 't') {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // stop sends SIGTERM and returns the exit status, failing the test if the
 // process does not exit within timeout.
 func (p *proc) stop(t *testing.T, timeout time.Duration) int {

@@ -313,9 +313,7 @@ func TestFencingFrozenInsideHandler(t *testing.T) {
 	// Freeze the replica inside its handler, then let the handler's
 	// statement finish: its effect is written, uncommitted, in a
 	// transaction whose client is frozen.
-	if err := first.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	first.freeze(t)
 	defer first.cmd.Process.Signal(syscall.SIGCONT) //nolint:errcheck
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(777)`); err != nil {
 		t.Fatal(err)
@@ -330,7 +328,11 @@ func TestFencingFrozenInsideHandler(t *testing.T) {
 	eventtest.WaitHandled(t, pool, 5, 10*time.Second)
 	eventtest.CheckHandled(t, pool)
 	if n := eventtest.QueryInt(t, pool, `SELECT count(*) FROM handled WHERE c_offset >= 2 AND epoch <= $1`, firstEpoch); n != 0 {
-		t.Fatalf("%d effects of the frozen replica's batch were committed", n)
+		var rows, leases string
+		_ = pool.QueryRow(ctx, `SELECT string_agg(format('%s@%s', c_offset, epoch), ' ' ORDER BY c_offset) FROM handled`).Scan(&rows)
+		_ = pool.QueryRow(ctx, `SELECT string_agg(format('p%s %s epoch %s', partition_id, owner, epoch), '; ') FROM partition_leases`).Scan(&leases)
+		t.Fatalf("%d effects of the frozen replica's batch (epoch %d, pid %d) were committed: handled %s; leases %s",
+			n, firstEpoch, ownerPID, rows, leases)
 	}
 	if n := eventtest.QueryInt(t, pool, `SELECT count(DISTINCT epoch) FROM handled WHERE c_offset BETWEEN 2 AND 4`); n != 1 {
 		t.Fatalf("the fenced unit was handled under %d epochs", n)
