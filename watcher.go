@@ -265,7 +265,8 @@ func (w *watcher) step(ctx context.Context) bool {
 		tails []store.Tail
 		err   error
 	)
-	if readTails() {
+	read := readTails()
+	if read {
 		n, tails, err = store.AppendsAndTails(ctx, w.conn, c.cfg.TopicID, awake)
 	} else {
 		n, err = store.Appends(ctx, w.conn, c.cfg.TopicID)
@@ -277,7 +278,7 @@ func (w *watcher) step(ctx context.Context) bool {
 	if n != w.appends || n < 0 {
 		w.appends, w.appendsMoved = n, now
 	}
-	if tails == nil {
+	if !read {
 		if !readTails() {
 			return true
 		}

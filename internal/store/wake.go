@@ -107,6 +107,11 @@ func Tails(ctx context.Context, db schema.DB, topic int, partitions []int) ([]Ta
 	if err != nil {
 		return nil, fmt.Errorf("offsets: tails: %w", err)
 	}
+	return scanTails(rows)
+}
+
+// scanTails reads tailsSQL's rows.
+func scanTails(rows pgx.Rows) ([]Tail, error) {
 	var t Tail
 	var out []Tail
 	if _, err := pgx.ForEachRow(rows, []any{&t.Offset, &t.InFlight}, func() error {
@@ -135,13 +140,9 @@ func AppendsAndTails(ctx context.Context, db schema.DB, topic int, partitions []
 	if err != nil {
 		return 0, nil, fmt.Errorf("offsets: tails: %w", err)
 	}
-	var t Tail
-	var out []Tail
-	if _, err := pgx.ForEachRow(rows, []any{&t.Offset, &t.InFlight}, func() error {
-		out = append(out, t)
-		return nil
-	}); err != nil {
-		return 0, nil, fmt.Errorf("offsets: tails: %w", err)
+	out, err := scanTails(rows)
+	if err != nil {
+		return 0, nil, err
 	}
 	if err := br.Close(); err != nil {
 		return 0, nil, fmt.Errorf("offsets: tails: %w", err)
