@@ -376,11 +376,16 @@ func (m *model) stop(mcon *modelConsumer) {
 // mid-batch, nothing is released. Only this case's database: lanes run
 // side by side, and their consumers have the same names (a lane's kill of
 // model-main-2 once ended the other lane's model-main-2 in its first
-// statement, a crash that lane never knew of).
+// statement, a crash that lane never knew of). The termination is in the
+// aggregate's FILTER, evaluated only for the rows the WHERE kept: in the
+// WHERE, the plan ran it on pg_stat_get_activity's rows before the join
+// that filters by database, and a lane's crash of model-main-6 ended the
+// other lane's model-main-6 while it started (its Run failed, and the
+// soak with it).
 func (m *model) crash(mcon *modelConsumer) {
 	var killed string
-	err := m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(application_name || '/' || pid, ' '), '')
-		FROM pg_stat_activity WHERE datname = current_database() AND application_name IN ($1, $2) AND pg_terminate_backend(pid)`,
+	err := m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(application_name || '/' || pid, ' ') FILTER (WHERE pg_terminate_backend(pid)), '')
+		FROM pg_stat_activity WHERE datname = current_database() AND application_name IN ($1, $2)`,
 		mcon.app, store.BatchApplicationName(mcon.c.ReplicaID())).Scan(&killed)
 	if err != nil {
 		m.t.Error(err)
