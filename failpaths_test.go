@@ -40,13 +40,10 @@ func TestHaltBeforeUnitWhosePoisonIsNotFirst(t *testing.T) {
 	for _, breaker := range []bool{false, true} {
 		t.Run(fmt.Sprintf("breaker=%v", breaker), func(t *testing.T) {
 			t.Parallel()
-			pool := newTopic(t, 1)
-			mustExec(t, pool, handledTable)
-			var poisoned atomic.Bool
-			poisoned.Store(true)
+			pool, poisoned := poisonTopic(t, 1)
 			var calls callCounter
 			hs := &Handlers{}
-			hs.HandleAll(calls.wrap(poisonHandlers(&poisoned).catchAll))
+			hs.HandleAll(calls.wrap(poisonHandlers(poisoned).catchAll))
 			cfg := Config{TotalPartitions: 1, OnPermanentFailure: PolicyHalt, Handlers: hs}
 			if breaker {
 				// The breaker halts instead of the policy: one dead letter
@@ -269,11 +266,8 @@ func TestSwallowedSQLErrorBlamesItsUnit(t *testing.T) {
 // touches is parked for the rest of the batch.
 func TestParkedBehindTwoDeadLetters(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
-	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	pool, poisoned := poisonTopic(t, 1)
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
 	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 1: DL1, parks a
 	appendTx(t, pool, ev("b", "t", `{"poison":true}`))        // 2: DL2, parks b
 	appendTx(t, pool, ev("b", "t", `{}`))                     // 3: parked behind DL2
@@ -320,15 +314,12 @@ func TestParkedBehindTwoDeadLetters(t *testing.T) {
 // the rest of the batch.
 func TestParkedUnitParksItsHostsWithinTheBatch(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
+	pool, poisoned := poisonTopic(t, 1)
 	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 1: dead letter, parks a
 	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 2, 3: parked, parks b
 	appendTx(t, pool, ev("b", "t", `{}`))                     // 4: parked in the same batch
 	appendTx(t, pool, ev("c", "t", `{}`))                     // 5: flows
-	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
 	waitPosition(t, pool, 6)
 	if got := handledOffsets(t, pool); got != "[5]" {
 		t.Fatalf("handled %s, want [5]: b's event 4 must wait behind the parked 3", got)
@@ -355,17 +346,14 @@ func TestParkedUnitParksItsHostsWithinTheBatch(t *testing.T) {
 // 1795545952976593459 did so).
 func TestPoisonUnitTouchingAParkedHostIsParked(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
+	pool, poisoned := poisonTopic(t, 1)
 	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 1: dead letter, parks a
 	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 2, 3: parked, parks b
 	appendTx(t, pool, ev("c", "t", `{"poison":true}`), ev("c", "t", `{}`),
 		ev("b", "t", `{}`)) // 4-6: b is parked, found in the unit's second chunk
 	appendTx(t, pool, ev("c", "t", `{}`)) // 7: parked behind 4-6's c
 	appendTx(t, pool, ev("d", "t", `{}`)) // 8: flows
-	c := startConsumer(t, pool, Config{TotalPartitions: 1, BatchSize: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, BatchSize: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
 	waitPosition(t, pool, 9)
 	dls, err := ListDeadLetters(context.Background(), pool, "g")
 	if err != nil {
@@ -394,11 +382,8 @@ func TestPoisonUnitTouchingAParkedHostIsParked(t *testing.T) {
 func TestParkedReplayAfterRepartition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := newTopic(t, 2)
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
-	c := startConsumer(t, pool, Config{TotalPartitions: 2, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	pool, poisoned := poisonTopic(t, 2)
+	c := startConsumer(t, pool, Config{TotalPartitions: 2, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
 	a, b := hostIn(t, pool, 2, 1), hostIn(t, pool, 2, 0)
 	var o [7]int64                                             // the offsets of events 1..6 (per partition under scope 'partition')
 	o[1] = appendTx(t, pool, ev(a, "t", `{"poison":true}`))[0] // 1: dead letter in partition 1

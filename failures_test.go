@@ -54,6 +54,18 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// poisonTopic returns a topic of partitions with the handled table, and the
+// switch poisonHandlers reads, turned on: events whose payload says
+// "poison" fail permanently until the test turns it off.
+func poisonTopic(t *testing.T, partitions int) (*pgxpool.Pool, *atomic.Bool) {
+	t.Helper()
+	pool := newTopic(t, partitions)
+	mustExec(t, pool, handledTable)
+	poisoned := new(atomic.Bool)
+	poisoned.Store(true)
+	return pool, poisoned
+}
+
 // poisonHandlers records events with the SQL handler and fails
 // permanently on events whose payload is {"poison": true} while poisoned
 // is set.
@@ -96,11 +108,8 @@ func waitPosition(t *testing.T, pool *pgxpool.Pool, next int64) {
 // is in the dead-letter table with its reason.
 func TestPolicyDeadLetter(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
-	startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: poisonHandlers(&poisoned)})
+	pool, poisoned := poisonTopic(t, 1)
+	startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: poisonHandlers(poisoned)})
 	appendTx(t, pool, ev("h", "t", `{"n":100}`))
 	appendTx(t, pool, ev("h", "t", `{"poison":true}`))
 	appendTx(t, pool, ev("h", "t", `{"n":102}`))
@@ -120,11 +129,8 @@ func TestPolicyDeadLetter(t *testing.T) {
 // it after the fix handles it and then the parked one, in order.
 func TestPolicyParkHost(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
-	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	pool, poisoned := poisonTopic(t, 1)
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
 	appendTx(t, pool, ev("a", "t", `{"n":100}`))              // 1
 	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 2
 	appendTx(t, pool, ev("a", "t", `{"n":102}`))              // 3: parked
@@ -187,11 +193,8 @@ func checkHandledOrderOnly(t *testing.T, pool *pgxpool.Pool) {
 // events parked behind it, in order, and not the dead unit.
 func TestDiscardReleasesParkedEvents(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
-	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(&poisoned)})
+	pool, poisoned := poisonTopic(t, 1)
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
 	appendTx(t, pool, ev("a", "t", `{"poison":true}`)) // 1
 	appendTx(t, pool, ev("a", "t", `{}`))              // 2
 	appendTx(t, pool, ev("a", "t", `{}`))              // 3
@@ -213,11 +216,8 @@ func TestDiscardReleasesParkedEvents(t *testing.T) {
 // and clears the record.
 func TestPolicyHalt(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
-	cfg := Config{TotalPartitions: 1, OnPermanentFailure: PolicyHalt, Handlers: poisonHandlers(&poisoned)}
+	pool, poisoned := poisonTopic(t, 1)
+	cfg := Config{TotalPartitions: 1, OnPermanentFailure: PolicyHalt, Handlers: poisonHandlers(poisoned)}
 	c1, stop1 := startStoppableConsumer(t, pool, cfg)
 	// Units of several events and hosts, the poison not first in its unit.
 	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`))              // 1, 2
@@ -258,11 +258,8 @@ func TestPolicyHalt(t *testing.T) {
 // next permanent failure halts the partition.
 func TestDeadLetterCircuitBreaker(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
-	c := startConsumer(t, pool, Config{TotalPartitions: 1, MaxDeadLetters: 2, Handlers: poisonHandlers(&poisoned)})
+	pool, poisoned := poisonTopic(t, 1)
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, MaxDeadLetters: 2, Handlers: poisonHandlers(poisoned)})
 	for range 4 { // units 1-2, 3-4, 5-6 (halts here), 7-8; the poison is not first
 		appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{"poison":true}`))
 	}

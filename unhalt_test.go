@@ -1,7 +1,6 @@
 package pgevents
 
 import (
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,12 +16,9 @@ import (
 // unit and what follows through, and the record goes.
 func TestUnhaltRetriesTheUnit(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
+	pool, poisoned := poisonTopic(t, 1)
 	ctx := pgtest.Context(t.Context())
-	mustExec(t, pool, handledTable)
-	var poisoned atomic.Bool
-	poisoned.Store(true)
-	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyHalt, Handlers: poisonHandlers(&poisoned)})
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyHalt, Handlers: poisonHandlers(poisoned)})
 	appendTx(t, pool, ev("a", "t", `{}`))              // 1
 	appendTx(t, pool, ev("a", "t", `{"poison":true}`)) // 2: halts here
 	appendTx(t, pool, ev("b", "t", `{}`))              // 3
