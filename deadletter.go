@@ -77,7 +77,7 @@ func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool)
 	if d.Group != c.cfg.GroupID || d.Topic != c.cfg.TopicID {
 		return 0, fmt.Errorf("dead letter %d (group %q, topic %d): %w", id, d.Group, d.Topic, ErrOtherGroup)
 	}
-	tx, err := c.pool.Begin(ctx)
+	tx, err := c.pool.BeginTx(ctx, store.ReadCommitted)
 	if err != nil {
 		return 0, fmt.Errorf("dead letter %d: %w", id, err)
 	}

@@ -89,6 +89,9 @@ func NewPoolConfig(url string, opts PoolOptions) (*pgxpool.Config, error) {
 			pc.ConnConfig.RuntimeParams[param] = value
 		}
 	}
+	// A startup parameter overrides the role's and the database's
+	// defaults (ALTER ROLE/DATABASE ... SET).
+	pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
 	return pc, nil
 }
 

@@ -134,7 +134,7 @@ func localPath(p, def string) string {
 
 // inTx runs f in a transaction and commits it when f returns nil.
 func (c *Console) inTx(ctx context.Context, f func(tx pgx.Tx) error) error {
-	tx, err := c.pool.Begin(ctx)
+	tx, err := c.pool.BeginTx(ctx, offsets.ReadCommitted)
 	if err != nil {
 		return fmt.Errorf("console: begin: %w", err)
 	}

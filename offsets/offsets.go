@@ -145,7 +145,7 @@ func Count(ctx context.Context, db schema.DB, topic int, moves []Move) ([]Counte
 // events each partition would replay or skip, and changes nothing: it runs
 // the reset in a transaction that it rolls back.
 func Preview(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Counted, error) {
-	tx, err := db.Begin(ctx)
+	tx, err := store.Begin(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: preview: %w", err)
 	}
@@ -316,3 +316,10 @@ func Halts(ctx context.Context, db schema.DB, group string, topic int) ([]Halt, 
 func Unhalt(ctx context.Context, db schema.DB, group string, topic, partition int) error {
 	return store.Unhalt(ctx, db, group, topic, partition)
 }
+
+// ReadCommitted is the isolation an operator's transaction on positions,
+// subscriptions and halts must run in, whatever the session's default:
+// what it reads after a lock is what the lock's previous holder committed
+// (see the consumer's pool settings, pgevents.NewPoolConfig). Begin such
+// transactions with pool.BeginTx(ctx, offsets.ReadCommitted).
+var ReadCommitted = store.ReadCommitted

@@ -183,7 +183,7 @@ func LayoutDone(ctx context.Context, q schema.DB, group string, topic, version i
 // replica switched first. It reports whether the group is now past from.
 // It waits for the group's batches in flight.
 func SwitchLayout(ctx context.Context, db schema.DB, group string, topic int, from Layout, next Layout) (bool, error) {
-	tx, err := db.Begin(ctx)
+	tx, err := Begin(ctx, db)
 	if err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}

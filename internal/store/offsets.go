@@ -384,7 +384,7 @@ var ErrLeaseLost = errors.New("offsets: partition lease lost")
 // hosts travel in one round trip.
 func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, error) {
 	var b pgx.Batch
-	b.BeginTx(pgx.TxOptions{})
+	b.BeginTx(ReadCommitted)
 	b.Queue(batchNameSQL, BatchApplicationName(c.Owner))
 	waits := 0
 	if c.AwaitAppend {

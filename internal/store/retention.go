@@ -193,7 +193,7 @@ func dropSegment(ctx context.Context, db schema.DB, topic int, seg schema.Segmen
 	fail := func(err error) (Removed, string, error) {
 		return r, "", fmt.Errorf("offsets: drop %s: %w", seg.Name, err)
 	}
-	tx, err := db.Begin(ctx)
+	tx, err := Begin(ctx, db)
 	if err != nil {
 		return fail(err)
 	}

@@ -195,7 +195,7 @@ var ErrTransition = errors.New("invalid subscription transition")
 // first start it places the group at start, in the same transaction, so
 // that replicas starting together agree on where the group begins.
 func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start Start, deadAfter time.Duration) (string, bool, error) {
-	tx, err := db.Begin(ctx)
+	tx, err := Begin(ctx, db)
 	if err != nil {
 		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
 	}
@@ -249,7 +249,7 @@ func SetState(ctx context.Context, db schema.DB, group string, topic int, to str
 	if !ok {
 		return "", fmt.Errorf("offsets: %w: no operator transition to %s", ErrTransition, to)
 	}
-	tx, err := db.Begin(ctx)
+	tx, err := Begin(ctx, db)
 	if err != nil {
 		return "", fmt.Errorf("offsets: set state: %w", err)
 	}
@@ -354,7 +354,7 @@ type Move struct {
 // replicas lose their leases (their batch in flight cannot commit) and pick
 // the new positions up.
 func Reset(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Move, error) {
-	tx, err := db.Begin(ctx)
+	tx, err := Begin(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("offsets: reset: %w", err)
 	}
