@@ -353,6 +353,31 @@ func (c *Consumer) poll(ctx context.Context) error {
 	}
 }
 
+// eligible wakes partitions ps (every partition of the consumer when ps
+// is empty) that became eligible again: the group was resumed (or the
+// consumer started while it was paused), a partition was unhalted, its
+// lease was gained, the layout switched, the topic's wake-up mode changed.
+// It is the one place such a change wakes partitions, and every such
+// change must call it.
+//
+// Why it is needed: while a partition is not eligible (paused, halted,
+// not owned, notifying on every append), the watcher neither reads its
+// tail nor holds its sleep key, so an append to it finds nobody asleep and
+// notifies nobody. Once it is eligible again, the watcher must read its
+// tail (and sleep on it again once it is quiet, so that the next append
+// notifies), and the poller must look for what was appended meanwhile;
+// otherwise the next event would wait for the poll. It never blocks.
+func (c *Consumer) eligible(ps ...int) {
+	c.pollNow(WakePoll)
+	if len(ps) == 0 {
+		c.watch.wakeAll()
+		return
+	}
+	for _, p := range ps {
+		c.watch.wake(p)
+	}
+}
+
 // pollNow makes the poller poll at once. It never blocks.
 func (c *Consumer) pollNow(source WakeSource) {
 	select {
@@ -418,7 +443,7 @@ func (c *Consumer) refreshWake(ctx context.Context, rt *layoutRun) {
 	always := wake == schema.WakeAlways
 	if c.wakeAlways.Swap(always) && !always {
 		c.log.Info().Msg("the topic's wake-up mode is now 'waiting': appends notify only partitions a consumer sleeps on")
-		c.watch.wakeAll()
+		c.eligible()
 	}
 }
 

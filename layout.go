@@ -203,8 +203,7 @@ func (lr *layoutRun) Acquired(p int, epoch int64) {
 		w.releasing.Store(false)
 		w.next.Store(0) // another replica moved the position: ask the database
 		w.epoch.Store(epoch)
-		lr.c.pollNow(WakePoll)
-		lr.c.watch.wake(p) // read its tail from now on
+		lr.c.eligible(p) // read its tail from now on
 		w.signal()
 	}
 }

@@ -191,6 +191,7 @@ func (w *worker) waitHalted(ctx context.Context) error {
 			delete(w.tries, w.haltAt.txID)
 			w.haltAt, w.haltRecord = nil, false
 			w.halted.Store(false)
+			w.c.eligible(w.partition)
 			return nil
 		case <-t.C:
 			w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).

@@ -49,7 +49,7 @@ func (c *Consumer) setState(state string) {
 		return
 	}
 	c.log.Info().Msg("the group's subscription is ACTIVE again")
-	c.pollNow(WakePoll)
+	c.eligible()
 }
 
 // reportSkips tells, once, about events retention removed before the group

@@ -1,0 +1,112 @@
+package pgevents
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/offsets"
+)
+
+// The tests of this file check the rule that every change making a
+// partition eligible again wakes it (Consumer.eligible): with the poll at
+// an hour, an event appended right after the consumer observed the change
+// must be handled at once. The bound, eligibleWithin, is far above a
+// wake-up's milliseconds so that a loaded -race run does not fail it, and
+// far below the poll.
+const eligibleWithin = time.Second
+
+// eligibleConfig is a one-partition consumer that polls once an hour and
+// follows its subscription every half second.
+func eligibleConfig(hs *Handlers) Config {
+	return Config{TotalPartitions: 1, WaitPeriod: time.Hour, DeadAfter: 2 * time.Second, Handlers: hs}
+}
+
+// handledPromptly appends one event and fails the test unless it is
+// handled within eligibleWithin: n events handled in all.
+func handledPromptly(t *testing.T, pool *pgxpool.Pool, n int64, what string) {
+	t.Helper()
+	appendTx(t, pool, ev("probe", "t", `{}`))
+	deadline := time.Now().Add(eligibleWithin)
+	for queryInt(t, pool, `SELECT count(*) FROM handled`) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("an event appended after %s was not handled within %s (poll at an hour): nothing woke the partition", what, eligibleWithin)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// pauseObserved pauses or resumes the group and waits until the consumer
+// has observed it.
+func pauseObserved(t *testing.T, pool *pgxpool.Pool, c *Consumer, pause bool) {
+	t.Helper()
+	ctx := context.Background()
+	var err error
+	if pause {
+		_, err = offsets.Pause(ctx, pool, "g", 1)
+	} else {
+		_, err = offsets.Resume(ctx, pool, "g", 1)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the consumer to observe the group's state", func() bool { return c.paused.Load() == pause })
+}
+
+// TestResumeWakesThePartition: after a pause and a resume, an idle
+// partition's next event is handled at once.
+func TestResumeWakesThePartition(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	c := startConsumer(t, pool, eligibleConfig(recordingHandlers()))
+	handledPromptly(t, pool, 1, "the start")
+	pauseObserved(t, pool, c, true)
+	pauseObserved(t, pool, c, false)
+	handledPromptly(t, pool, 2, "a resume")
+}
+
+// TestStartWhilePausedThenResume: a consumer that starts while its group
+// is paused handles the next event at once after the resume.
+func TestStartWhilePausedThenResume(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	_, stop := startStoppableConsumer(t, pool, eligibleConfig(recordingHandlers()))
+	stop() // the group exists now
+	if _, err := offsets.Pause(context.Background(), pool, "g", 1); err != nil {
+		t.Fatal(err)
+	}
+	c := startConsumer(t, pool, eligibleConfig(recordingHandlers()))
+	pgtest.WaitFor(t, 10*time.Second, "the consumer to own its partition", func() bool { return c.Owned() == 1 })
+	if !c.paused.Load() {
+		t.Fatal("the consumer started as if its group were active")
+	}
+	pauseObserved(t, pool, c, false)
+	handledPromptly(t, pool, 1, "a resume of a consumer that started paused")
+}
+
+// TestUnhaltWakesThePartition: after an operator unhalts a halted
+// partition (the cause fixed), the next event is handled at once.
+func TestUnhaltWakesThePartition(t *testing.T) {
+	t.Parallel()
+	pool, poisoned := poisonTopic(t, 1)
+	cfg := eligibleConfig(poisonHandlers(poisoned))
+	cfg.OnPermanentFailure = PolicyHalt
+	c := startConsumer(t, pool, cfg)
+	appendTx(t, pool, ev("a", "t", `{"poison": true}`))
+	pgtest.WaitFor(t, 10*time.Second, "the partition to halt", func() bool { return c.Stats().Halts == 1 })
+	poisoned.Store(false)
+	if err := offsets.Unhalt(context.Background(), pool, "g", 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitHandled(t, pool, 1, 10*time.Second) // the unit, tried again
+	pgtest.WaitFor(t, 10*time.Second, "the worker to leave its halt", func() bool {
+		w := workerOf(c, 0)
+		return w != nil && !w.halted.Load()
+	})
+	handledPromptly(t, pool, 2, "an unhalt")
+}
