@@ -2,6 +2,7 @@ package pgevents
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -109,4 +110,45 @@ func TestUnhaltWakesThePartition(t *testing.T) {
 		return w != nil && !w.halted.Load()
 	})
 	handledPromptly(t, pool, 2, "an unhalt")
+}
+
+// TestNothingHandledAfterPauseReturns: a consumer handles a burst from
+// several producers when an operator pauses its group. Once the pause has
+// returned, no batch may commit (batches in flight finish before it
+// returns; later claims see it), while producers go on appending; after
+// the resume every event is handled once, in order.
+func TestNothingHandledAfterPauseReturns(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 4)
+	mustExec(t, pool, handledTable)
+	c := startConsumer(t, pool, Config{TotalPartitions: 4, BatchSize: 5, WaitPeriod: time.Hour, Handlers: recordingHandlers()})
+	ctx, stopProducers := context.WithCancel(context.Background())
+	produced := make(chan int64)
+	go func() {
+		var n int64
+		defer func() { produced <- n }()
+		for i := 0; ctx.Err() == nil; i++ {
+			evs := []Event{ev(fmt.Sprintf("h%d", i%7), "t", `{}`), ev(fmt.Sprintf("h%d", (i+3)%7), "t", `{}`), ev(fmt.Sprintf("h%d", (i+5)%7), "t", `{}`)}
+			appendTx(t, pool, evs...)
+			n += int64(len(evs))
+		}
+	}()
+	pgtest.WaitFor(t, 10*time.Second, "the burst under way", func() bool { return queryInt(t, pool, `SELECT count(*) FROM handled`) >= 60 })
+	if _, err := offsets.Pause(context.Background(), pool, "g", 1); err != nil {
+		t.Fatal(err)
+	}
+	atPause := queryInt(t, pool, `SELECT count(*) FROM handled`)
+	pgtest.WaitFor(t, 10*time.Second, "the consumer to see the pause", func() bool { return c.paused.Load() })
+	time.Sleep(500 * time.Millisecond) // producers go on: a batch committing now would be seen below
+	stopProducers()
+	total := <-produced
+	if n := queryInt(t, pool, `SELECT count(*) FROM handled`); n != atPause {
+		t.Fatalf("%d events handled after the pause returned (%d at its return, %d now)", n-atPause, atPause, n)
+	}
+	if atPause >= total {
+		t.Fatalf("the producers appended nothing after the pause (%d events, %d handled): the test proves nothing", total, atPause)
+	}
+	pauseObserved(t, pool, c, false)
+	waitHandled(t, pool, total, 30*time.Second)
+	checkHandled(t, pool)
 }

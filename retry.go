@@ -60,6 +60,7 @@ func (w *worker) retry(ctx context.Context, err error) {
 		w.park[ue.txID] = ue.parkHost
 	case deadLetterUnit, haltBeforeUnit:
 		w.permanent(ue, h, class, v)
+		w.guard = true
 	}
 	w.failures++
 	d := backoff(w.c.cfg.RetryInitial, w.c.cfg.RetryMax, w.failures)

@@ -37,8 +37,9 @@ func (c *Consumer) subscription(ctx context.Context) error {
 	}
 }
 
-// setState follows the subscription's state: PAUSED stops the workers
-// between batches, ACTIVE wakes them again.
+// setState follows the subscription's state, as the heartbeat reads it
+// or a claim found it: PAUSED stops the workers between batches, ACTIVE
+// wakes them again.
 func (c *Consumer) setState(state string) {
 	paused := state == store.StatePaused
 	if c.paused.Swap(paused) == paused {

@@ -165,6 +165,9 @@ func sessionEnded(err error) bool {
 func (w *worker) committed(st *batchState, start time.Time) {
 	w.next.Store(st.last + 1)
 	w.haltRecord = false
+	if st.deadLettered == 0 {
+		w.guard = false // a batch went through without a permanent failure
+	}
 	w.limit = min(w.c.cfg.BatchSize, w.limit*2)
 	for id, f := range w.tries {
 		if f.unitFirst <= st.last {
@@ -236,6 +239,14 @@ type batchState struct {
 	unitFirst int64
 	parkFor   int64
 	fail      *unitFailure
+	// In a guarded attempt (worker.guard): a savepoint is open before the
+	// current unit; the unit is in its first chunk; the handled count and
+	// end-to-end samples before it, restored when it is rolled back.
+	savepoint            bool
+	firstChunk           bool
+	unitHandled, unitE2E int
+	units                int // units opened to be handled in this attempt
+	rescued              int // units dead-lettered in the attempt that met their failure
 
 	handled      int
 	deadLettered int
@@ -271,7 +282,7 @@ func (st *batchState) handle(evs []Event) error {
 			if err := st.openUnit(unit); err != nil {
 				return err
 			}
-		} else if st.action != actPark {
+		} else if st.firstChunk = false; st.action != actPark {
 			// The unit continues into a new chunk: a host in it may be
 			// parked, which is only known now. A unit to be dead-lettered
 			// is parked instead: its dead letter would hold a later event
@@ -291,7 +302,13 @@ func (st *batchState) handle(evs []Event) error {
 			return nil
 		}
 		if err := st.run(unit); err != nil {
-			return err
+			rescued, err := st.rescue(unit, err)
+			if !rescued {
+				return err
+			}
+			st.last = unit[len(unit)-1].Offset
+			st.addParked(unit, st.parkFor)
+			return nil
 		}
 		st.last = unit[len(unit)-1].Offset
 		return nil
@@ -319,6 +336,8 @@ func (st *batchState) openUnit(unit []Event) error {
 		// The batch has gone long without a statement: commit before the
 		// server's idle_in_transaction_session_timeout ends the session.
 		return errCut
+	case w.guard && st.units >= guardedUnits:
+		return errCut // see guardedUnits
 	}
 	st.action, st.unitFirst, st.parkFor, st.fail = actHandle, head.Offset, 0, nil
 	w.last.units++
@@ -339,8 +358,81 @@ func (st *batchState) openUnit(unit []Event) error {
 	}
 	if st.action == actHandle {
 		st.batch.addUnit(head.Offset, tx)
+		st.units++
+		if w.guard {
+			return st.guardUnit()
+		}
 	}
 	return nil
+}
+
+// guardedUnits bounds the units of a guarded attempt: each is a
+// subtransaction, and past 64 of them a transaction's subtransactions
+// overflow the server's per-backend cache, which slows every snapshot
+// taken in the database until the transaction ends.
+const guardedUnits = 60
+
+// unitSavepointSQL opens the savepoint of a unit in a guarded attempt,
+// releasing the previous unit's: one round trip (a statement without
+// arguments runs on the simple protocol, which takes several).
+const (
+	unitSavepointSQL     = `SAVEPOINT pgevents_unit`
+	nextUnitSavepointSQL = `RELEASE SAVEPOINT pgevents_unit; SAVEPOINT pgevents_unit`
+	rollbackUnitSQL      = `ROLLBACK TO SAVEPOINT pgevents_unit`
+)
+
+// guardUnit opens a savepoint before the unit that opens, in a guarded
+// attempt, so that its failure can be undone alone (rescue).
+func (st *batchState) guardUnit() error {
+	sql := unitSavepointSQL
+	if st.savepoint {
+		sql = nextUnitSavepointSQL
+	}
+	if _, err := st.tx.Tx.Exec(st.ctx, sql); err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	st.savepoint, st.firstChunk = true, true
+	st.unitHandled, st.unitE2E = st.handled, len(st.e2e)
+	st.lastSQL = time.Now()
+	return nil
+}
+
+// rescue dead-letters, in the attempt that met it, the unit whose handlers
+// failed with err, when the attempt is guarded and the failure is
+// permanent: the unit's statements are rolled back to its savepoint, the
+// unit becomes a dead letter (written when it closes, as a unit marked in
+// an earlier attempt is), and the batch goes on with the next unit. So a
+// batch with k failing units commits its good units and k dead letters in
+// one attempt, rather than rolling back k times with a growing backoff
+// while every host of the partition waits.
+//
+// It reports false, with the error to fail the batch with, for everything
+// else, which the batch's rollback and decide handle as always: transient
+// and unknown failures (retried), timeouts, failures in a later chunk of a
+// unit (its earlier chunks' hosts are not recorded for parking), failures
+// blamed on an earlier unit, PolicyHalt and an open circuit breaker (the
+// next attempt commits the units before it and halts).
+func (st *batchState) rescue(unit []Event, err error) (bool, error) {
+	w := st.w
+	var ue *unitError
+	if !st.savepoint || !st.firstChunk || !errors.As(err, &ue) || ue.timeout || ue.parkFor != 0 ||
+		ue.txID != unit[0].TransactionID || Classify(ue.err) != ClassPermanent ||
+		w.c.cfg.OnPermanentFailure == PolicyHalt || w.breakerTripped() {
+		return false, err
+	}
+	if _, rerr := st.tx.Tx.Exec(st.ctx, rollbackUnitSQL); rerr != nil {
+		return false, fmt.Errorf("rollback to the unit's savepoint: %w (after %w)", rerr, err)
+	}
+	st.lastSQL = time.Now()
+	h := w.failure(ue)
+	v, class := decide(batchFailure{err: err, unit: ue, units: w.last.units}, h, failurePolicy{
+		maxAttempts: w.c.cfg.MaxAttempts, onPermanent: w.c.cfg.OnPermanentFailure,
+	})
+	w.permanent(ue, h, class, v)
+	st.handled, st.e2e = st.unitHandled, st.e2e[:st.unitE2E]
+	st.action, st.fail = actDeadLetter, h
+	st.rescued++
+	return true, nil
 }
 
 // closeUnit writes the dead letter or the parked events of the unit that

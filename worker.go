@@ -44,7 +44,13 @@ var keys = batching.Keys[Event]{
 //     as usual. This gives each unit the effect of a savepoint — a failing
 //     unit's statements are undone, the others' stand — without a
 //     savepoint's cost on the path where nothing fails (two round trips per
-//     unit, and the subtransaction cache overflows past 64);
+//     unit, and the subtransaction cache overflows past 64). From then on
+//     the worker's attempts are guarded, until a batch commits without a
+//     permanent failure: each unit runs in a savepoint of its own, and a
+//     unit that fails permanently is rolled back to it and dead-lettered in
+//     the attempt that met it (batchState.rescue), so a burst of k failing
+//     units costs one rolled-back attempt, not k, each after a longer
+//     backoff, while every host of the partition waits;
 //   - a handler that returns nil on an aborted transaction (it swallowed a
 //     SQL error) has failed permanently, with ErrAbortedTransaction: the
 //     transaction status is checked after every handler call, so that unit,
@@ -105,6 +111,14 @@ type worker struct {
 	park   map[int64]string       // units to park, for this host found parked mid-unit
 	narrow int64                  // a unit to handle alone; 0: none
 	haltAt *unitFailure           // the unit to halt before; nil: none
+
+	// guard makes the batch's attempts handle each unit in a savepoint
+	// (batchState.rescue), from a permanent failure until a batch commits
+	// without one: a failing unit is then dead-lettered in the attempt
+	// that meets it, and a burst of failing units costs one rollback, not
+	// one per unit. Without a failure no savepoint is taken (two round
+	// trips per unit, and a subtransaction each).
+	guard bool
 
 	halted     atomic.Bool
 	haltRecord bool        // partition_halts has a row for this partition
@@ -244,6 +258,12 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				continue // unhalted
 			}
 			more, err := w.batch(bctx, epoch)
+			if errors.Is(err, store.ErrPaused) {
+				// An operator paused the group: its claim saw it, after
+				// the pause waited for the batches in flight.
+				w.c.setState(store.StatePaused)
+				break
+			}
 			if errors.Is(err, store.ErrLeaseLost) {
 				// Taken over while this replica was slow, frozen or cut
 				// off: the batch rolled back, the new owner handles it.

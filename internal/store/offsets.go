@@ -187,8 +187,16 @@ LIMIT $4`
 	// still owns the lease, so that a replica that lost it stops before
 	// running handlers. The lease row changes only when its owner does, so
 	// the lookup does not grow with a heartbeat's versions.
+	//
+	// It also says whether the group is PAUSED, read after the position
+	// lock: an operator's pause takes every position lock of the group
+	// before it commits (SetState), so a claim that follows a pause waits
+	// for it and then sees it, and nothing is handled after the pause
+	// returned.
 	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM {schema}partition_leases
-WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5)`
+WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5),
+       EXISTS (SELECT 1 FROM {schema}subscriptions
+WHERE group_id = $1 AND topic_id = $2 AND state = 'PAUSED')`
 
 	// initLeasesSQL creates the free lease rows of the group's partitions.
 	initLeasesSQL = `INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id)
@@ -378,6 +386,10 @@ func BatchApplicationName(owner string) string {
 // owns the partition's lease with the epoch it claimed under.
 var ErrLeaseLost = errors.New("offsets: partition lease lost")
 
+// ErrPaused is returned by Claim when the group's subscription is PAUSED:
+// the claim rolled back, and nothing may be handled until a resume.
+var ErrPaused = errors.New("offsets: the group is paused")
+
 // Do begins a transaction on db, locks the group's position in the
 // partition for the rest of it, and appends to buf up to c.Limit events
 // from that position, in offset order: BEGIN, the claim and the parked
@@ -417,8 +429,8 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 			return fail(err)
 		}
 	}
-	var held bool
-	if err := br.QueryRow().Scan(&held); err != nil {
+	var held, paused bool
+	if err := br.QueryRow().Scan(&held, &paused); err != nil {
 		return fail(err)
 	}
 	rows, err := br.Query()
@@ -456,6 +468,10 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 	if !held {
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
 		return Claimed{Events: out.Events[:len(buf)]}, ErrLeaseLost
+	}
+	if paused {
+		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
+		return Claimed{Events: out.Events[:len(buf)]}, ErrPaused
 	}
 	if len(out.Events) == len(buf) {
 		// Nothing at or after the position: say where the position is. A

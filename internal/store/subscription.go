@@ -266,6 +266,15 @@ func SetState(ctx context.Context, db schema.DB, group string, topic int, to str
 	} else if err != nil {
 		return prev, fmt.Errorf("offsets: set state: %w", err)
 	}
+	if to != StateActive {
+		// Wait for the group's batches in flight, and keep new claims out
+		// until the state commits: a claim reads the state after its
+		// position lock (leaseHeldSQL), so once this returns no batch of
+		// the group commits anything.
+		if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic); err != nil {
+			return prev, fmt.Errorf("offsets: set state: wait for the group's batches: %w", err)
+		}
+	}
 	return prev, tx.Commit(ctx)
 }
 
