@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,6 +212,178 @@ func TestIdempotencyWindow(t *testing.T) {
 	if n := queryInt(t, pool, `SELECT count(*) FROM idempotency_keys`); n != 0 || m.Pruned == 0 {
 		t.Fatalf("%d keys left past the window, %d rows pruned", n, m.Pruned)
 	}
+}
+
+// TestIdempotencyWindowOfALongTransaction: the window counts from the clock
+// time a key is appended, not from the start of its transaction. A
+// producer transaction that has been open longer than the window appends a
+// key and commits; a retry right after is a duplicate of its event.
+func TestIdempotencyWindowOfALongTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := pgtest.Context(context.Background())
+	pool := newTopic(t, 2)
+	if err := schema.SetIdempotencyWindow(ctx, pool, 1, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e := Event{HostID: "h", EventType: "t", IdempotencyKey: "slow"}
+	var first []AppendResult
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// The transaction's start (now()) falls out of the window before
+		// the append: the scenario itself, so the wait is in the database.
+		if _, err := tx.Exec(ctx, `SELECT pg_sleep_until(now() + interval '2.2 s')`); err != nil {
+			return err
+		}
+		var err error
+		first, err = AppendResults(ctx, tx, e)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := AppendResults(ctx, pool, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (AppendResult{Offset: first[0].Offset, Partition: first[0].Partition, Duplicate: true}); first[0].Duplicate || again[0] != want {
+		t.Fatalf("the retry of a key appended by a transaction open past the window: %+v, want %+v (the first append's)", again[0], want)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1`); n != 1 {
+		t.Fatalf("%d events in the log, want 1", n)
+	}
+}
+
+// TestIdempotentDuplicateOfAPrunedKey: a call with two keys finds the first
+// one appended (a duplicate), then waits for the second, which an open
+// transaction holds. Meanwhile the first key passes the window and
+// prune_keys deletes its row. The call returns the first key's event, read
+// before it was deleted: no NULL offset, one event per key in the log.
+func TestIdempotentDuplicateOfAPrunedKey(t *testing.T) {
+	t.Parallel()
+	ctx := pgtest.Context(context.Background())
+	pool := newTopic(t, 2)
+	if err := schema.SetIdempotencyWindow(ctx, pool, 1, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ev := func(key string) Event {
+		return Event{HostID: "h-" + key, EventType: "t", Payload: json.RawMessage(`{"k":"` + key + `"}`), IdempotencyKey: key}
+	}
+	first, err := AppendResults(ctx, pool, ev("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An open transaction holds key b.
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck
+	held, err := AppendResults(ctx, holder, ev("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	pid := int64(conn.Conn().PgConn().PID())
+	type outcome struct {
+		res []AppendResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := AppendResults(ctx, conn, ev("a"), ev("b"))
+		done <- outcome{res, err}
+	}()
+	pgtest.WaitFor(t, 10*time.Second, "the call waits for key b", func() bool {
+		return queryInt(t, pool, `SELECT cardinality(pg_blocking_pids($1))`, pid) > 0
+	})
+	pgtest.WaitFor(t, 10*time.Second, "key a past the window", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM idempotency_keys ik JOIN log_counter lc USING (topic_id)
+WHERE ik.key = 'a' AND ik.created_at < clock_timestamp() - lc.idempotency_window`) == 1
+	})
+	if n := queryInt(t, pool, `SELECT prune_keys(1)`); n != 1 {
+		t.Fatalf("prune_keys deleted %d keys, want 1 (key a)", n)
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var out outcome
+	select {
+	case out = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call still waits after the holder committed")
+	}
+	if out.err != nil {
+		t.Fatalf("a duplicate whose key was pruned while the call waited: %v", out.err)
+	}
+	want := []AppendResult{
+		{Offset: first[0].Offset, Partition: first[0].Partition, Duplicate: true},
+		{Offset: held[0].Offset, Partition: held[0].Partition, Duplicate: true},
+	}
+	if fmt.Sprint(out.res) != fmt.Sprint(want) {
+		t.Fatalf("results %+v, want %+v", out.res, want)
+	}
+	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1`); n != 2 {
+		t.Fatalf("%d events in the log, want 2 (one per key)", n)
+	}
+}
+
+// TestIdempotentDuplicatesWhilePruning: sessions append one key over and
+// over under a window of a millisecond, so that its row passes the window
+// all the time, while prune_keys runs in a loop and each claim deletes the
+// row it finds past the window: the row is often deleted between the
+// conflict that makes an append a duplicate and the read of its event. No
+// append fails or returns a NULL offset, every duplicate names an event of
+// the key, and the log holds one event per append that was not a
+// duplicate.
+func TestIdempotentDuplicatesWhilePruning(t *testing.T) {
+	t.Parallel()
+	ctx := pgtest.Context(context.Background())
+	pool := newTopic(t, 2)
+	if err := schema.SetIdempotencyWindow(ctx, pool, 1, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	const sessions = 6
+	e := Event{HostID: "h", EventType: "t", IdempotencyKey: "k"}
+	deadline := time.Now().Add(2 * time.Second)
+	var appended, duplicates atomic.Int64
+	var wg sync.WaitGroup
+	for s := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				res, err := AppendResults(ctx, pool, e)
+				if err != nil {
+					t.Errorf("session %d: %v", s, err)
+					return
+				}
+				if !res[0].Duplicate {
+					appended.Add(1)
+					continue
+				}
+				duplicates.Add(1)
+				var n int
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1 AND partition_id = $1 AND c_offset = $2`,
+					res[0].Partition, res[0].Offset).Scan(&n); err != nil || n != 1 {
+					t.Errorf("session %d: the duplicate %+v names no event (%v)", s, res[0], err)
+					return
+				}
+			}
+		}()
+	}
+	// Maintenance, as often as it can.
+	var pruned int64
+	for time.Now().Before(deadline) {
+		pruned += queryInt(t, pool, `SELECT prune_keys(1)`)
+	}
+	wg.Wait()
+	if n := queryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1`); n != appended.Load() {
+		t.Errorf("%d events in the log, %d appends that were not duplicates", n, appended.Load())
+	}
+	t.Logf("%d events, %d duplicates, %d keys pruned", appended.Load(), duplicates.Load(), pruned)
 }
 
 // appendVia is a way to append in TestIdempotentAppends.

@@ -205,13 +205,13 @@ func ChannelUsers(ctx context.Context, db DB, channel string) ([]ChannelUser, er
 }
 
 // DefaultIdempotencyWindow is how long a topic keeps its idempotency keys
-// unless SetIdempotencyWindow says otherwise; see migration 0010.
+// unless SetIdempotencyWindow says otherwise; see migrations 0010 and 0012.
 const DefaultIdempotencyWindow = 24 * time.Hour
 
 // SetIdempotencyWindow sets how long an idempotency key of the topic makes
-// a second append of it a duplicate. Keys older than that are appended
-// again, and maintenance deletes them, so the keys kept are about one
-// window's.
+// a second append of it a duplicate, counted from the clock time of the
+// append that wrote the key. Keys older than that are appended again, and
+// maintenance deletes them, so the keys kept are about one window's.
 func SetIdempotencyWindow(ctx context.Context, db DB, id int, window time.Duration) error {
 	if window <= 0 {
 		return fmt.Errorf("schema: idempotency window of topic %d: must be positive, got %s", id, window)
