@@ -41,6 +41,9 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	if err != nil {
 		return false, err
 	}
+	if cl.InFlight != nil {
+		w.slowProducer(*cl.InFlight)
+	}
 	tx := cl.Tx
 	ended := false // CommitBatch committed tx: nothing to roll back
 	defer func() {
@@ -147,6 +150,24 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		w.c.pollNow(WakePoll) // finished below the cut? the group may move on
 	}
 	return more, nil
+}
+
+// slowProducerEvery is how often a worker says, at most, that an append
+// in flight on its partition kept it waiting.
+const slowProducerEvery = time.Minute
+
+// slowProducer logs, at most once per slowProducerEvery, that the claim's
+// wait for an append in flight ran out (store.AwaitAppendMax), naming the
+// producer's session that holds it: its events, and every later event of
+// the partition, wait for its commit.
+func (w *worker) slowProducer(holder string) {
+	now := time.Now()
+	if now.Sub(w.slowLogged) < slowProducerEvery {
+		return
+	}
+	w.slowLogged = now
+	w.log.Warn().Str("producer", holder).Dur("waited", store.AwaitAppendMax).
+		Msg("an append in flight on the partition has not committed: the partition's next events wait for that producer's transaction")
 }
 
 // sessionEnded says whether a failed COMMIT's error means that the

@@ -120,6 +120,8 @@ type worker struct {
 	// trips per unit, and a subtransaction each).
 	guard bool
 
+	slowLogged time.Time // when slowProducer last logged
+
 	halted     atomic.Bool
 	haltRecord bool        // partition_halts has a row for this partition
 	deadTimes  []time.Time // recent dead letters, for the circuit breaker

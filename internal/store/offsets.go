@@ -89,14 +89,16 @@ SELECT -1, 0, 0, clock_timestamp()`
 	// finds nothing costs no WAL.
 	lockPositionSQL = `SELECT {schema}lock_position($1, $2, $3)`
 
-	// awaitAppendSQL waits for the appends in flight on a partition: it
-	// takes the partition's flight key exclusive, which each of them holds
-	// shared from its start to its commit (SQL mark_flight), and
-	// awaitedAppendSQL releases it at once. Appends never wait for the key
-	// (they only try it: one that starts meanwhile goes unmarked), nor
-	// notify because of it.
-	awaitAppendSQL   = `SELECT pg_advisory_lock({schema}lock_key('flight', $1::integer || '/' || $2::integer))`
-	awaitedAppendSQL = `SELECT pg_advisory_unlock({schema}lock_key('flight', $1::integer || '/' || $2::integer))`
+	// awaitAppendSQL waits, at most $3 milliseconds, for the appends in
+	// flight on a partition: it takes the partition's flight key exclusive,
+	// which each of them holds shared from its start to its commit (SQL
+	// mark_flight), and releases it at once (SQL await_flight). Appends
+	// never wait for the key (they only try it: one that starts meanwhile
+	// goes unmarked), nor notify because of it. When the bound runs out it
+	// names a producer's session that holds the key, and the claim goes on
+	// with what is committed: a producer that keeps its transaction open
+	// costs the claim its bound, never its connection.
+	awaitAppendSQL = `SELECT {schema}await_flight($1, $2, $3)`
 
 	// positionExpr is the group's position in the partition: the newest row
 	// of consumer_positions, read from the index's end whatever older rows
@@ -367,7 +369,17 @@ type Claimed struct {
 	// when the claim found no event (0 otherwise): the worker's position
 	// comes from the database, never from what a notification said.
 	Next int64
+	// InFlight names a producer's session whose append was still in
+	// flight on the partition when the claim's wait for it ran out
+	// (AwaitAppendMax); nil when the claim did not wait or the append
+	// committed.
+	InFlight *string
 }
+
+// AwaitAppendMax bounds a claim's wait for an append in flight
+// (Claim.AwaitAppend), below any statement_timeout a consumer's session
+// is likely to have.
+const AwaitAppendMax = time.Second
 
 // BatchApplicationName is the application_name of a batch transaction of
 // the replica owner, for the transaction's duration: printable ASCII, at
@@ -398,11 +410,8 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 	var b pgx.Batch
 	b.BeginTx(ReadCommitted)
 	b.Queue(batchNameSQL, BatchApplicationName(c.Owner))
-	waits := 0
 	if c.AwaitAppend {
-		b.Queue(schema.SQL(ctx, awaitAppendSQL), c.Topic, c.Partition)
-		b.Queue(schema.SQL(ctx, awaitedAppendSQL), c.Topic, c.Partition)
-		waits = 2
+		b.Queue(schema.SQL(ctx, awaitAppendSQL), c.Topic, c.Partition, AwaitAppendMax.Milliseconds())
 	}
 	b.Queue(schema.SQL(ctx, lockPositionSQL), c.Group, c.Topic, c.Partition)
 	b.Queue(schema.SQL(ctx, leaseHeldSQL), c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
@@ -424,10 +433,18 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
 		return Claimed{Events: out.Events}, fmt.Errorf("offsets: claim: %w", err)
 	}
-	for range 3 + waits { // BEGIN, the batch's name, the wait, the position lock
+	for range 2 { // BEGIN, the batch's name
 		if _, err := br.Exec(); err != nil {
 			return fail(err)
 		}
+	}
+	if c.AwaitAppend {
+		if err := br.QueryRow().Scan(&out.InFlight); err != nil {
+			return fail(err)
+		}
+	}
+	if _, err := br.Exec(); err != nil { // the position lock
+		return fail(err)
 	}
 	var held, paused bool
 	if err := br.QueryRow().Scan(&held, &paused); err != nil {

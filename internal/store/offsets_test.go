@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -251,5 +252,66 @@ func TestStatementsUseGenericPlans(t *testing.T) {
 	var mode string
 	if err := conn.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode); err != nil || mode != "auto" {
 		t.Fatalf("after the batches the session's plan_cache_mode is %q (%v), want auto", mode, err)
+	}
+}
+
+// TestClaimWaitForAnAppendInFlightIsBounded: a claim that waits for an
+// append in flight (Claim.AwaitAppend) while the producer keeps its
+// transaction open longer than the consumer's statement_timeout gives up
+// after its own bound, without an error and keeping its connection, names
+// the producer's session, and reads the append's events once it commits.
+func TestClaimWaitForAnAppendInFlightIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx, url := setup(t, 1)
+	admin := pgtest.Pool(t, url)
+	if err := Init(ctx, admin, "g", 1, []int{0}); err != nil {
+		t.Fatal(err)
+	}
+	producer, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Rollback(ctx) //nolint:errcheck
+	var pid int
+	if err := producer.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := producer.Exec(ctx, `SELECT append_event(1, 'h', 'u', 't', '{}'::jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.RuntimeParams["statement_timeout"] = "3000" // longer than AwaitAppendMax, shorter than the producer
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	ps := ForPartition(1, 0)
+	cl, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 10, Layout: 1, SQL: ps, AwaitAppend: true}.Do(ctx, conn, nil)
+	if err != nil {
+		t.Fatalf("a claim waiting for a producer that stays open failed: %v", err)
+	}
+	if cl.InFlight == nil || !strings.Contains(*cl.InFlight, fmt.Sprintf("pid %d ", pid)) {
+		t.Fatalf("the claim's wait ran out naming %v, want the producer's session, pid %d", cl.InFlight, pid)
+	}
+	if len(cl.Events) != 0 {
+		t.Fatalf("the claim read %d events of a transaction in flight", len(cl.Events))
+	}
+	if err := cl.Tx.Rollback(ctx); err != nil {
+		t.Fatalf("the claim's connection is not usable after its wait: %v", err)
+	}
+	if err := producer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cl, err = Claim{Group: "g", Topic: 1, Partition: 0, Limit: 10, Layout: 1, SQL: ps, AwaitAppend: true}.Do(ctx, conn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Tx.Rollback(ctx) //nolint:errcheck
+	if len(cl.Events) != 1 || cl.InFlight != nil {
+		t.Fatalf("after the commit the claim read %d events (in flight: %v), want the append's one", len(cl.Events), cl.InFlight)
 	}
 }
