@@ -364,8 +364,11 @@ func (c *Config) problems() []*ConfigError {
 	positive("DeadLetterWindow", int64(c.DeadLetterWindow), c.DeadLetterWindow)
 	positive("HandlerTimeout", int64(c.HandlerTimeout), c.HandlerTimeout)
 	positive("ShutdownTimeout", int64(c.ShutdownTimeout), c.ShutdownTimeout)
-	if c.Handlers == nil || c.Handlers.Len() == 0 {
+	switch {
+	case c.Handlers == nil || c.Handlers.Len() == 0:
 		bad("Handlers", "must register at least one handler")
+	case c.Handlers.refused != "":
+		bad("Handlers", "%s", c.Handlers.refused)
 	}
 	if _, err := ParseStartPosition(c.StartFrom); err != nil {
 		bad("StartFrom", "%v", err)

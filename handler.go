@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -61,44 +62,123 @@ func (f GroupHandlerFunc) HandleGroup(ctx context.Context, tx pgx.Tx, run []Even
 
 // Handlers maps event types to handlers. The zero value is empty and ready
 // to use; register everything before the consumer starts.
+//
+// A handler is registered for an event type pattern: an event type
+// ("user.created"), a prefix pattern ending in ".*" ("user.*" matches
+// "user.created" and "user.admin.added", not "user"), or "*" for every
+// type. An event goes to the handler of its exact type, else to the
+// longest prefix pattern that matches it, else to the "*" handler; an
+// event none of them matches is an unknown event type
+// (Config.UnknownEventType). Two handlers for one pattern, or a pattern
+// that is not valid (see [ValidEventPattern]), make NewConsumer fail.
 type Handlers struct {
-	byType   map[string]Handler
+	exact    map[string]Handler
+	prefixes map[string]Handler // by the prefix: "user." for "user.*"
 	catchAll Handler
 	groups   GroupHandler
+	refused  string // why the first refused registration was refused
+}
+
+// ValidEventPattern reports whether pattern can be registered in
+// [Handlers]: an event type without "*", a prefix pattern whose only "*"
+// is its whole last segment ("user.*"), or "*" alone. It returns nil or
+// an error saying what is wrong.
+func ValidEventPattern(pattern string) error {
+	switch n := strings.Count(pattern, "*"); {
+	case pattern == "":
+		return errors.New(`an event type or pattern is required: an event type, a prefix pattern such as "user.*", or "*" for every type`)
+	case n == 0, pattern == "*", n == 1 && strings.HasSuffix(pattern, ".*"):
+		return nil
+	}
+	return fmt.Errorf(`%q is not an event type or pattern: a "*" stands only for a whole last segment, as in "user.*", or alone, "*" for every type`, pattern)
 }
 
 // HandleGroups registers h to receive every event as runs (see
-// GroupHandler). When set, it replaces the per-event handlers.
-func (hs *Handlers) HandleGroups(h GroupHandler) { hs.groups = h }
-
-// Handle registers h for events of type eventType, replacing any handler
-// registered for it before.
-func (hs *Handlers) Handle(eventType string, h Handler) {
-	if hs.byType == nil {
-		hs.byType = map[string]Handler{}
+// GroupHandler). When set, it replaces the per-event handlers. A second
+// group handler makes NewConsumer fail.
+func (hs *Handlers) HandleGroups(h GroupHandler) {
+	if hs.groups != nil {
+		hs.refuse("registers two group handlers")
+		return
 	}
-	hs.byType[eventType] = h
+	hs.groups = h
 }
 
-// HandleFunc registers fn for events of type eventType.
-func (hs *Handlers) HandleFunc(eventType string, fn func(ctx context.Context, tx pgx.Tx, ev *Event) error) {
-	hs.Handle(eventType, HandlerFunc(fn))
+// Handle registers h for the events that pattern matches: an event type,
+// a prefix pattern such as "user.*", or "*" (see [Handlers] for the
+// precedence). A pattern registered before, or one that is not valid,
+// is refused: NewConsumer then fails, naming it.
+func (hs *Handlers) Handle(pattern string, h Handler) {
+	if err := ValidEventPattern(pattern); err != nil {
+		hs.refuse("registers a handler for an invalid pattern: " + err.Error())
+		return
+	}
+	var byPattern map[string]Handler
+	key := pattern
+	switch {
+	case pattern == "*":
+		if hs.catchAll != nil {
+			hs.refuse(`registers two handlers for every event type ("*")`)
+			return
+		}
+		hs.catchAll = h
+		return
+	case strings.HasSuffix(pattern, ".*"):
+		if hs.prefixes == nil {
+			hs.prefixes = map[string]Handler{}
+		}
+		byPattern, key = hs.prefixes, strings.TrimSuffix(pattern, "*")
+	default:
+		if hs.exact == nil {
+			hs.exact = map[string]Handler{}
+		}
+		byPattern = hs.exact
+	}
+	if _, dup := byPattern[key]; dup {
+		hs.refuse(fmt.Sprintf("registers two handlers for event type %q", pattern))
+		return
+	}
+	byPattern[key] = h
 }
 
-// HandleAll registers h for every event type that has no handler of its own.
-func (hs *Handlers) HandleAll(h Handler) { hs.catchAll = h }
+// HandleFunc registers fn for the events that pattern matches, as Handle.
+func (hs *Handlers) HandleFunc(pattern string, fn func(ctx context.Context, tx pgx.Tx, ev *Event) error) {
+	hs.Handle(pattern, HandlerFunc(fn))
+}
 
-// Lookup returns the handler for eventType and whether there is one.
+// HandleAll registers h for every event type that has no handler of its
+// own: it is Handle("*", h).
+func (hs *Handlers) HandleAll(h Handler) { hs.Handle("*", h) }
+
+// refuse records a registration that was refused, the first one only:
+// NewConsumer reports it.
+func (hs *Handlers) refuse(msg string) {
+	if hs.refused == "" {
+		hs.refused = msg
+	}
+}
+
+// Lookup returns the handler of an event of type eventType and whether
+// there is one: the handler of eventType itself, else of the longest
+// prefix pattern that matches it, else of "*".
 func (hs *Handlers) Lookup(eventType string) (Handler, bool) {
-	if h, ok := hs.byType[eventType]; ok {
+	if h, ok := hs.exact[eventType]; ok {
 		return h, true
+	}
+	if len(hs.prefixes) > 0 {
+		// Each prefix of eventType that ends in a dot, longest first.
+		for i := strings.LastIndexByte(eventType, '.'); i >= 0; i = strings.LastIndexByte(eventType[:i], '.') {
+			if h, ok := hs.prefixes[eventType[:i+1]]; ok {
+				return h, true
+			}
+		}
 	}
 	return hs.catchAll, hs.catchAll != nil
 }
 
 // Len returns the number of registered handlers, the catch-all included.
 func (hs *Handlers) Len() int {
-	n := len(hs.byType)
+	n := len(hs.exact) + len(hs.prefixes)
 	if hs.catchAll != nil {
 		n++
 	}

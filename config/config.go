@@ -342,8 +342,11 @@ func (c *Config) SameInstallation(i int) bool {
 
 // Handler configures one built-in handler.
 type Handler struct {
-	// EventType is the event type the handler accepts, or "*" for every
-	// type. It is required.
+	// EventType is the event type the handler accepts ("user.created"), a
+	// prefix pattern ending in ".*" ("user.*": user.created,
+	// user.admin.added), or "*" for every type (see pgevents.Handlers for
+	// the precedence: exact type, longest prefix, "*"). It is required,
+	// and two handlers of a group may not have the same one.
 	EventType string `yaml:"eventType"`
 
 	// Type is the kind of handler: "log" writes each event to Output;

@@ -92,7 +92,7 @@ tracing:
 handlers:
   - eventType: "*"
     type: log
-  - eventType: invoice_paid
+  - eventType: invoice.*
     type: log
     output: /var/log/paid.log
   - eventType: invoice_paid
@@ -146,7 +146,7 @@ func TestParseFullFile(t *testing.T) {
 			Headers: map[string]string{"Authorization": "Bearer t0k"}},
 		Handlers: []Handler{
 			{EventType: "*", Type: "log", Output: "stdout"},
-			{EventType: "invoice_paid", Type: "log", Output: "/var/log/paid.log"},
+			{EventType: "invoice.*", Type: "log", Output: "/var/log/paid.log"},
 			{EventType: "invoice_paid", Type: "sql", Statement: "INSERT INTO paid (id) VALUES ($1)\n"},
 		},
 	}
@@ -689,6 +689,64 @@ func TestParseGroupsErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHandlerEventTypes: a handler's eventType is an event type, a prefix
+// pattern ending in ".*" or "*"; any other "*" is refused, and so is a
+// second handler of one group with the same eventType, naming both keys.
+// Groups have their handlers each: one eventType in two groups is fine.
+func TestHandlerEventTypes(t *testing.T) {
+	clearEnv(t)
+	const head = "databaseUrl: x\ngroupId: g\nhandlers:\n" // lines 1-3
+	item := func(eventType string) string {
+		return "  - eventType: \"" + eventType + "\"\n    type: sql\n    statement: SELECT 1\n"
+	}
+
+	t.Run("valid", func(t *testing.T) {
+		c := mustParse(t, head+item("user.created")+item("user.*")+item("user.admin.*")+item("*")+item("order.placed"))
+		if len(c.Handlers) != 5 {
+			t.Fatalf("%d handlers, want 5", len(c.Handlers))
+		}
+		mustParse(t, "databaseUrl: x\ngroups:\n  - groupId: a\n    handlers: [{eventType: order.placed, type: log}]\n"+
+			"  - groupId: b\n    handlers: [{eventType: order.placed, type: log}]\n")
+	})
+
+	for _, tc := range []struct {
+		name, src, key string
+		line           int
+		msg            string
+	}{
+		{"two sql handlers for one type", head + item("order.placed") + item("order.placed"),
+			"handlers[1].eventType", 7, `duplicates handlers[0].eventType "order.placed"`},
+		{"the duplicate after others", head + item("a") + item("user.*") + item("b") + item("user.*"),
+			"handlers[3].eventType", 13, `duplicates handlers[1].eventType "user.*"`},
+		{"two catch-alls", head + item("*") + item("*"), "handlers[1].eventType", 7, `duplicates handlers[0].eventType "*"`},
+		{"in a group", "databaseUrl: x\ngroups:\n  - groupId: a\n  - groupId: b\n    handlers:\n" +
+			"      - {eventType: order.placed, type: log}\n      - {eventType: order.placed, type: sql, statement: SELECT 1}\n",
+			"groups[1].handlers[1].eventType", 7, `duplicates groups[1].handlers[0].eventType "order.placed"`},
+		{"star inside a segment", head + item("us*er"), "handlers[0].eventType", 4, "not an event type or pattern"},
+		{"star ending a segment", head + item("user*"), "handlers[0].eventType", 4, "not an event type or pattern"},
+		{"star not last", head + item("*.created"), "handlers[0].eventType", 4, "not an event type or pattern"},
+		{"star in the middle", head + item("user.*.created"), "handlers[0].eventType", 4, "not an event type or pattern"},
+		{"two stars", head + item("user.**"), "handlers[0].eventType", 4, "not an event type or pattern"},
+		{"double star", head + item("**"), "handlers[0].eventType", 4, "not an event type or pattern"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := parseErr(t, tc.src)
+			if e.Key != tc.key || e.Line != tc.line || !strings.Contains(e.Msg, tc.msg) {
+				t.Fatalf("error %q (key %q, line %d), want key %q, line %d, a message with %q", e, e.Key, e.Line, tc.key, tc.line, tc.msg)
+			}
+		})
+	}
+
+	t.Run("message", func(t *testing.T) {
+		e := parseErr(t, "databaseUrl: x\ngroups:\n  - groupId: a\n    handlers:\n"+
+			"      - {eventType: order.placed, type: sql, statement: SELECT 1}\n      - {eventType: order.placed, type: sql, statement: SELECT 2}\n")
+		want := `config: groups[0].handlers[1].eventType: duplicates groups[0].handlers[0].eventType "order.placed"`
+		if !strings.HasPrefix(e.Error(), want) {
+			t.Fatalf("error %q, want it to start with %q", e, want)
+		}
+	})
 }
 
 func TestParseDuration(t *testing.T) {

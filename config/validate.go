@@ -121,6 +121,10 @@ func (c *Config) problems() []*Error {
 		errs = append(errs, c.keyed(i, m.errs)...)
 		errs = append(errs, c.keyed(i, c.consumerProblems(cc))...)
 		errs = append(errs, c.keyed(i, g.handlerProblems())...)
+		for _, d := range g.duplicateHandlers() {
+			add(c.KeyPath(i, handlerKey(d[1], "eventType")), "duplicates %s %q: an event type or pattern has one handler",
+				c.KeyPath(i, handlerKey(d[0], "eventType")), g.Handlers[d[0]].EventType)
+		}
 		if len(c.Groups) > 0 {
 			id := g.GroupID + "\x00" + strconv.Itoa(g.TopicID)
 			if first, dup := seen[id]; dup {
@@ -154,10 +158,11 @@ func (g *Config) handlerProblems() []*Error {
 	var errs []*Error
 	for i := range g.Handlers {
 		h := &g.Handlers[i]
-		path := keyHandlers + "[" + strconv.Itoa(i) + "]."
-		m := &mapper{prefix: path}
+		m := &mapper{prefix: handlerKey(i, "")}
 		if h.EventType == "" {
-			m.add("eventType", `is required: an event type, or "*" for every type`)
+			m.add("eventType", `is required: an event type, a prefix pattern such as "user.*", or "*" for every type`)
+		} else if err := pgevents.ValidEventPattern(h.EventType); err != nil {
+			m.add("eventType", "%v", err)
 		}
 		if !slices.Contains(handlerTypes, h.Type) {
 			if h.Type == "" {
@@ -199,6 +204,30 @@ func (g *Config) handlerProblems() []*Error {
 		errs = append(errs, m.errs...)
 	}
 	return errs
+}
+
+// duplicateHandlers returns, for each handler of g whose eventType an
+// earlier one has, the indexes of the first one and its own.
+func (g *Config) duplicateHandlers() [][2]int {
+	var dups [][2]int
+	first := map[string]int{}
+	for i, h := range g.Handlers {
+		if h.EventType == "" {
+			continue
+		}
+		if j, dup := first[h.EventType]; dup {
+			dups = append(dups, [2]int{j, i})
+			continue
+		}
+		first[h.EventType] = i
+	}
+	return dups
+}
+
+// handlerKey returns the key of handler i's key k, relative to its group
+// ("handlers[1].eventType").
+func handlerKey(i int, k string) string {
+	return keyHandlers + "[" + strconv.Itoa(i) + "]." + k
 }
 
 // keyed returns errs, whose keys are relative to group i, with the keys of

@@ -392,6 +392,8 @@ func TestKillNineInsideHandler(t *testing.T) {
 func TestInvalidConfigExitsTwo(t *testing.T) {
 	url, _ := migrated(t, 8)
 	base := "groupId: g\ntotalPartitions: 8\nhandlers:\n  - eventType: \"*\"\n    type: log\n"
+	twoHandlers := "groupId: g\ntotalPartitions: 8\nhandlers:\n" +
+		"  - {eventType: order.placed, type: sql, statement: SELECT 1}\n  - {eventType: order.placed, type: sql, statement: SELECT 2}\n"
 	cases := []struct {
 		name, yaml, key string
 	}{
@@ -403,6 +405,8 @@ func TestInvalidConfigExitsTwo(t *testing.T) {
 		{"unreadable yaml", "groupId: [g\n", "yaml"},
 		{"partition count differs from the topic's", strings.Replace(base, "totalPartitions: 8", "totalPartitions: 4", 1), "totalPartitions"},
 		{"topic missing", base + "topicId: 9\n", "topicId"},
+		{"two handlers for one event type", twoHandlers, `handlers[1].eventType: duplicates handlers[0].eventType "order.placed"`},
+		{"star inside an event type", strings.Replace(base, `"*"`, `"us*er"`, 1), "handlers[0].eventType"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -420,6 +424,12 @@ func TestInvalidConfigExitsTwo(t *testing.T) {
 		code, out := runOnce(t, url, "run", "--config", filepath.Join(t.TempDir(), "nope.yml"))
 		if code != 2 || !strings.Contains(out, "nope.yml") {
 			t.Fatalf("exit %d, want 2 naming the file:\n%s", code, out)
+		}
+	})
+	t.Run("migrate refuses two handlers for one event type", func(t *testing.T) {
+		code, out := runOnce(t, url, "migrate", "--config", writeConfig(t, twoHandlers))
+		if code != 2 || !strings.Contains(out, "handlers[1].eventType") {
+			t.Fatalf("exit %d, want 2 naming handlers[1].eventType:\n%s", code, out)
 		}
 	})
 	t.Run("partition mismatch names the command", func(t *testing.T) {

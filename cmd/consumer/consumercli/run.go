@@ -202,11 +202,7 @@ func (c *CLI) buildHandlers(cfg *config.Config, g int, stdout io.Writer) (*pgeve
 			sinks = append(sinks, closeSink)
 			handler = s
 		}
-		if h.EventType == "*" {
-			hs.HandleAll(handler)
-		} else {
-			hs.Handle(h.EventType, handler)
-		}
+		hs.Handle(h.EventType, handler)
 	}
 	return hs, closeAll, nil
 }
