@@ -84,8 +84,24 @@ func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, status in
 // title and the data, or an error (a *statusError for the client's).
 type pageFunc func(r *http.Request) (name, title string, data any, err error)
 
-// page serves a pageFunc: the page, or the error's.
+// page serves a pageFunc behind the token when Options.PagesNeedToken
+// says so (see servePage).
 func (c *Console) page(f pageFunc) http.HandlerFunc {
+	serve := c.servePage(f)
+	if !c.opts.PagesNeedToken {
+		return serve
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		if a, status, why := c.credentials(r); a == nil {
+			c.refuse(w, r, status, why)
+			return
+		}
+		serve(w, r)
+	}
+}
+
+// servePage serves a pageFunc: the page, or the error's.
+func (c *Console) servePage(f pageFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		name, title, data, err := f(r)
 		if err != nil {
