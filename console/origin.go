@@ -156,11 +156,13 @@ func newHostRule(addr string, allowed []string) (hostRule, error) {
 // returns the name, lower-case.
 func allowedHostName(s string) (string, error) {
 	name := strings.ToLower(strings.TrimSpace(s))
+	if strings.ContainsAny(name, "/\\@?# \t") {
+		return "", fmt.Errorf("%q is not a host name (such as console.example.com)", s)
+	}
 	if h, _, err := net.SplitHostPort(name); err == nil {
 		name = h
 	}
-	name = strings.Trim(name, "[]")
-	if name == "" || strings.ContainsAny(name, "/\\@?# \t") {
+	if name = strings.Trim(name, "[]"); name == "" {
 		return "", fmt.Errorf("%q is not a host name (such as console.example.com)", s)
 	}
 	if ip, ok := parseIP(name); ok {

@@ -106,7 +106,7 @@ func TestHostHeaderChecked(t *testing.T) {
 	if n := e.queryInt(`SELECT count(*) FROM subscriptions WHERE state = 'PAUSED'`); n != 0 {
 		t.Fatalf("a request for another host acted: %d groups paused", n)
 	}
-	for _, bad := range [][]string{{"evil.example/path"}, {""}, {"a b"}} {
+	for _, bad := range [][]string{{"evil.example/path"}, {""}, {"a b"}, {"https://console.example.com/"}} {
 		if _, err := console.New(e.cpool, console.Options{Token: testToken, AllowedHosts: bad}); err == nil {
 			t.Errorf("AllowedHosts %q: no error", bad)
 		}
