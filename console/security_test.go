@@ -305,21 +305,28 @@ func TestPagesNeedToken(t *testing.T) {
 	for _, p := range pages {
 		open.mustGet(p)
 	}
+	cc := e.cpool.Config().ConnConfig
+	db := fmt.Sprintf("%s@%s:%d/%s", cc.User, cc.Host, cc.Port, cc.Database)
 	e.restart(console.Options{PagesNeedToken: true})
 	anon, op := e.client(), e.client()
 	op.signIn("ada", testToken)
 	bearer := map[string]string{"Authorization": "Bearer " + testToken}
 	for _, p := range pages {
-		if r := anon.get(p); r.status != http.StatusUnauthorized || strings.Contains(r.body, "host-2") || !strings.Contains(r.body, `href="/signin"`) {
-			t.Errorf("GET %s without a session: %d, want 401 with a sign-in link and no data\n%s", p, r.status, r.body)
+		if r := anon.get(p); r.status != http.StatusUnauthorized || strings.Contains(r.body, "host-2") || strings.Contains(r.body, db) ||
+			!strings.Contains(r.body, `href="/signin"`) {
+			t.Errorf("GET %s without a session: %d, want 401 with a sign-in link and no data (nor the database's name)\n%s", p, r.status, r.body)
 		}
-		op.mustGet(p)
+		if body := op.mustGet(p); !strings.Contains(body, db) {
+			t.Errorf("GET %s signed in does not name the database %s", p, db)
+		}
 		if r := anon.do(http.MethodGet, p, nil, bearer); r.status != http.StatusOK {
 			t.Errorf("GET %s with the bearer token: %d, want 200", p, r.status)
 		}
 	}
 	for _, p := range []string{"/signin", "/assets/console.css", "/assets/console.js"} {
-		anon.mustGet(p)
+		if body := anon.mustGet(p); strings.Contains(body, db) {
+			t.Errorf("GET %s without a session names the database", p)
+		}
 	}
 	for i := range 5 {
 		if r := anon.do(http.MethodGet, "/dead-letters", nil, map[string]string{"Authorization": "Bearer wrong-guess-0123456789"}); r.status != http.StatusUnauthorized {
