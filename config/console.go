@@ -1,8 +1,11 @@
 package config
 
 import (
+	"fmt"
 	"net"
+	"net/netip"
 	"os"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -16,6 +19,32 @@ const EnvConsoleToken = "PGEVENTS_CONSOLE_TOKEN"
 const MinConsoleTokenLen = 16
 
 const keyConsole = "console"
+
+// consoleKeys are the keys of the console section, for error messages.
+const consoleKeys = "addr, token, readOnly, pagesNeedToken, allowedHosts, trustedProxies"
+
+// decodeStrings reads a list of strings (what names its items), or a
+// single string as a list of one; it returns why it cannot.
+func decodeStrings(v *yaml.Node, what string) ([]string, string) {
+	if isNull(v) {
+		return nil, ""
+	}
+	if v.Kind == yaml.ScalarNode {
+		return []string{v.Value}, ""
+	}
+	if v.Kind != yaml.SequenceNode {
+		return nil, "must be a list of " + what + ", got " + describe(v)
+	}
+	out := make([]string, 0, len(v.Content))
+	for i, item := range v.Content {
+		var s string
+		if msg := decodeString(resolve(item), &s); msg != "" {
+			return nil, fmt.Sprintf("item %d: %s", i, msg)
+		}
+		out = append(out, s)
+	}
+	return out, ""
+}
 
 // Console configures the operator console (package console): served by
 // `consumer console`, and by `consumer run` beside the consumers when the
@@ -38,6 +67,28 @@ type Console struct {
 	// ReadOnly serves the pages without actions: no form changes anything,
 	// and every action request is refused. Defaults to false.
 	ReadOnly bool `yaml:"readOnly"`
+
+	// PagesNeedToken puts every page behind the token, not only the
+	// actions: without a session or the bearer token a page answers 401.
+	// Defaults to false: anyone who reaches Addr reads the pages, payloads
+	// and errors included. It needs the token, so not with ReadOnly.
+	PagesNeedToken bool `yaml:"pagesNeedToken"`
+
+	// AllowedHosts are the names, besides Addr's host (and localhost when
+	// Addr is a loopback or every address), that a request's Host header
+	// may give: the name operators reach the console by, directly or
+	// through a proxy. Any other Host gets 421, which stops a page of
+	// another site whose name was made to resolve to the console's address
+	// (DNS rebinding). A port, if given, is not compared. Defaults to none.
+	AllowedHosts []string `yaml:"allowedHosts"`
+
+	// TrustedProxies are the proxies in front of the console, each an IP
+	// address or a CIDR ("10.0.0.0/8"): from one of them, the client's
+	// address (what the limit of five wrong tokens a minute counts, and
+	// the audit shows) is the right-most address of X-Forwarded-For that
+	// is not a trusted proxy's. Defaults to none: X-Forwarded-For is
+	// ignored, and behind a proxy every client has the proxy's address.
+	TrustedProxies []string `yaml:"trustedProxies"`
 }
 
 // console decodes the console mapping v into c.Console.
@@ -46,7 +97,7 @@ func (p *parser) console(v *yaml.Node) *Error {
 		return nil
 	}
 	if v.Kind != yaml.MappingNode {
-		return &Error{Key: keyConsole, Line: p.lines[keyConsole], Msg: "must be a mapping (addr, token, readOnly), got " + describe(v)}
+		return &Error{Key: keyConsole, Line: p.lines[keyConsole], Msg: "must be a mapping (" + consoleKeys + "), got " + describe(v)}
 	}
 	c := &Console{}
 	p.cfg.Console = c
@@ -65,8 +116,14 @@ func (p *parser) console(v *yaml.Node) *Error {
 			}
 		case "readOnly":
 			msg = decodeBool(v, &c.ReadOnly)
+		case "pagesNeedToken":
+			msg = decodeBool(v, &c.PagesNeedToken)
+		case "allowedHosts":
+			c.AllowedHosts, msg = decodeStrings(v, "host names")
+		case "trustedProxies":
+			c.TrustedProxies, msg = decodeStrings(v, "IP addresses or CIDRs")
 		default:
-			msg = "unknown key (addr, token, readOnly)"
+			msg = "unknown key (" + consoleKeys + ")"
 		}
 		if msg != "" {
 			return &Error{Key: key, Line: k.Line, Msg: msg}
@@ -100,4 +157,41 @@ func (c *Config) consoleProblems(add func(key, format string, args ...any)) {
 	case len([]rune(k.Token)) < MinConsoleTokenLen:
 		add(keyConsole+".token", "must be at least %d characters, got %d", MinConsoleTokenLen, len([]rune(k.Token)))
 	}
+	if k.ReadOnly && k.PagesNeedToken {
+		add(keyConsole+".pagesNeedToken", "needs the token, which a readOnly console does not take: set one of them")
+	}
+	for i, h := range k.AllowedHosts {
+		if !validHostName(h) {
+			add(fmt.Sprintf("%s.allowedHosts[%d]", keyConsole, i), "must be a host name such as console.example.com (a port is allowed), got %q", h)
+		}
+	}
+	for i, p := range k.TrustedProxies {
+		if !validProxy(p) {
+			add(fmt.Sprintf("%s.trustedProxies[%d]", keyConsole, i), "must be an IP address or a CIDR such as 10.0.0.0/8, got %q", p)
+		}
+	}
+}
+
+// validHostName reports whether s is a host name or IP address, with or
+// without a port, as the console compares the Host header with.
+func validHostName(s string) bool {
+	name := strings.TrimSpace(s)
+	if strings.ContainsAny(name, "/\\@?# \t") {
+		return false
+	}
+	if h, _, err := net.SplitHostPort(name); err == nil {
+		name = h
+	}
+	return strings.Trim(name, "[]") != ""
+}
+
+// validProxy reports whether s is an IP address or a CIDR.
+func validProxy(s string) bool {
+	s = strings.TrimSpace(s)
+	if strings.Contains(s, "/") {
+		_, err := netip.ParsePrefix(s)
+		return err == nil
+	}
+	_, err := netip.ParseAddr(s)
+	return err == nil
 }

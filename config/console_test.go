@@ -5,8 +5,8 @@ import (
 	"testing"
 )
 
-// TestParseConsole: the console section, its environment override, and
-// the errors that name its keys. There is no default token.
+// TestParseConsole: the console section, its defaults, its environment
+// override, and the errors that name its keys. There is no default token.
 func TestParseConsole(t *testing.T) {
 	clearEnv(t)
 	t.Setenv(EnvConsoleToken, "")
@@ -21,6 +21,19 @@ func TestParseConsole(t *testing.T) {
 	}
 	if c := mustParse(t, head+"console: {addr: ':0', readOnly: true}\n"); !c.Console.ReadOnly || c.Console.Token != "" {
 		t.Errorf("read-only console without a token: %+v", c.Console)
+	}
+
+	if c := mustParse(t, head+"console: {addr: ':0', token: 0123456789abcdef}\n"); c.Console.PagesNeedToken || c.Console.AllowedHosts != nil || c.Console.TrustedProxies != nil {
+		t.Errorf("defaults: pagesNeedToken false, no allowedHosts, no trustedProxies; got %+v", c.Console)
+	}
+	c = mustParse(t, head+"console:\n  addr: 127.0.0.1:8080\n  token: 0123456789abcdef\n  pagesNeedToken: true\n"+
+		"  allowedHosts: [console.example.com, 'ops.example.com:443']\n  trustedProxies: [10.0.0.0/8, 192.0.2.1, '::1']\n")
+	if !c.Console.PagesNeedToken || strings.Join(c.Console.AllowedHosts, ",") != "console.example.com,ops.example.com:443" ||
+		strings.Join(c.Console.TrustedProxies, ",") != "10.0.0.0/8,192.0.2.1,::1" {
+		t.Errorf("pagesNeedToken, allowedHosts, trustedProxies: %+v", c.Console)
+	}
+	if c := mustParse(t, head+"console: {addr: ':0', token: 0123456789abcdef, trustedProxies: 10.0.0.1}\n"); strings.Join(c.Console.TrustedProxies, ",") != "10.0.0.1" {
+		t.Errorf("trustedProxies given as one address: %q", c.Console.TrustedProxies)
 	}
 
 	t.Setenv("MY_CONSOLE_TOKEN", "from-a-variable-0001")
@@ -48,6 +61,13 @@ func TestParseConsole(t *testing.T) {
 		{"console: {addr: ':0', tokn: x}\n", "console.tokn", "unknown key"},
 		{"console: {addr: ':0', token: '${NOT_SET_ANYWHERE_XYZ}'}\n", "console.token", "not set"},
 		{"console: [a]\n", "console", "mapping"},
+		{"console: {addr: ':0', token: 0123456789abcdef, trustedProxies: [10.0.0.0/8, 10.0.0.0/33]}\n", "console.trustedProxies[1]", "CIDR"},
+		{"console: {addr: ':0', token: 0123456789abcdef, trustedProxies: [proxy.example]}\n", "console.trustedProxies[0]", "IP address"},
+		{"console: {addr: ':0', token: 0123456789abcdef, trustedProxies: {a: b}}\n", "console.trustedProxies", "list"},
+		{"console: {addr: ':0', token: 0123456789abcdef, allowedHosts: ['https://console.example.com/']}\n", "console.allowedHosts[0]", "host name"},
+		{"console: {addr: ':0', token: 0123456789abcdef, allowedHosts: ['']}\n", "console.allowedHosts[0]", "host name"},
+		{"console: {addr: ':0', token: 0123456789abcdef, pagesNeedToken: 1}\n", "console.pagesNeedToken", "true or false"},
+		{"console: {addr: ':0', readOnly: true, pagesNeedToken: true}\n", "console.pagesNeedToken", "readOnly"},
 	} {
 		e := parseErr(t, head+tt.src)
 		if e.Key != tt.key || !strings.Contains(e.Msg, tt.msg) {

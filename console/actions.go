@@ -96,7 +96,8 @@ var errNotHalted = errors.New("the partition is not halted")
 
 // finish ends an action: on failure the audit row of the attempt (outside
 // the action's transaction, which rolled back) and the error with status;
-// on success a redirect to back with what was done. Both are logged.
+// on success a redirect to back with the code of what was done (see
+// flashes). Both are logged.
 func (c *Console) finish(w http.ResponseWriter, r *http.Request, a *actor, e auditEntry, err error, back string, status int) {
 	if err != nil {
 		e.Outcome = "failed: " + c.redact(err.Error())
@@ -108,26 +109,32 @@ func (c *Console) finish(w http.ResponseWriter, r *http.Request, a *actor, e aud
 		return
 	}
 	c.logAction(a, e, nil)
-	done := e.Action + ": " + e.Detail
 	if a.bearer || wantsJSON(r) {
 		writeJSON(w, http.StatusOK, map[string]any{"action": e.Action, "detail": e.Detail, "outcome": e.Outcome})
 		return
 	}
-	http.Redirect(w, r, back+"?done="+url.QueryEscape(done), http.StatusSeeOther)
+	http.Redirect(w, r, back+doneQuery(e.Action, 1, 0), http.StatusSeeOther)
 }
 
 func groupPath(topic int, group string) string {
 	return "/topics/" + strconv.Itoa(topic) + "/groups/" + url.PathEscape(group)
 }
 
-// localPath returns p when it is a path of this console, else def: the
-// page an action goes back to is never another site.
+// localPath returns p when it is a plain absolute path of this console,
+// else def: the page an action goes back to is never another site. A
+// path starts with a single "/" and holds only printable ASCII other than
+// a space, without "//" anywhere, a backslash, a query or a fragment
+// (browsers drop a TAB, CR or LF from a URL and read "\" as "/", either
+// of which can make "/\t/evil.example" the protocol-relative
+// "//evil.example").
 func localPath(p, def string) string {
-	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "\\\r\n") {
+	if !strings.HasPrefix(p, "/") || strings.Contains(p, "//") {
 		return def
 	}
-	if i := strings.IndexByte(p, '?'); i >= 0 {
-		p = p[:i]
+	for i := 0; i < len(p); i++ {
+		if b := p[i]; b <= ' ' || b >= 0x7f || b == '\\' || b == '?' || b == '#' {
+			return def
+		}
 	}
 	return p
 }

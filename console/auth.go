@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -105,7 +104,10 @@ func equal(a, b string) bool {
 	return subtle.ConstantTimeCompare(ha[:], hb[:]) == 1
 }
 
-// limiter counts failed sign-ins per client address in a window.
+// limiter counts failed credentials (a wrong token in the sign-in form or
+// in an Authorization header) per client address in a window: after max
+// failures, the address gets 429 for the rest of the window, the right
+// token included (else a guess that is right would stand out).
 type limiter struct {
 	max    int
 	window time.Duration
@@ -122,29 +124,38 @@ func newLimiter(max int, w time.Duration) *limiter {
 	return &limiter{max: max, window: w, m: map[string]*window{}}
 }
 
-// blocked reports whether addr failed max times within the window.
-func (l *limiter) blocked(addr string) bool {
+// check runs valid, the comparison of a credential addr gave, unless addr
+// failed max times within the window, and counts it when it fails. The
+// check, the comparison and the count are one step under the lock: a
+// burst of concurrent guesses gets max comparisons, not one per request
+// that saw the count below max. It returns whether the credential is
+// right, and whether addr was refused without a comparison.
+func (l *limiter) check(addr string, valid func() bool) (ok, blocked bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := time.Now()
 	w := l.m[addr]
-	return w != nil && time.Since(w.start) < l.window && w.n >= l.max
-}
-
-// fail counts a failure of addr.
-func (l *limiter) fail(addr string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for k, w := range l.m {
-		if time.Since(w.start) >= l.window {
-			delete(l.m, k)
-		}
+	if w != nil && now.Sub(w.start) >= l.window {
+		delete(l.m, addr)
+		w = nil
 	}
-	w := l.m[addr]
+	if w != nil && w.n >= l.max {
+		return false, true
+	}
+	if valid() {
+		return true, false
+	}
 	if w == nil {
-		w = &window{start: time.Now()}
+		for k, x := range l.m {
+			if now.Sub(x.start) >= l.window {
+				delete(l.m, k)
+			}
+		}
+		w = &window{start: now}
 		l.m[addr] = w
 	}
 	w.n++
+	return false, false
 }
 
 // actor is who acts: the name given at sign-in (or in the X-Console-Actor
@@ -154,15 +165,6 @@ type actor struct {
 	remote string
 	bearer bool     // a script, with the token in Authorization
 	sess   *session // a browser session; nil for a script
-}
-
-// clientAddr is the client's IP address (the proxy's, behind one).
-func clientAddr(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
 
 // crossSite reports whether the browser says the request comes from
@@ -189,44 +191,74 @@ func (c *Console) currentSession(r *http.Request) *session {
 	return c.sessions.get(ck.Value)
 }
 
+// credentials is who the request's credentials say it is: a script with
+// the token in an Authorization header, or a browser's live session. It
+// returns nil and the status to answer when there is none: 401, or 429
+// when the client address failed too often. Every credential that is
+// wrong counts against the address (the limiter), a bearer token as a
+// sign-in does. A session cookie that names no live session does not: its
+// id is 256 random bits, not guessed, and a cookie that outlived its
+// session would lock its operator out.
+func (c *Console) credentials(r *http.Request) (*actor, int, string) {
+	a := &actor{remote: c.clientAddr(r)}
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		tok, isBearer := strings.CutPrefix(auth, "Bearer ")
+		ok, blocked := c.signins.check(a.remote, func() bool { return isBearer && equal(tok, c.opts.Token) })
+		switch {
+		case blocked:
+			return nil, http.StatusTooManyRequests, "too many failed attempts with a wrong token: wait a minute"
+		case !ok:
+			return nil, http.StatusUnauthorized, "the token is wrong"
+		}
+		a.bearer = true
+		a.name = cleanName(r.Header.Get("X-Console-Actor"), "script")
+		return a, 0, ""
+	}
+	if a.sess = c.currentSession(r); a.sess == nil {
+		return nil, http.StatusUnauthorized, "sign in with the console's token first"
+	}
+	a.name = a.sess.actor
+	return a, 0, ""
+}
+
+// refuse answers an action (or a page, when pages need the token) that
+// the request's credentials do not allow, and logs it.
+func (c *Console) refuse(w http.ResponseWriter, r *http.Request, status int, why string) {
+	msg := "action refused"
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		msg = "page refused"
+	}
+	c.log.Warn().Str("path", r.URL.Path).Str("remote", c.clientAddr(r)).Int("status", status).Str("why", why).Msg(msg)
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="pgevents console"`)
+	}
+	c.fail(w, r, status, why)
+}
+
 // action wraps an action handler: it runs only for a request with the
 // token (a bearer header, or a browser session and its CSRF token), from
 // this site, to a console that is not read-only. Anything else is
 // refused before the handler runs, so it changes nothing: 401 without
-// valid credentials, 403 without the CSRF token, from another site, or in
+// valid credentials, 429 after too many wrong tokens from the client's
+// address, 403 without the CSRF token, from another site, or in
 // read-only mode.
 func (c *Console) action(h func(w http.ResponseWriter, r *http.Request, a *actor)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		refuse := func(status int, why string) {
-			c.log.Warn().Str("path", r.URL.Path).Str("remote", r.RemoteAddr).Int("status", status).Str("why", why).Msg("action refused")
-			if status == http.StatusUnauthorized {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="pgevents console"`)
-			}
-			c.fail(w, r, status, why)
-		}
 		if c.opts.ReadOnly {
-			refuse(http.StatusForbidden, "this console is read-only: it takes no action")
+			c.refuse(w, r, http.StatusForbidden, "this console is read-only: it takes no action")
 			return
 		}
-		a := &actor{remote: clientAddr(r)}
-		if auth := r.Header.Get("Authorization"); auth != "" {
-			tok, ok := strings.CutPrefix(auth, "Bearer ")
-			if !ok || !equal(tok, c.opts.Token) {
-				refuse(http.StatusUnauthorized, "the token is wrong")
-				return
-			}
-			a.bearer = true
-			a.name = cleanName(r.Header.Get("X-Console-Actor"), "script")
+		a, status, why := c.credentials(r)
+		if a == nil {
+			c.refuse(w, r, status, why)
+			return
+		}
+		if a.bearer {
 			h(w, r, a)
 			return
 		}
-		a.sess = c.currentSession(r)
-		if a.sess == nil {
-			refuse(http.StatusUnauthorized, "sign in with the console's token first")
-			return
-		}
 		if crossSite(r) {
-			refuse(http.StatusForbidden, "cross-site request")
+			c.refuse(w, r, http.StatusForbidden, "cross-site request")
 			return
 		}
 		csrf := r.Header.Get("X-CSRF-Token")
@@ -234,10 +266,9 @@ func (c *Console) action(h func(w http.ResponseWriter, r *http.Request, a *actor
 			csrf = r.PostFormValue("csrf")
 		}
 		if csrf == "" || !equal(csrf, a.sess.csrf) {
-			refuse(http.StatusForbidden, "the form's CSRF token is missing or wrong: reload the page")
+			c.refuse(w, r, http.StatusForbidden, "the form's CSRF token is missing or wrong: reload the page")
 			return
 		}
-		a.name = a.sess.actor
 		h(w, r, a)
 	}
 }
@@ -264,18 +295,19 @@ func cleanName(s, def string) string {
 // HttpOnly, SameSite=Strict cookie, Secure over TLS. Failures are limited
 // per client address.
 func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
-	addr := clientAddr(r)
+	addr := c.clientAddr(r)
 	if crossSite(r) {
 		c.fail(w, r, http.StatusForbidden, "cross-site request")
 		return
 	}
-	if c.signins.blocked(addr) {
+	tok := r.PostFormValue("token")
+	ok, blocked := c.signins.check(addr, func() bool { return equal(tok, c.opts.Token) })
+	if blocked {
 		c.log.Warn().Str("remote", addr).Msg("sign-in refused: too many failures")
 		c.fail(w, r, http.StatusTooManyRequests, "too many failed sign-ins: wait a minute")
 		return
 	}
-	if !equal(r.PostFormValue("token"), c.opts.Token) {
-		c.signins.fail(addr)
+	if !ok {
 		c.log.Warn().Str("remote", addr).Msg("sign-in failed: wrong token")
 		c.renderStatus(w, r, http.StatusUnauthorized, "signin", "Sign in", signinData{Failed: true, Name: r.PostFormValue("name")})
 		return

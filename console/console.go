@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -28,6 +29,10 @@ const (
 	// MinTokenLen is the shortest Options.Token accepted.
 	MinTokenLen = 16
 )
+
+// maxFailures is how many wrong tokens a client address may give in a
+// minute; then it waits for the minute's end.
+const maxFailures = 5
 
 // Resolver replays and discards a group's dead letters with the group's
 // handlers; *pgevents.Consumer satisfies it (its methods run in one
@@ -77,6 +82,38 @@ type Options struct {
 	SessionTTL time.Duration
 	// PageSize is how many rows a list shows; default DefaultPageSize.
 	PageSize int
+	// PagesNeedToken puts every page behind the token, not only the
+	// actions: a request without a live session or the bearer token gets
+	// 401 (the sign-in page and the stylesheet and script excepted).
+	// Default false: anyone who reaches the console reads its pages,
+	// payloads and errors included. It needs the token, so not with
+	// ReadOnly.
+	PagesNeedToken bool
+	// Addr is the address the console is served on, "host:port" or
+	// ":port" as given to Listen. A request whose Host header names
+	// another host gets 421, so that a page of another site, whose name
+	// its owner made to resolve to the console's address (DNS rebinding),
+	// reads nothing: its requests carry its own name. Hosts compare by
+	// name, not port. An IP address passes when the console listens on it;
+	// localhost, 127.0.0.1 and [::1] when it listens on a loopback address;
+	// any IP address and localhost when it listens on every address
+	// (":port", "0.0.0.0:port") or Addr is "" (the default, for a console
+	// mounted in a server of your own). A name other than localhost passes
+	// only when Addr or AllowedHosts gives it.
+	Addr string
+	// AllowedHosts are further names the Host header may give: the name
+	// operators use, of the machine or of a proxy in front. A port, if
+	// given, is not compared. nil: none.
+	AllowedHosts []string
+	// TrustedProxies are proxies in front of the console, each an IP
+	// address or a CIDR ("10.0.0.0/8"). The client's address, which the
+	// sign-in limiter counts failures of and the audit shows, is the
+	// connecting peer's, unless the peer is one of them: then the
+	// right-most address of X-Forwarded-For that is not one of them.
+	// nil (the default): X-Forwarded-For is ignored, and behind a proxy
+	// every client has the proxy's address (five wrong tokens through it
+	// then lock every operator out for a minute).
+	TrustedProxies []string
 }
 
 // Console serves the console's pages and actions: it is an http.Handler.
@@ -88,6 +125,8 @@ type Console struct {
 	mux      *http.ServeMux
 	sessions *sessions
 	signins  *limiter
+	hosts    hostRule       // the Host headers served
+	proxies  []netip.Prefix // Options.TrustedProxies
 	rates    *rates
 	pages    templates
 	dbLabel  string // user@host:port/database, never the password
@@ -110,6 +149,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 		}
 	}
 	switch {
+	case opts.ReadOnly && opts.PagesNeedToken:
+		return nil, errors.New("console: PagesNeedToken needs the token, which a ReadOnly console does not take: set one of them")
 	case opts.ReadOnly:
 		opts.Token = "" // never used: no action is served
 	case opts.Token == "":
@@ -124,6 +165,14 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 	opts.Refresh = cmp.Or(opts.Refresh, DefaultRefresh)
 	opts.SessionTTL = cmp.Or(opts.SessionTTL, DefaultSessionTTL)
 	opts.PageSize = cmp.Or(opts.PageSize, DefaultPageSize)
+	hosts, err := newHostRule(opts.Addr, opts.AllowedHosts)
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	proxies, err := parsePrefixes(opts.TrustedProxies)
+	if err != nil {
+		return nil, fmt.Errorf("console: TrustedProxies: %w", err)
+	}
 	log := zerolog.Nop()
 	if opts.Logger != nil {
 		log = opts.Logger.With().Str("component", "console").Logger()
@@ -138,7 +187,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 		opts:     opts,
 		log:      log,
 		sessions: newSessions(opts.SessionTTL),
-		signins:  newLimiter(5, time.Minute),
+		signins:  newLimiter(maxFailures, time.Minute),
+		hosts:    hosts,
+		proxies:  proxies,
 		rates:    newRates(),
 		pages:    pages,
 		dbLabel:  fmt.Sprintf("%s@%s:%d/%s", cc.User, cc.Host, cc.Port, cc.Database),
@@ -160,7 +211,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /dead-letters/{id}", c.page(c.deadLetterPage))
 	m.HandleFunc("GET /replicas", c.page(c.replicasPage))
 	m.HandleFunc("GET /audit", c.page(c.auditPage))
-	m.HandleFunc("GET /signin", c.page(c.signinPage))
+	m.HandleFunc("GET /signin", c.servePage(c.signinPage))
 	m.HandleFunc("GET /assets/{name}", c.asset)
 	if !c.opts.ReadOnly {
 		m.HandleFunc("POST /signin", c.signin)
@@ -188,6 +239,15 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "same-origin") // no-referrer would make browsers send Origin: null
 	h.Set("Cache-Control", "no-store")
+	if !c.hosts.allows(r.Host) {
+		c.log.Warn().Str("host", r.Host).Str("path", r.URL.Path).Str("remote", c.clientAddr(r)).Msg("request for another host refused")
+		h.Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusMisdirectedRequest)
+		_, _ = fmt.Fprintf(w, "421 misdirected request: this console does not answer to the host name %q. "+
+			"If operators reach it by that name, add the name to console.allowedHosts (Options.AllowedHosts); "+
+			"otherwise the request comes from a page of another site whose name points to this address.\n", r.Host)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 	c.mux.ServeHTTP(w, r)
 }
@@ -198,7 +258,7 @@ func (c *Console) refuseAction(w http.ResponseWriter, r *http.Request) {
 	if c.opts.ReadOnly {
 		status, msg = http.StatusForbidden, "this console is read-only: it takes no action"
 	}
-	c.log.Warn().Str("path", r.URL.Path).Str("remote", r.RemoteAddr).Int("status", status).Msg("action refused")
+	c.log.Warn().Str("path", r.URL.Path).Str("remote", c.clientAddr(r)).Int("status", status).Msg("action refused")
 	c.fail(w, r, status, msg)
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -99,7 +98,7 @@ func (c *Console) deadLettersPage(r *http.Request) (string, string, any, error) 
 	}
 	ctx, cancel := c.queryContext(r)
 	defer cancel()
-	d := deadLettersData{Filter: f, Limit: c.opts.PageSize * 4, Done: q.Get("done")}
+	d := deadLettersData{Filter: f, Limit: c.opts.PageSize * 4, Done: flash(q)}
 	rows, err := c.pool.Query(ctx, schema.SQL(ctx, deadLettersSQL), f.Group, f.Topic, f.Host, f.Type, f.Reason, since, until, d.Limit)
 	if err != nil {
 		return "", "", nil, fmt.Errorf("console: dead letters: %w", err)
@@ -155,7 +154,7 @@ func (c *Console) deadLetterPage(r *http.Request) (string, string, any, error) {
 	}
 	ctx, cancel := c.queryContext(r)
 	defer cancel()
-	d := deadLetterData{Done: r.URL.Query().Get("done")}
+	d := deadLetterData{Done: flash(r.URL.Query())}
 	if d.DL, err = pgevents.GetDeadLetter(ctx, c.pool, id); errors.Is(err, pgevents.ErrNoDeadLetter) {
 		return "", "", nil, notFound("dead letter %d does not exist (any more: replayed or discarded?)", id)
 	} else if err != nil {
@@ -220,12 +219,11 @@ func (c *Console) resolve(w http.ResponseWriter, r *http.Request, a *actor, acti
 		writeJSON(w, status, map[string]any{"action": action, "results": results})
 		return
 	}
-	done := fmt.Sprintf("%s: %d done, %d failed (see the audit below)", action, len(ids)-failed, failed)
 	back := localPath(r.PostFormValue("back"), "/dead-letters")
 	if len(ids) == 1 && failed == 0 && strings.HasPrefix(back, "/dead-letters/") {
 		back = "/dead-letters" // the dead letter is gone
 	}
-	http.Redirect(w, r, back+"?done="+url.QueryEscape(done), http.StatusSeeOther)
+	http.Redirect(w, r, back+doneQuery(action, len(ids)-failed, failed), http.StatusSeeOther)
 }
 
 // resolveOne replays or discards dead letter id and records it.

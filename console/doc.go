@@ -56,24 +56,38 @@
 //     proxy that sends X-Forwarded-Proto: https), a script
 //     sends "Authorization: Bearer TOKEN". A request without valid
 //     credentials gets 401, and changes nothing.
+//   - A wrong token counts, in the sign-in form and in an Authorization
+//     header alike: after five in a minute from one client address, that
+//     address gets 429 until the minute ends, the right token included.
+//     The check and the count are one step under a lock, so a burst of
+//     concurrent guesses gets five comparisons. The client address is the
+//     connecting peer's, or, from a proxy of Options.TrustedProxies, the
+//     right-most address of X-Forwarded-For that is not a trusted proxy's.
 //   - Every action from a browser session carries the session's CSRF token
 //     (a form field, or the X-CSRF-Token header); without it the request
 //     gets 403 and changes nothing. Cross-site requests (Origin or
 //     Sec-Fetch-Site) are refused too.
+//   - A request whose Host header names another host than the console's
+//     (Options.Addr, its loopback forms, Options.AllowedHosts) gets 421:
+//     a page of another site whose name was made to resolve to the
+//     console's address (DNS rebinding) reads nothing.
 //   - Options.ReadOnly serves the pages without a single action form and
 //     refuses every action request with 403, whatever its credentials.
 //   - Everything shown is escaped by html/template: a payload, an error or a
 //     host id holding "<script>" is shown as text. The pages send a
 //     Content-Security-Policy that allows only the console's own script and
-//     stylesheet.
+//     stylesheet. The message a page shows after an action is the
+//     console's own text, chosen by a code in the URL; an action's redirect
+//     goes to a plain path of the console only.
 //   - Every filter reaches the database as a statement parameter, never as
 //     SQL text; every statement of this package is a named constant that
 //     goes through schema.SQL.
 //   - The console shows the database's user, host and name, never its
 //     password, which is also removed from any error shown.
 //
-// Pages themselves need no token: anyone who reaches the console's address
-// reads the log, payloads included. Bind it to a private address.
+// Pages need no token unless Options.PagesNeedToken: by default anyone who
+// reaches the console's address reads the log, payloads included. Bind it
+// to a private address, or set PagesNeedToken.
 //
 // # Use
 //

@@ -62,7 +62,7 @@ func (c *Console) groupPage(r *http.Request) (string, string, any, error) {
 	if err != nil {
 		return "", "", nil, err
 	}
-	d.Done = r.URL.Query().Get("done")
+	d.Done = flash(r.URL.Query())
 	return "group", "Group " + group, d, nil
 }
 

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -66,8 +67,12 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title str
 func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
 	v := view{Title: title, Page: name, Data: data, ReadOnly: c.opts.ReadOnly, DB: c.dbLabel,
 		Refresh: int(c.opts.Refresh / time.Millisecond)}
-	if s := c.currentSession(r); s != nil && !c.opts.ReadOnly {
+	s := c.currentSession(r)
+	if s != nil && !c.opts.ReadOnly {
 		v.Actor, v.CSRF, v.CanAct = s.actor, s.csrf, true
+	}
+	if c.opts.PagesNeedToken && s == nil && r.Context().Value(bearerKey{}) == nil {
+		v.DB = "" // the database is named to those who signed in only
 	}
 	var b bytes.Buffer
 	if err := c.pages[name].Execute(&b, v); err != nil {
@@ -84,8 +89,32 @@ func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, status in
 // title and the data, or an error (a *statusError for the client's).
 type pageFunc func(r *http.Request) (name, title string, data any, err error)
 
-// page serves a pageFunc: the page, or the error's.
+// page serves a pageFunc behind the token when Options.PagesNeedToken
+// says so (see servePage).
 func (c *Console) page(f pageFunc) http.HandlerFunc {
+	serve := c.servePage(f)
+	if !c.opts.PagesNeedToken {
+		return serve
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		a, status, why := c.credentials(r)
+		if a == nil {
+			c.refuse(w, r, status, why)
+			return
+		}
+		if a.bearer {
+			r = r.WithContext(context.WithValue(r.Context(), bearerKey{}, true))
+		}
+		serve(w, r)
+	}
+}
+
+// bearerKey marks the context of a page request that gave the bearer
+// token.
+type bearerKey struct{}
+
+// servePage serves a pageFunc: the page, or the error's.
+func (c *Console) servePage(f pageFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		name, title, data, err := f(r)
 		if err != nil {

@@ -68,12 +68,14 @@ func clone(v url.Values) url.Values {
 // bearer token (401), and a browser session's request without its own
 // CSRF token or from another site (403). The same requests with the
 // credentials go through (the refusals are the guards', not a broken
-// form's).
+// form's). The wrong tokens of each action come from a client address of
+// their own (X-Forwarded-For through a trusted proxy), below the limit
+// of failures per address.
 func TestActionsRequireTheTokenAndCSRF(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2, console.Options{})
 	dl := e.fixture()
-	e.restart(console.Options{Resolvers: resolverFor(t, e, 2)})
+	e.restart(console.Options{Resolvers: resolverFor(t, e, 2), TrustedProxies: []string{"127.0.0.1", "::1"}})
 	anon, op, other := e.client(), e.client(), e.client()
 	op.signIn("ada", testToken)
 	other.signIn("eve", testToken)
@@ -81,10 +83,14 @@ func TestActionsRequireTheTokenAndCSRF(t *testing.T) {
 		t.Fatal("two sessions share a CSRF token")
 	}
 	before := e.dbState()
-	for _, a := range allActions(dl) {
+	for i, a := range allActions(dl) {
 		try := func(what string, want int, c *client, form url.Values, header map[string]string) {
 			t.Helper()
-			r := c.do(http.MethodPost, a.path, form, header)
+			h := map[string]string{"X-Forwarded-For": fmt.Sprintf("198.51.100.%d", i+1)}
+			for k, v := range header {
+				h[k] = v
+			}
+			r := c.do(http.MethodPost, a.path, form, h)
 			if r.status != want {
 				t.Errorf("POST %s %s: %d, want %d\n%s", a.path, what, r.status, want, r.body)
 			}
@@ -227,5 +233,158 @@ func TestSignIn(t *testing.T) {
 	}
 	if _, err := console.New(e.pool, console.Options{ReadOnly: true}); err != nil {
 		t.Errorf("a read-only console needs no token: %v", err)
+	}
+}
+
+// TestWrongBearerTokensCount: a wrong token in an action's Authorization
+// header counts as a failed sign-in does: after five from one address,
+// that address gets 429, the right token included, in the form and in
+// the header; another address still acts. A session cookie that names no
+// session is refused with 401 but does not count.
+func TestWrongBearerTokensCount(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1, console.Options{})
+	e.subscribe("g")
+	base, _ := url.Parse(e.srv.URL)
+	stale := e.client()
+	stale.hc.Jar.SetCookies(base, []*http.Cookie{{Name: "pgevents_console", Value: "no-such-session"}})
+	for range 6 {
+		if r := stale.post("/topics/1/groups/g/pause", nil, false); r.status != http.StatusUnauthorized {
+			t.Fatalf("a cookie of no session: %d, want 401", r.status)
+		}
+	}
+	c := e.client()
+	bearer := func(tok string) int {
+		return c.do(http.MethodPost, "/topics/1/groups/g/pause", url.Values{}, map[string]string{"Authorization": "Bearer " + tok}).status
+	}
+	for i := range 5 {
+		if got := bearer(fmt.Sprintf("wrong-guess-%02d-0123456", i)); got != http.StatusUnauthorized {
+			t.Fatalf("wrong bearer token %d: %d, want 401", i, got)
+		}
+	}
+	if got := bearer(testToken); got != http.StatusTooManyRequests {
+		t.Fatalf("the right bearer token after five wrong ones: %d, want 429", got)
+	}
+	if r := c.do(http.MethodPost, "/signin", url.Values{"token": {testToken}}, nil); r.status != http.StatusTooManyRequests {
+		t.Fatalf("sign-in after five wrong bearer tokens: %d, want 429", r.status)
+	}
+	if s := e.dbState(); strings.Contains(s, "PAUSED") {
+		t.Fatalf("a refused request paused the group: %s", s)
+	}
+	// From another address (a console whose clients are told apart by a
+	// trusted proxy), the token acts.
+	e.restart(console.Options{TrustedProxies: []string{"127.0.0.1", "::1"}})
+	c = e.client()
+	for i := range 5 {
+		r := c.do(http.MethodPost, "/topics/1/groups/g/pause", url.Values{},
+			map[string]string{"Authorization": "Bearer wrong-guess-0123456789", "X-Forwarded-For": "198.51.100.1"})
+		if r.status != http.StatusUnauthorized {
+			t.Fatalf("wrong bearer token %d from 198.51.100.1: %d, want 401", i, r.status)
+		}
+	}
+	r := c.do(http.MethodPost, "/topics/1/groups/g/pause", url.Values{},
+		map[string]string{"Authorization": "Bearer " + testToken, "X-Forwarded-For": "198.51.100.2"})
+	if r.status != http.StatusOK {
+		t.Fatalf("the right bearer token from another address: %d, want 200\n%s", r.status, r.body)
+	}
+}
+
+// TestPagesNeedToken: with PagesNeedToken, every page answers 401 without
+// a session or the bearer token (and a wrong bearer token counts toward
+// the limit); the sign-in page and the assets stay open; a session or the
+// bearer token reads every page. Without it, the pages are open. It is
+// refused with ReadOnly, which takes no token.
+func TestPagesNeedToken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2, console.Options{})
+	dl := e.fixture()
+	first := e.queryInt(`SELECT min(c_offset) FROM outbox_message_t WHERE partition_id = 0`)
+	pages := []string{"/", "/topics/1/groups/g", "/topics/1/events", fmt.Sprintf("/topics/1/partitions/0/offsets/%d", first), "/topics/1/hosts?host=host-2",
+		"/dead-letters", fmt.Sprintf("/dead-letters/%d", dl), "/replicas", "/audit"}
+	open := e.client()
+	for _, p := range pages {
+		open.mustGet(p)
+	}
+	cc := e.cpool.Config().ConnConfig
+	db := fmt.Sprintf("%s@%s:%d/%s", cc.User, cc.Host, cc.Port, cc.Database)
+	e.restart(console.Options{PagesNeedToken: true})
+	anon, op := e.client(), e.client()
+	op.signIn("ada", testToken)
+	bearer := map[string]string{"Authorization": "Bearer " + testToken}
+	for _, p := range pages {
+		if r := anon.get(p); r.status != http.StatusUnauthorized || strings.Contains(r.body, "host-2") || strings.Contains(r.body, db) ||
+			!strings.Contains(r.body, `href="/signin"`) {
+			t.Errorf("GET %s without a session: %d, want 401 with a sign-in link and no data (nor the database's name)\n%s", p, r.status, r.body)
+		}
+		if body := op.mustGet(p); !strings.Contains(body, db) {
+			t.Errorf("GET %s signed in does not name the database %s", p, db)
+		}
+		if r := anon.do(http.MethodGet, p, nil, bearer); r.status != http.StatusOK {
+			t.Errorf("GET %s with the bearer token: %d, want 200", p, r.status)
+		}
+	}
+	for _, p := range []string{"/signin", "/assets/console.css", "/assets/console.js"} {
+		if body := anon.mustGet(p); strings.Contains(body, db) {
+			t.Errorf("GET %s without a session names the database", p)
+		}
+	}
+	for i := range 5 {
+		if r := anon.do(http.MethodGet, "/dead-letters", nil, map[string]string{"Authorization": "Bearer wrong-guess-0123456789"}); r.status != http.StatusUnauthorized {
+			t.Fatalf("a page with wrong bearer token %d: %d, want 401", i, r.status)
+		}
+	}
+	if r := anon.do(http.MethodGet, "/dead-letters", nil, bearer); r.status != http.StatusTooManyRequests {
+		t.Fatalf("a page with the right bearer token after five wrong ones: %d, want 429", r.status)
+	}
+	if _, err := console.New(e.cpool, console.Options{ReadOnly: true, PagesNeedToken: true}); err == nil || !strings.Contains(err.Error(), "PagesNeedToken") {
+		t.Errorf("ReadOnly with PagesNeedToken: %v, want an error naming PagesNeedToken", err)
+	}
+}
+
+// TestFlashIsFixedText: the message a page shows after an action comes
+// from the console's own table by the code in ?done=: a link with any
+// other text shows nothing of it, and the counts of a replay show only as
+// numbers.
+func TestFlashIsFixedText(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1, console.Options{})
+	e.subscribe("g")
+	c := e.client()
+	for _, path := range []string{"/topics/1/groups/g", "/dead-letters"} {
+		for _, done := range []string{"Your session expired: call +1 555 0100 now", "pause: call +1 555 0100", "<b>x</b>", "replay"} {
+			body := c.mustGet(path + "?done=" + url.QueryEscape(done) + "&ok=call+us&failed=1")
+			if strings.Contains(body, `id="done"`) || strings.Contains(body, "555") || strings.Contains(body, "call us") {
+				t.Errorf("GET %s?done=%q shows a message", path, done)
+			}
+		}
+	}
+	if body := c.mustGet("/topics/1/groups/g?done=pause"); !strings.Contains(body, "pause: the group is paused") {
+		t.Error("done=pause shows no message")
+	}
+	if body := c.mustGet("/dead-letters?done=discard&ok=3&failed=0"); !strings.Contains(body, "discard: 3 done, 0 failed") {
+		t.Error("done=discard&ok=3&failed=0 shows no count")
+	}
+}
+
+// TestBackIsALocalPath: the page a replay or discard goes back to (the
+// form's back field) is a plain path of the console; anything a browser
+// could read as another site (TAB, CR, LF or a backslash inside "//",
+// a scheme, a leading space) falls back to the dead-letter list.
+func TestBackIsALocalPath(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1, console.Options{})
+	c := e.client()
+	c.signIn("ada", testToken)
+	for _, back := range []string{"/\t/evil.example", "/\r\n/evil.example", "/\n/evil.example", "//evil.example", "/\\evil.example", `\/evil.example`,
+		"https://evil.example/", "javascript:alert(1)", " /evil", "/dead-letters/\x00", "/dead-letters/\x7f", "/x#//evil.example",
+		"/x?//evil.example", "evil.example", "/%09/ok\u2028"} {
+		r := c.post("/dead-letters/discard", url.Values{"id": {"999999999"}, "back": {back}}, true)
+		if loc := r.header.Get("Location"); r.status != http.StatusSeeOther || !strings.HasPrefix(loc, "/dead-letters?done=discard&") {
+			t.Errorf("back %q: %d, Location %q; want the dead-letter list", back, r.status, loc)
+		}
+	}
+	r := c.post("/dead-letters/discard", url.Values{"id": {"999999999"}, "back": {"/dead-letters/999999999"}}, true)
+	if loc := r.header.Get("Location"); !strings.HasPrefix(loc, "/dead-letters/999999999?done=discard&") {
+		t.Errorf("a plain path: Location %q, want it kept", loc)
 	}
 }

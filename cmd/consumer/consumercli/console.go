@@ -26,8 +26,9 @@ const consoleUsage = `usage: consumer console [--config FILE] [--addr HOST:PORT]
 Serves the operator console (see package console), without consumers:
 pages on the log, the groups, dead letters, hosts and replicas, and, with
 the token, actions (pause, resume, reset, unhalt, replay, discard). The
-file's console section configures it (addr, token, readOnly;
-PGEVENTS_CONSOLE_TOKEN replaces the token); replay and discard run the
+file's console section configures it (addr, token, readOnly,
+pagesNeedToken, allowedHosts, trustedProxies; PGEVENTS_CONSOLE_TOKEN
+replaces the token); replay and discard run the
 handlers of the file's groups.
 
 Flags:
@@ -121,10 +122,14 @@ func startConsole(ctx context.Context, g *errgroup.Group, cfg *config.Config, po
 		}
 	}
 	c, err := console.New(pool, console.Options{
-		Schema:   cfg.Schema,
-		Token:    cfg.Console.Token,
-		ReadOnly: cfg.Console.ReadOnly,
-		Logger:   log,
+		Schema:         cfg.Schema,
+		Token:          cfg.Console.Token,
+		ReadOnly:       cfg.Console.ReadOnly,
+		PagesNeedToken: cfg.Console.PagesNeedToken,
+		Addr:           cfg.Console.Addr,
+		AllowedHosts:   cfg.Console.AllowedHosts,
+		TrustedProxies: cfg.Console.TrustedProxies,
+		Logger:         log,
 		Resolvers: func(group string, topic int) console.Resolver {
 			return resolvers[fmt.Sprintf("%d/%s", topic, group)]
 		},
