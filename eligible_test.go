@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // The tests of this file check the rule that every change making a
@@ -151,4 +153,49 @@ func TestNothingHandledAfterPauseReturns(t *testing.T) {
 	pauseObserved(t, pool, c, false)
 	waitHandled(t, pool, total, 30*time.Second)
 	checkHandled(t, pool)
+}
+
+// TestWakeModeAlwaysWhileAnAppendIsInFlight: the topic's wake-up mode
+// turns 'always' while an append that started under 'waiting' is in
+// flight on an awake partition (so it will notify nobody). Its event must
+// still be handled at once when it commits: the watcher watches the
+// appends that started before the switch to their commit.
+func TestWakeModeAlwaysWhileAnAppendIsInFlight(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	c := startConsumer(t, pool, eligibleConfig(recordingHandlers()))
+	handledPromptly(t, pool, 1, "the start")
+	ctx := context.Background()
+	producer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Rollback(ctx) //nolint:errcheck
+	if _, err := Append(ctx, producer, ev("a", "t", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := schema.SetWake(ctx, pool, 1, schema.WakeAlways); err != nil {
+		t.Fatal(err)
+	}
+	_, channel, err := schema.TopicWake(ctx, pool, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `SELECT pg_notify($1, '1:*')`, channel) // poll now: the consumer reads the mode
+	pgtest.WaitFor(t, 10*time.Second, "the consumer to see the mode 'always'", c.wakeAlways.Load)
+	// The producer stays open past the claim's own wait for it
+	// (store.AwaitAppendMax): its commit must be seen by the watcher.
+	time.Sleep(store.AwaitAppendMax + 500*time.Millisecond)
+	if err := producer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(eligibleWithin)
+	for queryInt(t, pool, `SELECT count(*) FROM handled`) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("an append in flight when the wake-up mode turned 'always' was not handled within %s of its commit (poll at an hour)", eligibleWithin)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	handledPromptly(t, pool, 3, "the switch to 'always'")
 }

@@ -54,6 +54,14 @@ const (
 	// nobody asleep and notify nobody, and only this check (or the poll)
 	// would wake the partitions.
 	keysCheck = 100 * time.Millisecond
+	// alwaysGrace is how long the watcher goes on watching after the
+	// topic's wake-up mode became 'always' (every append notifies), and
+	// then until it sees no append in flight: an append reads the mode at
+	// its start, and one that started under 'waiting' notifies nobody
+	// when no consumer sleeps on its partition, so the watcher must see
+	// its commit. Such an append marks itself in flight without waiting
+	// for anything after it read the mode, long before this runs out.
+	alwaysGrace = 2 * time.Second
 )
 
 // watcher finds the events committed in the consumer's partitions, in one
@@ -83,6 +91,12 @@ type watcher struct {
 	// tails were last read.
 	appends              int64
 	appendsMoved, tailed time.Time
+	// When the wake-up mode was last seen to become 'always' (zero: it is
+	// 'waiting'), and whether the last tails read found an append in
+	// flight: the watcher stops watching once alwaysGrace has passed and
+	// none is.
+	alwaysAt time.Time
+	inFlight bool
 }
 
 // watched is what the watcher knows of one partition.
@@ -213,10 +227,22 @@ func (w *watcher) step(ctx context.Context) bool {
 	w.woken, w.all = map[int]bool{}, false
 	w.mu.Unlock()
 
+	// Under 'always' every append notifies, and nobody sleeps; the
+	// appends that started under 'waiting' are watched to their commit
+	// first (alwaysGrace).
+	always := c.wakeAlways.Load()
+	switch {
+	case !always:
+		w.alwaysAt = time.Time{}
+	case w.alwaysAt.IsZero():
+		w.alwaysAt = now
+	}
+	watchAlways := always && (now.Sub(w.alwaysAt) < alwaysGrace || w.inFlight)
+
 	// Wake what was asked, and what this consumer no longer serves.
 	var release []int
 	for p := range w.asleep {
-		if _, ok := held[p]; !ok || all || woken[p] || c.wakeAlways.Load() {
+		if _, ok := held[p]; !ok || all || woken[p] || always {
 			release = append(release, p)
 		}
 	}
@@ -235,7 +261,7 @@ func (w *watcher) step(ctx context.Context) bool {
 			wp.news = now
 		}
 	}
-	if c.wakeAlways.Load() {
+	if always && !watchAlways {
 		return false // every append notifies
 	}
 	var awake []int
@@ -288,6 +314,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		}
 	}
 	w.tailed = now
+	w.inFlight = false
 	var sleepy []int
 	for i, p := range awake {
 		wp, tl := w.parts[p], tails[i]
@@ -309,6 +336,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		case tl.InFlight:
 			// The worker, caught up, waits in its claim for the append in
 			// flight and reads its events as soon as they commit.
+			w.inFlight = true
 			wp.news = now
 			if wk.awaitAppend() {
 				c.cfg.Observer.Woken(p, WakeInFlight)
@@ -317,7 +345,7 @@ func (w *watcher) step(ctx context.Context) bool {
 			sleepy = append(sleepy, p)
 		}
 	}
-	if len(sleepy) == 0 {
+	if len(sleepy) == 0 || always {
 		return true
 	}
 	slept, err := store.Sleep(ctx, w.conn, c.cfg.TopicID, sleepy)
