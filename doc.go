@@ -77,6 +77,13 @@
 // wakes every partition when it does not (an ended session takes the keys
 // with it, and appends would notify nobody).
 //
+// A partition that is not eligible (its group paused, the partition
+// halted, its lease elsewhere) is neither watched nor slept on. Every
+// change that makes it eligible again (a resume, also of a consumer that
+// started paused; an unhalt; a lease gained; a layout switched; the wake-up
+// mode back to waiting) wakes it in one place, Consumer.eligible: the
+// consumer polls at once and reads the partition's tail again.
+//
 // # Consuming
 //
 // A [Consumer] serves one group on one topic: a worker per partition whose
@@ -86,7 +93,10 @@
 // and then, in one transaction:
 //
 //  1. takes the group's position lock of the partition (an advisory lock)
-//     and reads up to BatchSize events from the group's position there;
+//     and reads up to BatchSize events from the group's position there,
+//     with the lease it holds and the group's state (a paused group's
+//     claim rolls back: a pause waits for the batches in flight, so nothing
+//     is handled after it returns);
 //  2. extends the batch to the end of the producer transaction of its last
 //     event, reading further chunks so that memory stays bounded;
 //  3. runs the registered [Handler] of each event with that transaction;
@@ -112,7 +122,16 @@
 //     a missing table) rolls the batch back and retries it with exponential
 //     backoff, forever; a permanent one dead-letters the failing unit (the
 //     partition-local slice of one producer transaction) in the same
-//     transaction that moves the offset past it. See [Classify].
+//     transaction that moves the offset past it; after one, each unit runs
+//     in a savepoint until a batch commits without a failure, so the next
+//     failing units are dead-lettered in the attempt that meets them. See
+//     [Classify].
+//
+// Every transaction on the consumer's side runs READ COMMITTED, whatever
+// the role's or the database's default: a position or a lease is read
+// after its lock, in a snapshot that sees what the lock's previous holder
+// committed (under REPEATABLE READ the snapshot would be older than the
+// lock, and a batch that waited for an operator's reset would undo it).
 //
 // Notifications are hints and may be lost; polling is the truth. Anyone
 // who can connect may notify a topic's channel, with any payload: a
