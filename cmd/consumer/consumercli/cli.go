@@ -78,7 +78,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 
 	"go.opentelemetry.io/otel/trace"
@@ -110,7 +112,24 @@ func usagef(format string, args ...any) error {
 // Usagef is Usage of a formatted error.
 func Usagef(format string, args ...any) error { return usagef(format, args...) }
 
-const usage = `usage: consumer <command> [flags]
+// nameKey is the context key of the command's name.
+type nameKey struct{}
+
+// cmdName returns the command's name that Main put in ctx: what usage and
+// messages call the binary.
+func cmdName(ctx context.Context) string {
+	if n, ok := ctx.Value(nameKey{}).(string); ok {
+		return n
+	}
+	return "consumer"
+}
+
+// named returns s with each {cmd} replaced by the command's name.
+func named(ctx context.Context, s string) string {
+	return strings.ReplaceAll(s, "{cmd}", cmdName(ctx))
+}
+
+const usage = `usage: {cmd} <command> [flags]
 
 commands:
   run      run the configured consumer groups until SIGINT or SIGTERM
@@ -133,7 +152,7 @@ commands:
   bench    [--quick] [--only CASES] [--json]  the benchmark table, BENCHMARKS.md (consumer-dev)
   version  print the module version and the commit the binary was built from
 
-Run 'consumer <command> -h' for a command's flags.
+Run '{cmd} <command> -h' for a command's flags.
 `
 
 // Command is a subcommand beyond the built-in ones, given to Main.
@@ -152,6 +171,11 @@ type Handlers map[string]pgevents.Handler
 // subcommands: the Go handlers its configuration files may name, and more
 // commands. The zero CLI is the stock binary without demo and bench.
 type CLI struct {
+	// Name is what the usage and the messages call the binary. Defaults
+	// to the running binary's file name (filepath.Base(os.Args[0])), so a
+	// service's own binary, built with its Go handlers, calls itself by its
+	// own name.
+	Name string
 	// Handlers are the Go handlers a handlers item of type go names. A
 	// name the file gives that is not here (or is nil) is a configuration
 	// error: exit status 2, naming the key. A registered handler may serve
@@ -185,8 +209,10 @@ func (c *CLI) Execute() {
 // clean shutdown), 1 on a runtime failure, 2 on invalid configuration or
 // usage.
 func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	name := c.name()
+	ctx = context.WithValue(ctx, nameKey{}, name)
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, named(ctx, usage))
 		return exitUsage
 	}
 	var err error
@@ -194,7 +220,7 @@ func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer)
 	case "run":
 		err = c.runCmd(ctx, args[1:], stdout, stderr)
 	case "migrate":
-		err = migrateCmd(ctx, args[1:], stdout, stderr)
+		err = c.migrateCmd(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		err = c.dlqCmd(ctx, args[1:], stdout, stderr)
 	case "offsets":
@@ -212,19 +238,30 @@ func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer)
 	case "console":
 		err = c.consoleCmd(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
-		err = versionCmd(args[1:], stdout, stderr)
+		err = versionCmd(name, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, named(ctx, usage))
 		return exitOK
 	default:
 		i := slices.IndexFunc(c.Commands, func(cmd Command) bool { return cmd.Name == args[0] })
 		if i < 0 {
-			fmt.Fprintf(stderr, "consumer: unknown command %q\n%s", args[0], usage)
+			fmt.Fprintf(stderr, "%s: unknown command %q\n%s", name, args[0], named(ctx, usage))
 			return exitUsage
 		}
 		err = c.Commands[i].Run(ctx, args[1:], stdout, stderr)
 	}
-	return exitCode(err, stderr)
+	return exitCode(name, err, stderr)
+}
+
+// name returns c.Name, or the running binary's file name.
+func (c *CLI) name() string {
+	if c.Name != "" {
+		return c.Name
+	}
+	if len(os.Args) > 0 && os.Args[0] != "" {
+		return filepath.Base(os.Args[0])
+	}
+	return "consumer"
 }
 
 // Main runs the command line args (without the program name) of the stock
@@ -234,7 +271,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, extra ..
 	return (&CLI{Commands: extra}).Main(ctx, args, stdout, stderr)
 }
 
-func exitCode(err error, stderr io.Writer) int {
+func exitCode(name string, err error, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
@@ -242,7 +279,7 @@ func exitCode(err error, stderr io.Writer) int {
 	if errors.As(err, &status) {
 		return status.code // a delegated command's, which said why itself
 	}
-	fmt.Fprintf(stderr, "consumer: %v\n", err)
+	fmt.Fprintf(stderr, "%s: %v\n", name, err)
 	var ue *usageError
 	var ce *config.Error
 	if errors.As(err, &ue) || errors.As(err, &ce) {
