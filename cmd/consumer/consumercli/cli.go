@@ -34,8 +34,14 @@
 // shutdown on SIGINT or SIGTERM and the exit statuses below; `dlq replay`
 // runs the group's Go handlers too; `migrate`, `status`, `offsets`,
 // `group` and the others work as in the stock binary. A file that names a
-// Go handler the binary does not have is refused before anything runs:
-// exit status 2, naming the key (handlers[0].name).
+// Go handler the binary does not have is refused before anything runs, by
+// run and migrate: exit status 2, naming the key (handlers[0].name).
+//
+// The usage, the messages and `version` call the binary by its file name
+// (or CLI.Name). The operator commands (group pause, resume and cancel,
+// offsets reset, dlq replay and discard) are recorded in the console's
+// audit with origin cli and the operating system's user@host as actor
+// (offsets.Audit); pause and resume are idempotent.
 //
 // # Development commands
 //
@@ -52,6 +58,7 @@
 //	consumer migrate [--config FILE] [--print]
 //	                                   apply the schema and create the configured topic
 //	consumer dlq     list|replay|discard  dead-letter admin
+//	consumer offsets show [--group G] [--json]  positions, log ends and lags
 //	consumer offsets reset --group G --to earliest|latest|offset:N|time:T [--force]
 //	consumer group   pause|resume|cancel G
 //	consumer status  [--config FILE] [--group G] [--json] [--watch [--interval D]]
@@ -135,6 +142,8 @@ commands:
   run      run the configured consumer groups until SIGINT or SIGTERM
   migrate  apply the schema migrations and create the configured topic
   dlq      list, replay or discard dead letters (consumer dlq -h)
+  offsets show [--group G] [--json]
+           each group's position, log end and lag per partition
   offsets reset --group G --to earliest|latest|offset:N|time:T [--force]
            move a group's positions (replay or skip)
   group pause|resume|cancel G

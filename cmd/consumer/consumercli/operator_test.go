@@ -113,8 +113,8 @@ func TestPauseResumeIdempotentAudited(t *testing.T) {
 // one group.
 func TestOffsetsShow(t *testing.T) {
 	t.Parallel()
-	url, pool, cfg := statusFixture(t) // groups g (every partition) and h (partition 2 only), 4 partitions
-	cfg = writeConfig(t, fmt.Sprintf(`offsetScope: %s
+	url, pool, _ := statusFixture(t) // groups g (every partition) and h (partition 2 only), 4 partitions
+	cfg := writeConfig(t, fmt.Sprintf(`offsetScope: %s
 groups:
   - groupId: g
     totalPartitions: 4
