@@ -61,13 +61,16 @@ type Console struct {
 	// PGEVENTS_CONSOLE_TOKEN replaces it when set and non-empty, and the
 	// file's value may name environment variables as ${NAME}. There is no
 	// default: required, at least MinConsoleTokenLen characters, unless
-	// ReadOnly.
+	// ReadOnly. These rules are checked where the console is served (see
+	// [Config.ConsoleError]), not by Load: a command that never serves it
+	// runs where the token is not given.
 	Token string `yaml:"token"`
 
 	// ReadOnly serves the pages without actions: no form changes anything,
 	// and every action request is refused. Defaults to false.
 	ReadOnly bool `yaml:"readOnly"`
 
+<<<<<<< HEAD
 	// PagesNeedToken puts every page behind the token, not only the
 	// actions: without a session or the bearer token a page answers 401.
 	// Defaults to false: anyone who reaches Addr reads the pages, payloads
@@ -89,6 +92,13 @@ type Console struct {
 	// is not a trusted proxy's. Defaults to none: X-Forwarded-For is
 	// ignored, and behind a proxy every client has the proxy's address.
 	TrustedProxies []string `yaml:"trustedProxies"`
+=======
+	// tokenErr is why the file's token could not be read (a ${NAME} that
+	// is not set), for ConsoleError.
+	tokenErr string
+	// tokenLine is the line of console.token in the file, or of console.
+	tokenLine int
+>>>>>>> h-cli
 }
 
 // console decodes the console mapping v into c.Console.
@@ -111,7 +121,7 @@ func (p *parser) console(v *yaml.Node) *Error {
 			if msg = decodeString(v, &c.Token); msg == "" {
 				var err error
 				if c.Token, err = expandEnv(c.Token); err != nil {
-					msg = err.Error()
+					c.tokenErr = err.Error() // for ConsoleError: only serving needs it
 				}
 			}
 		case "readOnly":
@@ -135,11 +145,12 @@ func (p *parser) console(v *yaml.Node) *Error {
 // consoleEnv applies PGEVENTS_CONSOLE_TOKEN to a configured console.
 func (c *Config) consoleEnv() {
 	if tok := os.Getenv(EnvConsoleToken); tok != "" && c.Console != nil {
-		c.Console.Token = tok
+		c.Console.Token, c.Console.tokenErr = tok, ""
 	}
 }
 
-// consoleProblems adds the problems of the console section.
+// consoleProblems adds the problems of the console section, but for its
+// token (see ConsoleError).
 func (c *Config) consoleProblems(add func(key, format string, args ...any)) {
 	k := c.Console
 	if k == nil {
@@ -150,6 +161,7 @@ func (c *Config) consoleProblems(add func(key, format string, args ...any)) {
 	} else if _, port, err := net.SplitHostPort(k.Addr); err != nil || port == "" {
 		add(keyConsole+".addr", "must be host:port or :port, got %q", k.Addr)
 	}
+<<<<<<< HEAD
 	switch {
 	case k.ReadOnly:
 	case k.Token == "":
@@ -194,4 +206,34 @@ func validProxy(s string) bool {
 	}
 	_, err := netip.ParseAddr(s)
 	return err == nil
+=======
+}
+
+// ConsoleError reports what keeps the console section from being served:
+// an [*Error] naming console.token (and its line, in a file Load read)
+// when the token is missing (and not ReadOnly), shorter than
+// MinConsoleTokenLen characters, or names an environment variable that is
+// not set. Load, Parse and Validate leave the token to the commands that
+// serve the console (`consumer run` with a console section, `consumer
+// console`), which call ConsoleError before they start: the others
+// (migrate, status, dlq...) run where the console's token is not given.
+// Nil without a console section.
+func (c *Config) ConsoleError() error {
+	k := c.Console
+	if k == nil || k.ReadOnly {
+		return nil
+	}
+	e := &Error{Key: keyConsole + ".token", Line: k.tokenLine}
+	switch n := len([]rune(k.Token)); {
+	case k.tokenErr != "":
+		e.Msg = k.tokenErr
+	case n == 0:
+		e.Msg = fmt.Sprintf("is required to serve the console (or readOnly: true): set it, or the %s environment variable; there is no default", EnvConsoleToken)
+	case n < MinConsoleTokenLen:
+		e.Msg = fmt.Sprintf("must be at least %d characters, got %d", MinConsoleTokenLen, n)
+	default:
+		return nil
+	}
+	return e
+>>>>>>> h-cli
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -55,11 +56,8 @@ func TestParseConsole(t *testing.T) {
 	for _, tt := range []struct{ src, key, msg string }{
 		{"console: {token: 0123456789abcdef}\n", "console.addr", "required"},
 		{"console: {addr: localhost, token: 0123456789abcdef}\n", "console.addr", "host:port"},
-		{"console: {addr: ':0'}\n", "console.token", "no default"},
-		{"console: {addr: ':0', token: secret}\n", "console.token", "at least 16"},
 		{"console: {addr: ':0', readOnly: yes please}\n", "console.readOnly", "true or false"},
 		{"console: {addr: ':0', tokn: x}\n", "console.tokn", "unknown key"},
-		{"console: {addr: ':0', token: '${NOT_SET_ANYWHERE_XYZ}'}\n", "console.token", "not set"},
 		{"console: [a]\n", "console", "mapping"},
 		{"console: {addr: ':0', token: 0123456789abcdef, trustedProxies: [10.0.0.0/8, 10.0.0.0/33]}\n", "console.trustedProxies[1]", "CIDR"},
 		{"console: {addr: ':0', token: 0123456789abcdef, trustedProxies: [proxy.example]}\n", "console.trustedProxies[0]", "IP address"},
@@ -73,5 +71,36 @@ func TestParseConsole(t *testing.T) {
 		if e.Key != tt.key || !strings.Contains(e.Msg, tt.msg) {
 			t.Errorf("%q: error %v; want key %s and %q", tt.src, e, tt.key, tt.msg)
 		}
+	}
+}
+
+// TestConsoleError: the token rules are ConsoleError's, which the commands
+// that serve the console call; Parse accepts a file whose console lacks a
+// usable token, for the commands that never serve it. The error names
+// console.token and its line.
+func TestConsoleError(t *testing.T) {
+	clearEnv(t)
+	t.Setenv(EnvConsoleToken, "")
+	const head = "databaseUrl: postgres://localhost/db\ngroupId: g\n"
+	for _, tt := range []struct{ src, msg string }{
+		{"console: {addr: ':0'}\n", "no default"},
+		{"console: {addr: ':0', token: secret}\n", "at least 16"},
+		{"console: {addr: ':0', token: '${NOT_SET_ANYWHERE_XYZ}'}\n", "not set"},
+	} {
+		c := mustParse(t, head+tt.src)
+		err := c.ConsoleError()
+		var e *Error
+		if !errors.As(err, &e) || e.Key != "console.token" || e.Line != 3 || !strings.Contains(e.Msg, tt.msg) {
+			t.Errorf("%q: ConsoleError() = %v; want console.token at line 3 saying %q", tt.src, err, tt.msg)
+		}
+	}
+	for _, src := range []string{"", "console: {addr: ':0', readOnly: true}\n", "console: {addr: ':0', token: 0123456789abcdef}\n"} {
+		if err := mustParse(t, head+src).ConsoleError(); err != nil {
+			t.Errorf("%q: ConsoleError() = %v, want nil", src, err)
+		}
+	}
+	t.Setenv(EnvConsoleToken, "from-the-environment-01")
+	if err := mustParse(t, head+"console: {addr: ':0', token: '${NOT_SET_ANYWHERE_XYZ}'}\n").ConsoleError(); err != nil {
+		t.Errorf("%s replaces a token naming an unset variable: ConsoleError() = %v, want nil", EnvConsoleToken, err)
 	}
 }

@@ -62,8 +62,10 @@
 // relays' handlers, sasl.password and headers values may name environment
 // variables as ${NAME}; each must be set. PGEVENTS_CONSOLE_TOKEN, when set
 // and non-empty, replaces console.token (of a file with a console
-// section), which may also name environment variables as ${NAME}. The
-// tracing section's headers may name environment variables too, and the
+// section), which may also name environment variables as ${NAME}; the
+// token is checked only where the console is served ([Config.ConsoleError]),
+// so a command that never serves it needs neither the token nor its
+// variables. The tracing section's headers may name environment variables too, and the
 // OpenTelemetry exporter's own variables (OTEL_EXPORTER_OTLP_*,
 // OTEL_SERVICE_NAME) apply to what it leaves out.
 //

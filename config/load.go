@@ -84,6 +84,9 @@ func Parse(data []byte) (*Config, error) {
 		return nil, problems[0]
 	}
 
+	if p.cfg.Console != nil {
+		p.cfg.Console.tokenLine = p.lineOf(keyConsole + ".token")
+	}
 	c := p.cfg
 	return &c, nil
 }

@@ -54,10 +54,20 @@ func (c *Console) setState(w http.ResponseWriter, r *http.Request, a *actor, act
 		if err != nil {
 			return err
 		}
-		e.Detail, e.Outcome = prev+" -> "+state, "ok"
+		e.Detail, e.Outcome = transition(prev, state), "ok"
 		return c.record(ctx, tx, a, e)
 	})
 	c.finish(w, r, a, e, err, groupPath(topic, group), http.StatusConflict)
+}
+
+// transition describes a move from state prev to state to: "PAUSED ->
+// ACTIVE", or "already PAUSED" when the group was in it (offsets.SetState
+// then changed nothing).
+func transition(prev, to string) string {
+	if prev == to {
+		return "already " + to
+	}
+	return prev + " -> " + to
 }
 
 func (c *Console) unhalt(w http.ResponseWriter, r *http.Request, a *actor) {

@@ -51,8 +51,9 @@ func (e *env) handled() int64 { return e.queryInt(`SELECT count(*) FROM handled`
 // and from a script, do what they say to a running group (it stops
 // handling, handles again, tries its halted unit again and gets past it),
 // each with an audit row naming who did it, shown on the group's page,
-// and a log line; an action the state does not allow changes nothing, and
-// is recorded as failed.
+// and a log line, from origin console; pausing a paused group succeeds
+// and says so; an action the state does not allow (unhalting a partition
+// not halted) changes nothing, and is recorded as failed.
 func TestPauseResumeUnhalt(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1, console.Options{})
@@ -94,8 +95,8 @@ func TestPauseResumeUnhalt(t *testing.T) {
 	if n := e.handled(); n != 3 {
 		t.Fatalf("a paused group handled %d events, want 3", n)
 	}
-	if r := c.post(group+"/pause", nil, true); r.status != http.StatusConflict {
-		t.Fatalf("pause of a paused group: %d", r.status)
+	if r := c.post(group+"/pause", nil, true); r.status != http.StatusSeeOther || !strings.Contains(r.header.Get("Location"), url.QueryEscape("already PAUSED")) {
+		t.Fatalf("pause of a paused group: %d %s, want a success saying it was already paused", r.status, r.header.Get("Location"))
 	}
 	// Resume, from a script.
 	r = c.do(http.MethodPost, group+"/resume", url.Values{}, map[string]string{"Authorization": "Bearer " + testToken, "X-Console-Actor": "cron"})
@@ -106,7 +107,7 @@ func TestPauseResumeUnhalt(t *testing.T) {
 	waitFor(t, "the event appended while paused handled", func() bool { return e.handled() == 4 })
 
 	// Who did what: rows, the page, the log.
-	rows, err := e.pool.Query(e.ctx, `SELECT actor || ' ' || action || ' ' || outcome FROM console_audit ORDER BY id`)
+	rows, err := e.pool.Query(e.ctx, `SELECT origin || ' ' || actor || ' ' || action || ' ' || outcome FROM console_audit ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestPauseResumeUnhalt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"ada unhalt ok", "ada unhalt failed: the partition is not halted", "ada pause ok", "ada pause failed:", "cron resume ok"}
+	want := []string{"console ada unhalt ok", "console ada unhalt failed: the partition is not halted", "console ada pause ok", "console ada pause ok", "console cron resume ok"}
 	if len(got) != len(want) {
 		t.Fatalf("audit rows %q, want %q", got, want)
 	}

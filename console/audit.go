@@ -9,18 +9,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
 
 const (
-	// auditInsertSQL records an action (console_audit, migration 0011).
-	auditInsertSQL = `INSERT INTO {schema}console_audit
-    (actor, remote, action, topic_id, group_id, partition_id, dead_letter_id, detail, outcome)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
-
 	// auditListSQL reads the newest $4 actions, of group $1 on topic $2
-	// ('' and 0: any), or on dead letters only when $3.
-	auditListSQL = `SELECT id, at, actor, remote, action, topic_id, group_id, partition_id, dead_letter_id, detail, outcome
+	// ('' and 0: any), or on dead letters only when $3, whatever their
+	// origin (the console's, the CLI's: offsets.Audit writes them all).
+	auditListSQL = `SELECT id, at, origin, actor, remote, action, topic_id, group_id, partition_id, dead_letter_id, detail, outcome
 FROM {schema}console_audit
 WHERE ($1::text = '' OR group_id = $1) AND ($2::integer = 0 OR topic_id = $2)
   AND (NOT $3::boolean OR dead_letter_id IS NOT NULL)
@@ -32,6 +29,7 @@ LIMIT $4`
 type auditEntry struct {
 	ID         int64
 	At         time.Time
+	Origin     string // offsets.OriginConsole or offsets.OriginCLI
 	Actor      string
 	Remote     string
 	Action     string
@@ -43,14 +41,21 @@ type auditEntry struct {
 	Outcome    string
 }
 
-// record writes e with q (the action's transaction, or the pool); ctx
-// names the schema.
+// record writes e, taken by a, with q (the action's transaction, or the
+// pool) through offsets.Audit, the audit's one writer; ctx names the
+// schema.
 func (c *Console) record(ctx context.Context, q schema.DB, a *actor, e auditEntry) error {
-	_, err := q.Exec(ctx, schema.SQL(ctx, auditInsertSQL), a.name, a.remote, e.Action, e.Topic, e.Group, e.Partition, e.DeadLetter, e.Detail, e.Outcome)
-	if err != nil {
-		return fmt.Errorf("console: audit: %w", err)
+	return offsets.Audit(ctx, q, offsets.AuditEntry{Origin: offsets.OriginConsole, Actor: a.name, Remote: a.remote,
+		Action: e.Action, Topic: widen(e.Topic), Group: e.Group, Partition: widen(e.Partition), DeadLetter: e.DeadLetter,
+		Detail: e.Detail, Outcome: e.Outcome})
+}
+
+// widen returns *p as an int.
+func widen(p *int32) *int {
+	if p == nil {
+		return nil
 	}
-	return nil
+	return ptr(int(*p))
 }
 
 // logAction writes the log line of an action.
@@ -83,7 +88,7 @@ func (c *Console) audit(ctx context.Context, group string, topic int, deadLetter
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (auditEntry, error) {
 		var e auditEntry
-		err := row.Scan(&e.ID, &e.At, &e.Actor, &e.Remote, &e.Action, &e.Topic, &e.Group, &e.Partition, &e.DeadLetter, &e.Detail, &e.Outcome)
+		err := row.Scan(&e.ID, &e.At, &e.Origin, &e.Actor, &e.Remote, &e.Action, &e.Topic, &e.Group, &e.Partition, &e.DeadLetter, &e.Detail, &e.Outcome)
 		return e, err
 	})
 	if err != nil {

@@ -31,15 +31,26 @@
 // A group's subscription is ACTIVE, PAUSED, DEAD (no replica seen for its
 // dead_after; it becomes ACTIVE again when one starts) or CANCELLED
 // (terminal: its replicas stop and it no longer holds retention back).
-// Pause, Resume and Cancel are the operator's transitions; any other is
-// ErrTransition. A partition whose handler failed permanently under the halt
+// Pause, Resume and Cancel are the operator's transitions, and each is
+// idempotent: pausing a paused group succeeds and changes nothing, and so
+// does resuming an active one; any other transition is ErrTransition. A
+// partition whose handler failed permanently under the halt
 // policy stops at the failed offset and records a Halt; Unhalt removes the
 // record, and the partition's worker retries from its position.
+//
+// # Audit
+//
+// Audit records an operator's action in the console_audit table, which the
+// console's pages show: the console's actions and the CLI's (group pause,
+// resume and cancel, offsets reset, dlq replay and discard), each with its
+// origin and actor. It is the table's one writer.
 //
 // Every function takes a schema.DB (a pool, a connection or a transaction:
 // in a transaction, the function's own work runs in a savepoint of it) and
 // names pgevents' tables in the schema the context carries (schema.WithName).
 // Every write goes through pgevents' engine, which takes the locks a worker
-// takes; Positions and Count run the read-only statements of sql.go. Errors
-// are prefixed "offsets:".
+// takes; Positions, Count and Audit run the statements of sql.go. The
+// errors an operator meets (a refused transition or reset, a group without
+// a subscription) name no package: the CLI and the console show them as
+// they are.
 package offsets

@@ -119,7 +119,7 @@ func Count(ctx context.Context, db schema.DB, topic int, moves []Move) ([]Counte
 	}
 	rows, err := db.Query(ctx, schema.SQL(ctx, countRangesSQL), topic, parts, from, to, CountCap)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: count events: %w", err)
+		return nil, fmt.Errorf("count events: %w", err)
 	}
 	counts := map[int32]int64{}
 	var (
@@ -127,7 +127,7 @@ func Count(ctx context.Context, db schema.DB, topic int, moves []Move) ([]Counte
 		n int64
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { counts[p] += n; return nil }); err != nil {
-		return nil, fmt.Errorf("offsets: count events: %w", err)
+		return nil, fmt.Errorf("count events: %w", err)
 	}
 	for i := range out {
 		c := &out[i]
@@ -147,7 +147,7 @@ func Count(ctx context.Context, db schema.DB, topic int, moves []Move) ([]Counte
 func Preview(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Counted, error) {
 	tx, err := store.Begin(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: preview: %w", err)
+		return nil, fmt.Errorf("preview: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the preview is rolled back
 	moves, err := Reset(ctx, tx, group, topic, start, force)
@@ -192,7 +192,7 @@ func Positions(ctx context.Context, db schema.DB, group string, topic int, lagCa
 	}
 	rows, err := store.QueryWithoutJIT(ctx, db, schema.SQL(ctx, positionsSQL), group, topic, lagCap)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: positions: %w", err)
+		return nil, fmt.Errorf("positions: %w", err)
 	}
 	var (
 		out          []Position
@@ -215,7 +215,7 @@ func Positions(ctx context.Context, db schema.DB, group string, topic int, lagCa
 		out = append(out, pos)
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("offsets: positions: %w", err)
+		return nil, fmt.Errorf("positions: %w", err)
 	}
 	return out, nil
 }
@@ -252,7 +252,7 @@ const (
 )
 
 // ErrTransition is returned, wrapped, for a transition the lifecycle does
-// not allow (resuming a group that is not paused, leaving Cancelled).
+// not allow (resuming a group that is Dead, leaving Cancelled).
 var ErrTransition = store.ErrTransition
 
 // ErrCancelled is returned, wrapped, where a group's subscription is
@@ -260,8 +260,10 @@ var ErrTransition = store.ErrTransition
 var ErrCancelled = store.ErrCancelled
 
 // SetState moves the group's subscription on topic to Paused, to Active
-// (from Paused) or to Cancelled, and returns the state it had before. Any
-// other transition returns ErrTransition.
+// (from Paused) or to Cancelled, and returns the state it had before. A
+// move to the state the group is in already does nothing and succeeds
+// (pausing a paused group, resuming an active one): the state returned is
+// then to, which says so. Any other transition returns ErrTransition.
 func SetState(ctx context.Context, db schema.DB, group string, topic int, to string) (string, error) {
 	return store.SetState(ctx, db, group, topic, to)
 }

@@ -5,6 +5,13 @@ import "github.com/pgevents/pgevents/internal/store"
 // The package's own statements; the others are the engine's
 // (internal/store), which every writer of a position goes through.
 const (
+	// auditInsertSQL records an operator's action (console_audit,
+	// migrations 0011 and 0013). It is the audit's only writer: the console
+	// and the CLI both record through Audit.
+	auditInsertSQL = `INSERT INTO {schema}console_audit
+    (origin, actor, remote, action, topic_id, group_id, partition_id, dead_letter_id, detail, outcome)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
+
 	// countRangesSQL counts, for each partition $2[i], the events of topic
 	// $1 with offsets in [$3[i], $4[i]), up to $5 per partition. Each count
 	// is a range scan of the partition's (topic_id, partition_id, c_offset)

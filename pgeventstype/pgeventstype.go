@@ -67,6 +67,9 @@ type DeadLetter struct {
 	EventIDs []string `json:"event_ids"`
 	// HostIDs are the unit's hosts.
 	HostIDs []string `json:"host_ids"`
+	// EventTypes are the event types of the unit's events, each once,
+	// sorted.
+	EventTypes []string `json:"event_types"`
 	// Error is the failure's reason.
 	Error string `json:"error"`
 	// Attempts counts the unit's failures.

@@ -37,9 +37,15 @@ DO UPDATE SET heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at
 	// ownedSQL returns the leases the replica owns, live or not (its own
 	// row, registered just before, makes them live again): a lease still
 	// owned was taken by nobody (taking it changes the owner), so it is
-	// safe to keep.
-	ownedSQL = `SELECT partition_id, epoch FROM {schema}partition_leases
-WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
+	// safe to keep. It returns too the leases of partitions $4, those the
+	// replica holds, whoever owns them now: a held lease owned by another
+	// replica was taken over; one owned by nobody (or gone) was freed by
+	// the group's reset or layout switch, which gave the partitions new
+	// positions. Then the group's layout version, whose change tells a
+	// layout switch from a reset.
+	ownedSQL = `SELECT partition_id, epoch, owner, (SELECT version FROM {schema}group_layouts WHERE group_id = $1 AND topic_id = $2)
+FROM {schema}partition_leases
+WHERE group_id = $1 AND topic_id = $2 AND (owner = $3 OR partition_id = ANY($4::integer[]))`
 
 	// liveReplicasSQL lists the live auto-mode replicas, in id order: the
 	// order that decides who holds one partition more when they do not
@@ -120,8 +126,8 @@ type Owner interface {
 	// Acquired says the replica now owns partition p's lease with epoch.
 	Acquired(p int, epoch int64)
 	// Lost says the replica no longer owns partition p's lease: another
-	// replica took it over. The partition's in-flight batch, if any,
-	// cannot commit.
+	// replica took it over, or the group's reset or layout switch freed
+	// it. The partition's in-flight batch, if any, cannot commit.
 	Lost(p int)
 	// Release asks that partition p stop after its current batch; its
 	// worker then calls Leaser.Released.
@@ -254,9 +260,15 @@ func (l *Leaser) beat(ctx context.Context) error {
 		mode = "static"
 	}
 	lease := l.cfg.Lease.String()
+	l.mu.Lock()
+	holding := make([]int32, 0, len(l.held))
+	for p := range l.held {
+		holding = append(holding, int32(p))
+	}
+	l.mu.Unlock()
 	var b pgx.Batch
 	b.Queue(schema.SQL(ctx, registerSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, mode, l.hostname, os.Getpid(), lease)
-	b.Queue(schema.SQL(ctx, ownedSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID)
+	b.Queue(schema.SQL(ctx, ownedSQL), l.cfg.Group, l.cfg.Topic, l.cfg.ReplicaID, holding)
 	b.Queue(schema.SQL(ctx, liveReplicasSQL), l.cfg.Group, l.cfg.Topic)
 	br := l.cfg.DB.SendBatch(ctx, &b)
 	if _, err := br.Exec(); err != nil {
@@ -265,9 +277,20 @@ func (l *Leaser) beat(ctx context.Context) error {
 	}
 	rows, _ := br.Query()
 	renewed := map[int]int64{}
-	var p int
-	var epoch int64
-	_, err := pgx.ForEachRow(rows, []any{&p, &epoch}, func() error { renewed[p] = epoch; return nil })
+	owners := map[int]string{} // of the held partitions, whoever owns them
+	var (
+		p       int
+		epoch   int64
+		owner   string
+		version *int
+	)
+	_, err := pgx.ForEachRow(rows, []any{&p, &epoch, &owner, &version}, func() error {
+		if owner == l.cfg.ReplicaID {
+			renewed[p] = epoch
+		}
+		owners[p] = owner
+		return nil
+	})
 	if err != nil {
 		br.Close()
 		return fmt.Errorf("partition: renew leases: %w", err)
@@ -289,12 +312,27 @@ func (l *Leaser) beat(ctx context.Context) error {
 	// the database gave it, so the replica takes it up. Left alone, it
 	// would be renewed at every beat and served by nobody.
 	l.mu.Lock()
+	var freed []int
 	for p := range l.held {
 		if e, ok := renewed[p]; !ok || e != l.held[p] {
 			delete(l.held, p)
 			delete(l.releasing, p)
-			l.log.Warn().Int("partition", p).Msg("partition lease lost to another replica")
+			if o := owners[p]; o != "" && o != l.cfg.ReplicaID {
+				l.log.Warn().Int("partition", p).Str("owner", o).Msg("partition lease lost to another replica")
+			} else {
+				freed = append(freed, p)
+			}
 			l.cfg.Owner.Lost(p)
+		}
+	}
+	if len(freed) > 0 {
+		// Freed, not taken: the group's reset or layout switch gave every
+		// partition a new position and a free lease at once. Said once.
+		slices.Sort(freed)
+		if version != nil && l.cfg.Layout != 0 && *version != l.cfg.Layout {
+			l.log.Info().Ints("partitions", freed).Int("layout", *version).Msg("the group moved to a new layout: leaving this one's partitions")
+		} else {
+			l.log.Info().Ints("partitions", freed).Msg("the group's positions were reset by an operator: its partitions continue from the new positions")
 		}
 	}
 	for p, e := range renewed {

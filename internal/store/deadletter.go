@@ -65,9 +65,12 @@ DO UPDATE SET c_offset = excluded.c_offset, reason = excluded.reason, halted_at 
 
 	unhaltSQL = `DELETE FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 
+	// deadLetterColumns are a dead letter's fields (DeadLetter), its parked
+	// events counted and its event types read from its events, each once.
 	deadLetterColumns = `id, group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
        event_ids::text[], host_ids, error, attempts, first_failed_at, last_failed_at, parked_hosts, created_at,
-       (SELECT count(*) FROM {schema}parked_events p WHERE p.dead_letter_id = d.id)`
+       (SELECT count(*) FROM {schema}parked_events p WHERE p.dead_letter_id = d.id),
+       ARRAY(SELECT DISTINCT e->>'event_type' FROM jsonb_array_elements(d.events) e ORDER BY 1)`
 
 	listDeadLettersSQL = `SELECT ` + deadLetterColumns + `
 FROM {schema}dead_letter_queue d
@@ -214,7 +217,7 @@ func LockPosition(ctx context.Context, tx pgx.Tx, group string, topic, partition
 func scanDeadLetter(row pgx.Row, withEvents bool) (DeadLetter, error) {
 	var d DeadLetter
 	dest := []any{&d.ID, &d.Group, &d.Topic, &d.Partition, &d.FirstOffset, &d.LastOffset, &d.TransactionID,
-		&d.EventIDs, &d.HostIDs, &d.Error, &d.Attempts, &d.FirstFailedAt, &d.LastFailedAt, &d.ParkHosts, &d.CreatedAt, &d.Parked}
+		&d.EventIDs, &d.HostIDs, &d.Error, &d.Attempts, &d.FirstFailedAt, &d.LastFailedAt, &d.ParkHosts, &d.CreatedAt, &d.Parked, &d.EventTypes}
 	var events []byte
 	if withEvents {
 		dest = append(dest, &events)

@@ -243,28 +243,35 @@ var allowedFrom = map[string][]string{
 }
 
 // SetState applies an operator's transition (to PAUSED, ACTIVE from
-// PAUSED, or CANCELLED) and returns the previous state.
+// PAUSED, or CANCELLED) and returns the previous state. A transition to
+// the state the group is in already changes nothing and succeeds: pausing
+// a paused group, resuming an active one, cancelling a cancelled one; the
+// state returned then equals to. Errors name no package: an operator reads
+// them as they are.
 func SetState(ctx context.Context, db schema.DB, group string, topic int, to string) (string, error) {
 	from, ok := allowedFrom[to]
 	if !ok {
-		return "", fmt.Errorf("offsets: %w: no operator transition to %s", ErrTransition, to)
+		return "", fmt.Errorf("%w: no operator transition to %s", ErrTransition, to)
 	}
 	tx, err := Begin(ctx, db)
 	if err != nil {
-		return "", fmt.Errorf("offsets: set state: %w", err)
+		return "", fmt.Errorf("set state: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var prev string
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, lockSubscriptionSQL), group, topic).Scan(&prev); errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("offsets: group %q has no subscription on topic %d", group, topic)
+		return "", fmt.Errorf("group %q has no subscription on topic %d", group, topic)
 	} else if err != nil {
-		return "", fmt.Errorf("offsets: set state: %w", err)
+		return "", fmt.Errorf("set state: %w", err)
+	}
+	if prev == to {
+		return prev, nil
 	}
 	var now string
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, setStateSQL), group, topic, to, from).Scan(&now); errors.Is(err, pgx.ErrNoRows) {
-		return prev, fmt.Errorf("offsets: %w: %s -> %s", ErrTransition, prev, to)
+		return prev, fmt.Errorf("%w: %s -> %s", ErrTransition, prev, to)
 	} else if err != nil {
-		return prev, fmt.Errorf("offsets: set state: %w", err)
+		return prev, fmt.Errorf("set state: %w", err)
 	}
 	if to != StateActive {
 		// Wait for the group's batches in flight, and keep new claims out
@@ -272,10 +279,13 @@ func SetState(ctx context.Context, db schema.DB, group string, topic int, to str
 		// position lock (leaseHeldSQL), so once this returns no batch of
 		// the group commits anything.
 		if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic); err != nil {
-			return prev, fmt.Errorf("offsets: set state: wait for the group's batches: %w", err)
+			return prev, fmt.Errorf("set state: wait for the group's batches: %w", err)
 		}
 	}
-	return prev, tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return prev, fmt.Errorf("set state: %w", err)
+	}
+	return prev, nil
 }
 
 // SubscriptionState returns the group's state on the topic, or "" when it
@@ -365,37 +375,37 @@ type Move struct {
 func Reset(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Move, error) {
 	tx, err := Begin(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var state string
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, lockSubscriptionSQL), group, topic).Scan(&state); errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("offsets: group %q has no subscription on topic %d", group, topic)
+		return nil, fmt.Errorf("group %q has no subscription on topic %d", group, topic)
 	} else if err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
 	// The layout before the positions, as SwitchLayout and dead-letter
 	// resolution take them; and the new lease epochs must survive a crash
 	// (see SyncCommitSQL).
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, `SELECT 1 FROM {schema}group_layouts WHERE group_id = $1 AND topic_id = $2 FOR UPDATE`), group, topic); err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
 	if _, err := tx.Exec(ctx, SyncCommitSQL); err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
 	var live int
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, liveReplicasOfSQL), group, topic).Scan(&live); err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
 	if live > 0 && !force {
-		return nil, fmt.Errorf("offsets: %w (%d live): stop it first, or force", ErrGroupRunning, live)
+		return nil, fmt.Errorf("%w (%d live): stop it first, or force", ErrGroupRunning, live)
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic); err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
 	rows, err := tx.Query(ctx, schema.SQL(ctx, oldPositionsSQL), group, topic)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
 	old := map[int]int64{}
 	var (
@@ -403,7 +413,7 @@ func Reset(ctx context.Context, db schema.DB, group string, topic int, start Sta
 		n int64
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { old[p] = n; return nil }); err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
 	if err := Place(ctx, tx, group, topic, start); err != nil {
 		return nil, err
@@ -411,7 +421,7 @@ func Reset(ctx context.Context, db schema.DB, group string, topic int, start Sta
 	rows, err = tx.Query(ctx, schema.SQL(ctx, `SELECT partition_id, next_offset FROM {schema}consumer_offsets
 WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id`), group, topic)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
 	var moves []Move
 	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error {
@@ -422,9 +432,12 @@ WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id`), group, topic)
 		moves = append(moves, Move{Partition: p, From: from, To: n})
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("offsets: reset: %w", err)
+		return nil, fmt.Errorf("reset: %w", err)
 	}
-	return moves, tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("reset: %w", err)
+	}
+	return moves, nil
 }
 
 // Skip is a count of events retention removed before a group handled them.

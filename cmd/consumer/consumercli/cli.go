@@ -34,8 +34,14 @@
 // shutdown on SIGINT or SIGTERM and the exit statuses below; `dlq replay`
 // runs the group's Go handlers too; `migrate`, `status`, `offsets`,
 // `group` and the others work as in the stock binary. A file that names a
-// Go handler the binary does not have is refused before anything runs:
-// exit status 2, naming the key (handlers[0].name).
+// Go handler the binary does not have is refused before anything runs, by
+// run and migrate: exit status 2, naming the key (handlers[0].name).
+//
+// The usage, the messages and `version` call the binary by its file name
+// (or CLI.Name). The operator commands (group pause, resume and cancel,
+// offsets reset, dlq replay and discard) are recorded in the console's
+// audit with origin cli and the operating system's user@host as actor
+// (offsets.Audit); pause and resume are idempotent.
 //
 // # Development commands
 //
@@ -52,6 +58,7 @@
 //	consumer migrate [--config FILE] [--print]
 //	                                   apply the schema and create the configured topic
 //	consumer dlq     list|replay|discard  dead-letter admin
+//	consumer offsets show [--group G] [--json]  positions, log ends and lags
 //	consumer offsets reset --group G --to earliest|latest|offset:N|time:T [--force]
 //	consumer group   pause|resume|cancel G
 //	consumer status  [--config FILE] [--group G] [--json] [--watch [--interval D]]
@@ -78,7 +85,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 
 	"go.opentelemetry.io/otel/trace"
@@ -110,12 +119,31 @@ func usagef(format string, args ...any) error {
 // Usagef is Usage of a formatted error.
 func Usagef(format string, args ...any) error { return usagef(format, args...) }
 
-const usage = `usage: consumer <command> [flags]
+// nameKey is the context key of the command's name.
+type nameKey struct{}
+
+// cmdName returns the command's name that Main put in ctx: what usage and
+// messages call the binary.
+func cmdName(ctx context.Context) string {
+	if n, ok := ctx.Value(nameKey{}).(string); ok {
+		return n
+	}
+	return "consumer"
+}
+
+// named returns s with each {cmd} replaced by the command's name.
+func named(ctx context.Context, s string) string {
+	return strings.ReplaceAll(s, "{cmd}", cmdName(ctx))
+}
+
+const usage = `usage: {cmd} <command> [flags]
 
 commands:
   run      run the configured consumer groups until SIGINT or SIGTERM
   migrate  apply the schema migrations and create the configured topic
   dlq      list, replay or discard dead letters (consumer dlq -h)
+  offsets show [--group G] [--json]
+           each group's position, log end and lag per partition
   offsets reset --group G --to earliest|latest|offset:N|time:T [--force]
            move a group's positions (replay or skip)
   group pause|resume|cancel G
@@ -133,7 +161,7 @@ commands:
   bench    [--quick] [--only CASES] [--json]  the benchmark table, BENCHMARKS.md (consumer-dev)
   version  print the module version and the commit the binary was built from
 
-Run 'consumer <command> -h' for a command's flags.
+Run '{cmd} <command> -h' for a command's flags.
 `
 
 // Command is a subcommand beyond the built-in ones, given to Main.
@@ -152,6 +180,11 @@ type Handlers map[string]pgevents.Handler
 // subcommands: the Go handlers its configuration files may name, and more
 // commands. The zero CLI is the stock binary without demo and bench.
 type CLI struct {
+	// Name is what the usage and the messages call the binary. Defaults
+	// to the running binary's file name (filepath.Base(os.Args[0])), so a
+	// service's own binary, built with its Go handlers, calls itself by its
+	// own name.
+	Name string
 	// Handlers are the Go handlers a handlers item of type go names. A
 	// name the file gives that is not here (or is nil) is a configuration
 	// error: exit status 2, naming the key. A registered handler may serve
@@ -185,8 +218,10 @@ func (c *CLI) Execute() {
 // clean shutdown), 1 on a runtime failure, 2 on invalid configuration or
 // usage.
 func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	name := c.name()
+	ctx = context.WithValue(ctx, nameKey{}, name)
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, named(ctx, usage))
 		return exitUsage
 	}
 	var err error
@@ -194,7 +229,7 @@ func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer)
 	case "run":
 		err = c.runCmd(ctx, args[1:], stdout, stderr)
 	case "migrate":
-		err = migrateCmd(ctx, args[1:], stdout, stderr)
+		err = c.migrateCmd(ctx, args[1:], stdout, stderr)
 	case "dlq":
 		err = c.dlqCmd(ctx, args[1:], stdout, stderr)
 	case "offsets":
@@ -212,19 +247,30 @@ func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer)
 	case "console":
 		err = c.consoleCmd(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
-		err = versionCmd(args[1:], stdout, stderr)
+		err = versionCmd(name, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, named(ctx, usage))
 		return exitOK
 	default:
 		i := slices.IndexFunc(c.Commands, func(cmd Command) bool { return cmd.Name == args[0] })
 		if i < 0 {
-			fmt.Fprintf(stderr, "consumer: unknown command %q\n%s", args[0], usage)
+			fmt.Fprintf(stderr, "%s: unknown command %q\n%s", name, args[0], named(ctx, usage))
 			return exitUsage
 		}
 		err = c.Commands[i].Run(ctx, args[1:], stdout, stderr)
 	}
-	return exitCode(err, stderr)
+	return exitCode(name, err, stderr)
+}
+
+// name returns c.Name, or the running binary's file name.
+func (c *CLI) name() string {
+	if c.Name != "" {
+		return c.Name
+	}
+	if len(os.Args) > 0 && os.Args[0] != "" {
+		return filepath.Base(os.Args[0])
+	}
+	return "consumer"
 }
 
 // Main runs the command line args (without the program name) of the stock
@@ -234,7 +280,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, extra ..
 	return (&CLI{Commands: extra}).Main(ctx, args, stdout, stderr)
 }
 
-func exitCode(err error, stderr io.Writer) int {
+func exitCode(name string, err error, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
@@ -242,7 +288,7 @@ func exitCode(err error, stderr io.Writer) int {
 	if errors.As(err, &status) {
 		return status.code // a delegated command's, which said why itself
 	}
-	fmt.Fprintf(stderr, "consumer: %v\n", err)
+	fmt.Fprintf(stderr, "%s: %v\n", name, err)
 	var ue *usageError
 	var ce *config.Error
 	if errors.As(err, &ue) || errors.As(err, &ce) {

@@ -21,7 +21,7 @@ import (
 // statements at a time, and an action holds one transaction.
 const consolePoolSize = 4
 
-const consoleUsage = `usage: consumer console [--config FILE] [--addr HOST:PORT]
+const consoleUsage = `usage: {cmd} console [--config FILE] [--addr HOST:PORT]
 
 Serves the operator console (see package console), without consumers:
 pages on the log, the groups, dead letters, hosts and replicas, and, with
@@ -40,7 +40,7 @@ func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.W
 	fs := flag.NewFlagSet("console", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, consoleUsage)
+		fmt.Fprint(stderr, named(ctx, consoleUsage))
 		fs.PrintDefaults()
 	}
 	path := fs.String("config", defaultConfigPath, "configuration file: the database, the console section and the groups whose handlers replay dead letters")
@@ -72,6 +72,9 @@ func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.W
 	if cfg.Console == nil {
 		return &config.Error{File: *path, Key: "console.addr",
 			Msg: "the file has no console section: add `console: {addr: 127.0.0.1:8080, token: ...}`, or give --addr"}
+	}
+	if err := cfg.ConsoleError(); err != nil {
+		return inFile(err, *path)
 	}
 	log := newLogger(cfg, stderr)
 	pool, err := openConsolePool(ctx, cfg, *path)

@@ -3,6 +3,7 @@ package consumercli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,14 +12,17 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/offsets"
 )
 
 const dlqUsage = `usage:
-  consumer dlq list    [--config FILE] [--group G] [--json]
-  consumer dlq replay  (ID | --all) [--group G] [--config FILE]
-  consumer dlq discard ID [--config FILE]
+  {cmd} dlq list    [--config FILE] [--group G] [--json]
+  {cmd} dlq replay  (ID | --all) [--group G] [--config FILE]
+  {cmd} dlq discard ID [--config FILE]
 
 replay runs the configured group's handlers again on a dead-lettered unit and
 on the events parked behind it, in offset order, under the partition's lock,
@@ -28,7 +32,7 @@ handling it and handles the events parked behind it, in order.
 
 func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, dlqUsage)
+		fmt.Fprint(stderr, named(ctx, dlqUsage))
 		return usagef("dlq: a subcommand is required")
 	}
 	sub := args[0]
@@ -38,7 +42,8 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 	group := fs.String("group", "", "consumer group (replay and discard: default the configuration's only group)")
 	asJSON := fs.Bool("json", false, "list as JSON")
 	all := fs.Bool("all", false, "replay every dead letter of the group, oldest first")
-	if err := fs.Parse(args[1:]); err != nil {
+	positional, err := parseInterleaved(fs, args[1:])
+	if err != nil {
 		return &usageError{err}
 	}
 	// The group's database: with --group (or, for replay and discard, the
@@ -76,16 +81,16 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 			return enc.Encode(dls)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tGROUP\tTOPIC\tPARTITION\tOFFSETS\tEVENTS\tPARKED\tATTEMPTS\tLAST FAILURE\tERROR")
+		fmt.Fprintln(tw, "ID\tGROUP\tTOPIC\tPARTITION\tOFFSETS\tEVENTS\tHOST\tEVENT TYPE\tPARKED\tATTEMPTS\tLAST FAILURE\tERROR")
 		for _, d := range dls {
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d-%d\t%d\t%d\t%d\t%s\t%s\n", d.ID, d.Group, d.Topic, d.Partition,
-				d.FirstOffset, d.LastOffset, len(d.EventIDs), d.Parked, d.Attempts,
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d-%d\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Group, d.Topic, d.Partition,
+				d.FirstOffset, d.LastOffset, len(d.EventIDs), listed(d.HostIDs), listed(d.EventTypes), d.Parked, d.Attempts,
 				d.LastFailedAt.Format("2006-01-02 15:04:05Z07:00"), shorten(d.Error, 80))
 		}
 		return tw.Flush()
 	case "replay", "discard":
 	default:
-		fmt.Fprint(stderr, dlqUsage)
+		fmt.Fprint(stderr, named(ctx, dlqUsage))
 		return usagef("dlq: unknown subcommand %q", sub)
 	}
 
@@ -103,7 +108,7 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 	var ids []int64
 	switch {
 	case *all && sub == "replay":
-		if fs.NArg() != 0 {
+		if len(positional) != 0 {
 			return usagef("dlq replay: give an ID or --all, not both")
 		}
 		dls, err := pgevents.ListDeadLetters(ctx, pool, groups[g].GroupID)
@@ -113,10 +118,10 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 		for _, d := range dls {
 			ids = append(ids, d.ID)
 		}
-	case fs.NArg() == 1:
-		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
+	case len(positional) == 1:
+		id, err := strconv.ParseInt(positional[0], 10, 64)
 		if err != nil {
-			return usagef("dlq %s: %q is not a dead letter id", sub, fs.Arg(0))
+			return usagef("dlq %s: %q is not a dead letter id", sub, positional[0])
 		}
 		ids = []int64{id}
 	default:
@@ -134,18 +139,65 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 		return inFile(cfg.ConsumerError(g, err), *path)
 	}
 	for _, id := range ids {
-		var n int
-		if sub == "replay" {
-			n, err = consumer.ReplayDeadLetter(ctx, id)
-		} else {
-			n, err = consumer.DiscardDeadLetter(ctx, id)
-		}
+		n, err := resolveDeadLetter(ctx, pool, consumer, sub, id)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "dead letter %d %sed: %d events handled\n", id, strings.TrimSuffix(sub, "e"), n)
 	}
 	return nil
+}
+
+// resolveDeadLetter replays or discards (action) dead letter id with
+// consumer's handlers, and records it in the audit with its outcome, right
+// after: the replay commits in a transaction of its own.
+func resolveDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer *pgevents.Consumer, action string, id int64) (int, error) {
+	e := offsets.AuditEntry{Action: action, DeadLetter: &id}
+	n, err := func() (int, error) {
+		d, err := pgevents.GetDeadLetter(ctx, pool, id)
+		if err != nil {
+			return 0, err
+		}
+		e.Topic, e.Group, e.Partition = &d.Topic, &d.Group, &d.Partition
+		e.Detail = fmt.Sprintf("offsets %d-%d, %d events, hosts %s", d.FirstOffset, d.LastOffset, len(d.EventIDs), strings.Join(d.HostIDs, " "))
+		if action == "replay" {
+			return consumer.ReplayDeadLetter(ctx, id)
+		}
+		return consumer.DiscardDeadLetter(ctx, id)
+	}()
+	e.Outcome = fmt.Sprintf("ok: %d events handled", n)
+	if err != nil {
+		e.Outcome = "failed: " + err.Error()
+	}
+	if aerr := recordAfter(ctx, pool, e); aerr != nil {
+		return n, errors.Join(err, aerr)
+	}
+	return n, err
+}
+
+// parseInterleaved parses args with fs, flags before and after the
+// positional arguments (dlq discard ID --config FILE), and returns the
+// positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// listed joins a dead letter's hosts or event types for the table.
+func listed(s []string) string {
+	if len(s) == 0 {
+		return "-"
+	}
+	return shorten(strings.Join(s, ","), 40)
 }
 
 func shorten(s string, n int) string {

@@ -3,20 +3,149 @@ package consumercli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/user"
 	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/offsets"
 )
 
-// offsetsCmd is `consumer offsets reset`.
+const offsetsUsage = `usage:
+  {cmd} offsets show  [--group G] [--topic T] [--json] [--config FILE]
+  {cmd} offsets reset --group G --to earliest|latest|offset:N|time:T [--force] [--topic T] [--json] [--config FILE]`
+
+// offsetsCmd is `consumer offsets show|reset`.
 func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "reset" {
-		return usagef("usage: consumer offsets reset --group G --to earliest|latest|offset:N|time:T [--force] [--topic T] [--config FILE]")
+	if len(args) == 0 {
+		return usagef("%s", named(ctx, offsetsUsage))
 	}
+	switch args[0] {
+	case "show":
+		return offsetsShow(ctx, args[1:], stdout, stderr)
+	case "reset":
+		return offsetsReset(ctx, args[1:], stdout, stderr)
+	}
+	return usagef("offsets: unknown subcommand %q\n%s", args[0], named(ctx, offsetsUsage))
+}
+
+// shownPosition is a line of `consumer offsets show`, and its JSON form.
+type shownPosition struct {
+	Group     string `json:"group_id"`
+	Topic     int    `json:"topic_id"`
+	Partition int    `json:"partition_id"`
+	// Position is the next offset the group reads; null when it has none
+	// in the partition (no replica served it yet).
+	Position *int64 `json:"position"`
+	LogEnd   int64  `json:"log_end"`
+	Lag      int64  `json:"lag"`
+	// LagCapped says that the lag was counted up to the cap only: it is at
+	// least Lag.
+	LagCapped bool `json:"lag_capped"`
+}
+
+// offsetsShow is `consumer offsets show`: each group's position, log end
+// and lag per partition (offsets.Positions), of the file's groups, each
+// from its own database, or of --group.
+func offsetsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("offsets show", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", defaultConfigPath, "configuration file: the groups to show, and their databases")
+	group := fs.String("group", "", "show this group only (default: every group of the configuration)")
+	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
+	asJSON := fs.Bool("json", false, "print a JSON array of positions")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	if fs.NArg() != 0 {
+		return usagef("offsets show: unexpected argument %q", fs.Arg(0))
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	type target struct {
+		pl     place
+		groups []string
+	}
+	var targets []target
+	if *group != "" {
+		pl, err := groupPlace(cfg, *group, *topic)
+		if err != nil {
+			return err
+		}
+		if *topic != 0 {
+			pl.topic = *topic
+		}
+		targets = append(targets, target{pl, []string{*group}})
+	} else {
+		for _, pl := range groupPlaces(cfg) {
+			if *topic != 0 && pl.topic != *topic {
+				continue
+			}
+			t := target{pl: pl}
+			for _, i := range pl.groups {
+				t.groups = append(t.groups, cfg.GroupConfigs()[i].GroupID)
+			}
+			targets = append(targets, t)
+		}
+	}
+	shown := []shownPosition{}
+	for _, t := range targets {
+		pctx, pool, err := t.pl.open(ctx, cfg, 1, *path)
+		if err != nil {
+			return err
+		}
+		for _, g := range t.groups {
+			ps, err := offsets.Positions(pctx, pool, g, t.pl.topic, 0)
+			if err != nil {
+				pool.Close()
+				return fmt.Errorf("group %s: %w", g, err)
+			}
+			for _, p := range ps {
+				s := shownPosition{Group: g, Topic: t.pl.topic, Partition: p.Partition, LogEnd: p.LogEnd, Lag: p.Lag, LagCapped: p.LagCapped}
+				if p.Next >= 0 {
+					s.Position = &p.Next
+				}
+				shown = append(shown, s)
+			}
+		}
+		pool.Close()
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(shown)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tPOSITION\tLOG END\tLAG\t")
+	for _, s := range shown {
+		pos, lag := "-", fmt.Sprint(s.Lag)
+		if s.Position != nil {
+			pos = fmt.Sprint(*s.Position)
+		} else {
+			lag = "-"
+		}
+		if s.LagCapped {
+			lag = ">=" + lag
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t\n", s.Group, s.Topic, s.Partition, pos, s.LogEnd, lag)
+	}
+	return tw.Flush()
+}
+
+// offsetsReset is `consumer offsets reset`: every position of the group
+// moved to --to, recorded in the audit.
+func offsetsReset(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("offsets reset", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", defaultConfigPath, "configuration file: the group's database (its groups item's databaseUrl, or the top level's), and its topicId when --topic is not given")
@@ -25,7 +154,7 @@ func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
 	force := fs.Bool("force", false, "reset although a replica of the group is running: its in-flight batch rolls back and it continues from the new positions")
 	asJSON := fs.Bool("json", false, "print what moved as JSON")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return &usageError{err}
 	}
 	if *group == "" {
@@ -40,7 +169,21 @@ func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer pool.Close()
-	moves, err := offsets.Reset(ctx, pool, *group, *topic, offsets.Start{Kind: start.Kind, Offset: start.Offset, Time: start.Time}, *force)
+	var moves []offsets.Move
+	forced := ""
+	if *force {
+		forced = " (forced)"
+	}
+	err = audited(ctx, pool, offsets.AuditEntry{Action: "reset", Topic: topic, Group: group}, func(tx pgx.Tx) (string, error) {
+		var err error
+		moves, err = offsets.Reset(ctx, tx, *group, *topic, offsets.Start{Kind: start.Kind, Offset: start.Offset, Time: start.Time}, *force)
+		var b strings.Builder
+		fmt.Fprintf(&b, "to %s%s:", start, forced)
+		for _, m := range moves {
+			fmt.Fprintf(&b, " partition %d %s -> %d;", m.Partition, fromString(m.From), m.To)
+		}
+		return strings.TrimSuffix(b.String(), ";"), err
+	})
 	if err != nil {
 		return err
 	}
@@ -49,27 +192,34 @@ func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	fmt.Fprintf(stdout, "group %s on topic %d reset to %s:\n", *group, *topic, start)
 	for _, m := range moves {
-		from := "-"
-		if m.From >= 0 {
-			from = fmt.Sprint(m.From)
-		}
-		fmt.Fprintf(stdout, "  partition %d: %s -> %d\n", m.Partition, from, m.To)
+		fmt.Fprintf(stdout, "  partition %d: %s -> %d\n", m.Partition, fromString(m.From), m.To)
 	}
 	return nil
 }
 
-// groupCmd is `consumer group pause|resume|cancel G`.
-func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const use = "usage: consumer group pause|resume|cancel GROUP [--topic T] [--config FILE]"
-	if len(args) < 2 {
-		return usagef(use)
+// fromString is a Move's From as shown: "-" when the group had no
+// position.
+func fromString(from int64) string {
+	if from < 0 {
+		return "-"
 	}
-	to := map[string]string{"pause": offsets.Paused, "resume": offsets.Active, "cancel": offsets.Cancelled}[args[0]]
+	return fmt.Sprint(from)
+}
+
+// groupCmd is `consumer group pause|resume|cancel G`. Pausing a paused
+// group and resuming an active one succeed and say so.
+func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	use := named(ctx, "usage: {cmd} group pause|resume|cancel GROUP [--topic T] [--config FILE]")
+	if len(args) < 2 {
+		return usagef("%s", use)
+	}
+	action := args[0]
+	to := map[string]string{"pause": offsets.Paused, "resume": offsets.Active, "cancel": offsets.Cancelled}[action]
 	if to == "" {
-		return usagef("group: unknown action %q; %s", args[0], use)
+		return usagef("group: unknown action %q; %s", action, use)
 	}
 	group := args[1]
-	fs := flag.NewFlagSet("group "+args[0], flag.ContinueOnError)
+	fs := flag.NewFlagSet("group "+action, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", defaultConfigPath, "configuration file: the group's database (its groups item's databaseUrl, or the top level's), and its topicId when --topic is not given")
 	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
@@ -81,13 +231,80 @@ func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer pool.Close()
-	prev, err := offsets.SetState(ctx, pool, group, *topic, to)
+	var prev string
+	err = audited(ctx, pool, offsets.AuditEntry{Action: action, Topic: topic, Group: &group}, func(tx pgx.Tx) (string, error) {
+		var err error
+		prev, err = offsets.SetState(ctx, tx, group, *topic, to)
+		return transition(prev, to), err
+	})
 	if err != nil {
 		return err
 	}
+	if prev == to {
+		fmt.Fprintf(stdout, "group %s on topic %d was already %s: nothing changed\n", group, *topic, to)
+		return nil
+	}
 	fmt.Fprintf(stdout, "group %s on topic %d: %s -> %s\n", group, *topic, prev, to)
 	if to == offsets.Cancelled {
-		fmt.Fprintln(stdout, strings.TrimSpace(`CANCELLED is terminal: the group no longer holds back retention and its replicas stop.`))
+		fmt.Fprintln(stdout, "CANCELLED is terminal: the group no longer holds back retention and its replicas stop.")
 	}
 	return nil
+}
+
+// transition describes a move from state prev to state to, as the audit
+// records it: "PAUSED -> ACTIVE", or "already PAUSED".
+func transition(prev, to string) string {
+	if prev == to {
+		return "already " + to
+	}
+	return prev + " -> " + to
+}
+
+// audited runs act in a transaction on pool and records it in the audit
+// (offsets.Audit) as the CLI's, by cliActor, with the detail act returns:
+// in act's transaction when act succeeds, so that the row exists if and
+// only if the action committed; on the pool, as failed, when it does not.
+func audited(ctx context.Context, pool *pgxpool.Pool, e offsets.AuditEntry, act func(tx pgx.Tx) (string, error)) error {
+	e.Origin, e.Actor = offsets.OriginCLI, cliActor()
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		detail, err := act(tx)
+		if err != nil {
+			return err
+		}
+		ok := e
+		ok.Detail, ok.Outcome = detail, "ok"
+		return offsets.Audit(ctx, tx, ok)
+	})
+	if err != nil {
+		e.Outcome = "failed: " + err.Error()
+		if aerr := offsets.Audit(context.WithoutCancel(ctx), pool, e); aerr != nil {
+			return errors.Join(err, aerr)
+		}
+	}
+	return err
+}
+
+// recordAfter records in the audit, as the CLI's, an action that committed
+// (or failed) in a transaction of its own: a dead letter's replay or
+// discard.
+func recordAfter(ctx context.Context, pool *pgxpool.Pool, e offsets.AuditEntry) error {
+	e.Origin, e.Actor = offsets.OriginCLI, cliActor()
+	return offsets.Audit(context.WithoutCancel(ctx), pool, e)
+}
+
+// cliActor names who runs the CLI, for the audit: the operating system's
+// user name @ the host name.
+func cliActor() string {
+	name := os.Getenv("USER")
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	if name == "" {
+		name = fmt.Sprintf("uid %d", os.Getuid())
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown host"
+	}
+	return name + "@" + host
 }

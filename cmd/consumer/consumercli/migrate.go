@@ -16,7 +16,11 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
-func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// migrateCmd is `consumer migrate`: the schema and the topics of the
+// file's groups. It refuses a file that names a Go handler the binary does
+// not have before it connects, as run does; the console's token is not
+// needed (migrate never serves the console).
+func (c *CLI) migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, schema, topicId and totalPartitions")
@@ -39,6 +43,9 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg, err := config.Load(*path)
 	if err != nil {
 		return err
+	}
+	if err := c.goHandlersError(cfg); err != nil {
+		return inFile(err, *path)
 	}
 	// Each database of the file's groups (one unless groups set their
 	// own databaseUrl), each schema there, then each group's topic.
@@ -141,8 +148,8 @@ func migrateTopic(ctx context.Context, conn *pgx.Conn, cfg *config.Config, i int
 	}
 	if topic.Partitions != g.TotalPartitions {
 		return &config.Error{File: path, Key: cfg.KeyPath(i, "totalPartitions"),
-			Msg: fmt.Sprintf("topic %d already has %d partitions, not %d; change it with `consumer repartition --topic %d --partitions %d`",
-				topic.ID, topic.Partitions, g.TotalPartitions, topic.ID, g.TotalPartitions)}
+			Msg: fmt.Sprintf("topic %d already has %d partitions, not %d; change it with `%s repartition --topic %d --partitions %d`",
+				topic.ID, topic.Partitions, g.TotalPartitions, cmdName(ctx), topic.ID, g.TotalPartitions)}
 	}
 	verb := "exists"
 	if created {

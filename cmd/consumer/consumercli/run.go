@@ -25,8 +25,8 @@ const defaultConfigPath = "db-event-consumer.yml"
 // runCmd is `consumer run`: every group of the file, with the built-in
 // handlers it configures and the Go handlers it names, until ctx ends.
 // Everything the file says is checked before the database is reached: a
-// group's pgevents.Config (pgevents.Config.Validate) and the Go handlers
-// it names.
+// group's pgevents.Config (pgevents.Config.Validate), the Go handlers it
+// names, and the console's token when the file has a console section.
 func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -37,6 +37,9 @@ func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Write
 	cfg, err := config.Load(*path)
 	if err != nil {
 		return err
+	}
+	if err := cfg.ConsoleError(); err != nil {
+		return inFile(err, *path)
 	}
 	log := newLogger(cfg, stderr)
 
@@ -205,6 +208,21 @@ func (c *CLI) buildHandlers(cfg *config.Config, g int, stdout io.Writer) (*pgeve
 		hs.Handle(h.EventType, handler)
 	}
 	return hs, closeAll, nil
+}
+
+// goHandlersError returns a configuration error naming the first handler
+// of type go of cfg's groups whose name c does not have (handlers[i].name),
+// or nil: what run and dlq find when they build the handlers, for the
+// commands that build none (migrate).
+func (c *CLI) goHandlersError(cfg *config.Config) error {
+	for g, group := range cfg.GroupConfigs() {
+		for i, h := range group.Handlers {
+			if h.Type == "go" && c.Handlers[h.Name] == nil {
+				return &config.Error{Key: cfg.KeyPath(g, fmt.Sprintf("handlers[%d].name", i)), Msg: c.unregistered(h.Name)}
+			}
+		}
+	}
+	return nil
 }
 
 // unregistered says that no Go handler is registered as name, and which

@@ -18,7 +18,7 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
-const statusUsage = `usage: consumer status [--config FILE] [--group G] [--json] [--watch [--interval D]]
+const statusUsage = `usage: {cmd} status [--config FILE] [--group G] [--json] [--watch [--interval D]]
 
 Shows, for each topic of the configured groups, every consumer group that
 has a position on it (or only --group G) × every partition: the group's next offset, the log end
@@ -297,7 +297,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, statusUsage)
+		fmt.Fprint(stderr, named(ctx, statusUsage))
 		fs.PrintDefaults()
 	}
 	path := fs.String("config", defaultConfigPath, "configuration file: the groups' databases and topics")
@@ -356,7 +356,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	show := func() error {
 		var b strings.Builder
 		if *watch && !*asJSON {
-			fmt.Fprintf(&b, "%sconsumer status, every %s", ansiHomeClear, *interval)
+			fmt.Fprintf(&b, "%s%s status, every %s", ansiHomeClear, cmdName(ctx), *interval)
 		}
 		for i, v := range views {
 			rctx, cancel := context.WithTimeout(v.ctx, 30*time.Second)
@@ -411,7 +411,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				return nil
 			}
 			// Keep watching through a database restart.
-			fmt.Fprintf(stderr, "consumer status: %v\n", err)
+			fmt.Fprintf(stderr, "%s status: %v\n", cmdName(ctx), err)
 		}
 		select {
 		case <-ctx.Done():

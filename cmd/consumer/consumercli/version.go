@@ -63,10 +63,11 @@ func readVersion(bi *debug.BuildInfo, version, commit string) buildVersion {
 	return v
 }
 
-// String formats v as `consumer version` prints it.
-func (v buildVersion) String() string {
+// format formats v as `<name> version` prints it, name being the
+// binary's.
+func (v buildVersion) format(name string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "consumer %s\n", v.Version)
+	fmt.Fprintf(&b, "%s %s\n", name, v.Version)
 	fmt.Fprintf(&b, "module   %s\n", v.Module)
 	commit := v.Commit
 	if v.Modified {
@@ -81,8 +82,8 @@ func (v buildVersion) String() string {
 }
 
 // versionCmd prints the module's version and the commit the binary was
-// built from.
-func versionCmd(args []string, stdout, stderr io.Writer) error {
+// built from, under the binary's name.
+func versionCmd(name string, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
@@ -92,6 +93,6 @@ func versionCmd(args []string, stdout, stderr io.Writer) error {
 		return usagef("version: unexpected argument %q", fs.Arg(0))
 	}
 	bi, _ := debug.ReadBuildInfo()
-	fmt.Fprint(stdout, readVersion(bi, version, commit))
+	fmt.Fprint(stdout, readVersion(bi, version, commit).format(name))
 	return nil
 }

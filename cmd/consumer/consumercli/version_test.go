@@ -19,13 +19,13 @@ func TestVersionFromBuildInfo(t *testing.T) {
 			{Key: "vcs.time", Value: "2025-11-22T21:01:00Z"},
 		},
 	}
-	got := readVersion(bi, "", "").String()
+	got := readVersion(bi, "", "").format("consumer")
 	for _, want := range []string{"consumer v1.4.0\n", "module   github.com/pgevents/pgevents\n", "commit   aaaa (modified)\n", "time     2025-11-22T21:01:00Z\n", "go       go1.26.8 "} {
 		if !strings.Contains(got, want) {
 			t.Errorf("from build info: %q lacks %q", got, want)
 		}
 	}
-	got = readVersion(bi, "v1.4.1-rc1", "bbbb").String()
+	got = readVersion(bi, "v1.4.1-rc1", "bbbb").format("consumer")
 	for _, want := range []string{"consumer v1.4.1-rc1\n", "commit   bbbb\n"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("with -X overrides: %q lacks %q", got, want)
@@ -34,7 +34,7 @@ func TestVersionFromBuildInfo(t *testing.T) {
 	if strings.Contains(got, "modified") || strings.Contains(got, "2025-11-22") {
 		t.Errorf("with -X overrides, the recorded commit's details remain: %q", got)
 	}
-	got = readVersion(nil, "", "").String()
+	got = readVersion(nil, "", "").format("consumer")
 	if !strings.Contains(got, "consumer (devel)\n") || !strings.Contains(got, "commit   unknown\n") {
 		t.Errorf("without build info: %q", got)
 	}
