@@ -70,7 +70,6 @@ type Console struct {
 	// and every action request is refused. Defaults to false.
 	ReadOnly bool `yaml:"readOnly"`
 
-<<<<<<< HEAD
 	// PagesNeedToken puts every page behind the token, not only the
 	// actions: without a session or the bearer token a page answers 401.
 	// Defaults to false: anyone who reaches Addr reads the pages, payloads
@@ -92,13 +91,12 @@ type Console struct {
 	// is not a trusted proxy's. Defaults to none: X-Forwarded-For is
 	// ignored, and behind a proxy every client has the proxy's address.
 	TrustedProxies []string `yaml:"trustedProxies"`
-=======
+
 	// tokenErr is why the file's token could not be read (a ${NAME} that
 	// is not set), for ConsoleError.
 	tokenErr string
 	// tokenLine is the line of console.token in the file, or of console.
 	tokenLine int
->>>>>>> h-cli
 }
 
 // console decodes the console mapping v into c.Console.
@@ -161,14 +159,6 @@ func (c *Config) consoleProblems(add func(key, format string, args ...any)) {
 	} else if _, port, err := net.SplitHostPort(k.Addr); err != nil || port == "" {
 		add(keyConsole+".addr", "must be host:port or :port, got %q", k.Addr)
 	}
-<<<<<<< HEAD
-	switch {
-	case k.ReadOnly:
-	case k.Token == "":
-		add(keyConsole+".token", "is required (or readOnly: true): set it, or the %s environment variable; there is no default", EnvConsoleToken)
-	case len([]rune(k.Token)) < MinConsoleTokenLen:
-		add(keyConsole+".token", "must be at least %d characters, got %d", MinConsoleTokenLen, len([]rune(k.Token)))
-	}
 	if k.ReadOnly && k.PagesNeedToken {
 		add(keyConsole+".pagesNeedToken", "needs the token, which a readOnly console does not take: set one of them")
 	}
@@ -206,7 +196,6 @@ func validProxy(s string) bool {
 	}
 	_, err := netip.ParseAddr(s)
 	return err == nil
-=======
 }
 
 // ConsoleError reports what keeps the console section from being served:
@@ -235,5 +224,4 @@ func (c *Config) ConsoleError() error {
 		return nil
 	}
 	return e
->>>>>>> h-cli
 }
