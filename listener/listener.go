@@ -192,16 +192,16 @@ func (l *Listener) listen(ctx context.Context) error {
 	}
 }
 
-// dial is pgxlisten's Connect: it backs off while dialling fails (from
-// 50 ms to 5 s, with jitter), and when connections die right after being
-// made (a server that accepts and then refuses LISTEN, say), so that
-// neither becomes a tight loop.
+// dial is pgxlisten's Connect: it backs off after the connection was lost
+// and while dialling fails (from 50 ms to 5 s, with jitter), and more when
+// connections die right after being made (a server that accepts and then
+// refuses LISTEN, say), so that neither becomes a tight loop.
 func (l *Listener) dial(ctx context.Context) (*pgx.Conn, error) {
 	l.setConn(nil)
-	var wait time.Duration
+	wait := l.retry.Backoff()
 	if !l.lastConnect.IsZero() && time.Since(l.lastConnect) < time.Second {
 		l.quickDeaths++
-		wait = backoff.Delay(2*backoff.DefaultMin, backoff.DefaultMax, l.quickDeaths)
+		wait = max(wait, backoff.Delay(2*backoff.DefaultMin, backoff.DefaultMax, l.quickDeaths))
 	} else {
 		l.quickDeaths = 0
 	}
