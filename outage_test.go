@@ -64,9 +64,9 @@ func parseLine(t *testing.T, line string) logEntry {
 // retried at once made about 800 a second) and log a repeated failure at
 // most once per interval (10 s): no message more than twice, fewer than
 // 100 lines during the outage, at least one warning saying what fails,
-// and, once the database is back, a line saying that it recovered. No
-// event is lost: those appended before, during and after the outage are
-// all handled.
+// and, once the database is back, a line per loop saying that it
+// recovered, after at most 25 failures. No event is lost: those appended
+// before, during and after the outage are all handled.
 func TestOutageLogsAndBacksOff(t *testing.T) {
 	t.Parallel()
 	const partitions = 8
@@ -131,14 +131,24 @@ func TestOutageLogsAndBacksOff(t *testing.T) {
 	appendRound("after")
 	waitHandled(t, pool, total, 30*time.Second)
 	checkHandled(t, pool)
-	pgtest.WaitFor(t, 30*time.Second, "a line saying the consumer recovered", func() bool {
+	// The loops that fail for certain during the outage each say that
+	// they recovered, and after how many failures: with the backoff, a
+	// dozen or so in 10 s (the lease heartbeat alone, every 333 ms, made
+	// 30).
+	recovered := map[string]int{}
+	pgtest.WaitFor(t, 30*time.Second, "lines saying the watcher, the listener and the lease heartbeat recovered", func() bool {
 		for _, line := range logs.since(restored) {
-			if e := parseLine(t, line); strings.Contains(e.Message, "recovered") && e.Failures > 0 {
-				return true
+			if e := parseLine(t, line); strings.Contains(e.Message, " recovered after ") && e.Failures > 0 {
+				recovered[e.Message[:strings.Index(e.Message, " recovered after ")]] = e.Failures
 			}
 		}
-		return false
+		return recovered["watcher"] > 0 && recovered["listener"] > 0 && recovered["lease heartbeat"] > 0
 	})
+	for loop, n := range recovered {
+		if n > 25 {
+			t.Errorf("the %s recovered after %d failures in a 10 s outage, want at most 25: it does not back off", loop, n)
+		}
+	}
 	t.Logf("%d connection attempts and %d log lines during the outage, %d warnings:\n%s\nthen:\n%s", refused, len(during), failed,
 		strings.Join(during, "\n"), strings.Join(logs.since(restored), "\n"))
 }
