@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/lease"
 	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/listener"
@@ -117,6 +118,10 @@ type Consumer struct {
 	// before it stops taking units and commits, so that the server's
 	// idle_in_transaction_session_timeout never ends it; 0: no limit.
 	idleCut time.Duration
+	// The failure states of the loops that retry against the database:
+	// they pace the retries and keep a repeated failure to one line per
+	// interval (internal/backoff).
+	polling, beating, maintaining, layouts *backoff.Retry
 }
 
 // NewConsumer validates cfg, applies its defaults and returns a Consumer
@@ -158,6 +163,7 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 		replicaID: cfg.ReplicaID,
 	}
 	c.watch = newWatcher(c)
+	c.newRetries()
 	c.trace = newTracing(cfg.TracerProvider, cfg.GroupID, cfg.TopicID)
 	return c, nil
 }
@@ -343,6 +349,10 @@ func (c *Consumer) poll(ctx context.Context) error {
 	source := WakePoll
 	for {
 		c.pollOnce(ctx, source)
+		// After a failure, no poll before the backoff, kicked or not.
+		if d := c.polling.Backoff(); d > 0 && !backoff.Sleep(ctx, d) {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -399,10 +409,11 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	work, dbNow, err := store.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, rt.order, rt.layout.Version)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.log.Warn().Err(err).Msg("poll failed")
+			c.polling.Fail(err, "poll failed")
 		}
 		return
 	}
+	c.polling.Ok()
 	c.polls.Add(1)
 	// The database read its clock about halfway through the round trip.
 	after := time.Now()
@@ -427,7 +438,7 @@ func (c *Consumer) refreshWake(ctx context.Context, rt *layoutRun) {
 	wake, channel, err := schema.TopicWake(ctx, c.pool, c.cfg.TopicID)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.log.Warn().Err(err).Msg("could not read the topic's wake-up mode")
+			c.polling.Fail(err, "could not read the topic's wake-up mode")
 		}
 		return
 	}

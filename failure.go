@@ -3,7 +3,6 @@ package pgevents
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 )
 
@@ -187,15 +186,4 @@ func decide(f batchFailure, h *unitFailure, p failurePolicy) (verdict, Class) {
 	// Claim, fetch, dead-letter writes or commit failed: nothing the
 	// events did, so retrying is the only safe course.
 	return retryBatch, ClassTransient
-}
-
-// backoff returns the wait before attempt n (1-based): initial doubled per
-// attempt, capped at max, with jitter in [d/2, d].
-func backoff(initial, max time.Duration, n int) time.Duration {
-	d := initial
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	return d/2 + rand.N(d/2+1)
 }

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/lease"
 	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/partition"
@@ -37,26 +38,18 @@ type layoutRun struct {
 // consume runs the group's layouts one after the other until ctx is
 // cancelled. Batches run on bctx.
 func (c *Consumer) consume(ctx, bctx context.Context) error {
-	failures := 0
 	for ctx.Err() == nil {
 		l, err := store.GroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
 		if err == nil {
 			err = c.runLayout(ctx, bctx, l)
 		}
 		if err == nil {
-			failures = 0
 			continue
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		failures++
-		d := backoff(c.cfg.RetryInitial, c.cfg.RetryMax, failures)
-		c.log.Warn().Err(err).Dur("retry_in", d).Msg("could not start consuming the group's layout")
-		select {
-		case <-ctx.Done():
-		case <-time.After(d):
-		}
+		backoff.Sleep(ctx, c.layouts.Fail(err, "could not start consuming the group's layout"))
 	}
 	return nil
 }
@@ -119,6 +112,7 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l store.Layout) error {
 		ev = ev.Ints64("cuts", l.Below)
 	}
 	ev.Msg("consuming layout")
+	c.layouts.Ok()
 	c.rt.Store(lr)
 	g, gctx := errgroup.WithContext(lctx)
 	g.Go(func() error { return lr.leaser.Run(gctx) })
@@ -148,7 +142,7 @@ func (c *Consumer) checkLayout(ctx context.Context, lr *layoutRun) bool {
 	l, err := store.GroupLayout(ctx, c.pool, cfg.GroupID, cfg.TopicID)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.log.Warn().Err(err).Msg("could not read the group's layout")
+			c.polling.Fail(err, "could not read the group's layout")
 		}
 		return true
 	}
@@ -170,7 +164,7 @@ func (c *Consumer) checkLayout(ctx context.Context, lr *layoutRun) bool {
 	}
 	switched, err := store.SwitchLayout(ctx, c.pool, cfg.GroupID, cfg.TopicID, l, next)
 	if err != nil {
-		c.log.Warn().Err(err).Msg("could not move the group to the next layout")
+		c.polling.Fail(err, "could not move the group to the next layout")
 		return true
 	}
 	if !switched {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
@@ -18,9 +19,14 @@ func (c *Consumer) maintain(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.MaintenanceInterval)
 	defer t.Stop()
 	for {
-		if _, err := Maintain(ctx, c.pool, c.cfg.TopicID, &c.log); err != nil && ctx.Err() == nil {
-			c.log.Warn().Err(err).Msg("maintenance failed")
+		if _, err := Maintain(ctx, c.pool, c.cfg.TopicID, &c.log); err != nil {
+			if ctx.Err() != nil || !backoff.Sleep(ctx, c.maintaining.Fail(err, "maintenance failed")) {
+				return nil
+			}
+			t.Reset(c.cfg.MaintenanceInterval)
+			continue
 		}
+		c.maintaining.Ok()
 		select {
 		case <-ctx.Done():
 			return nil

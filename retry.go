@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/store"
 )
 
@@ -63,7 +64,7 @@ func (w *worker) retry(ctx context.Context, err error) {
 		w.guard = true
 	}
 	w.failures++
-	d := backoff(w.c.cfg.RetryInitial, w.c.cfg.RetryMax, w.failures)
+	d := backoff.Delay(w.c.cfg.RetryInitial, w.c.cfg.RetryMax, w.failures)
 	if after := min(retryAfter(err), w.c.cfg.RetryMax); after > d {
 		d = after // the failure asked for a longer wait (Retry-After)
 	}
@@ -179,13 +180,21 @@ func (w *worker) waitHalted(ctx context.Context) error {
 	check := time.NewTicker(haltCheck)
 	defer check.Stop()
 	cfg := &w.c.cfg
+	retry := backoff.New(w.log, "halted partition's check").Periodic(haltCheck)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-check.C:
 			halts, err := store.Halts(ctx, w.c.pool, cfg.GroupID, cfg.TopicID)
-			if err != nil || slices.ContainsFunc(halts, func(h store.HaltRecord) bool { return h.Partition == w.partition }) {
+			if err != nil {
+				if ctx.Err() == nil && backoff.Sleep(ctx, retry.Fail(err, "could not read the partition's halt record")) {
+					check.Reset(haltCheck)
+				}
+				continue
+			}
+			retry.Ok()
+			if slices.ContainsFunc(halts, func(h store.HaltRecord) bool { return h.Partition == w.partition }) {
 				continue
 			}
 			w.log.Warn().Int64("offset", w.haltAt.unitFirst).Msg("partition unhalted by an operator: trying the unit again")

@@ -4,8 +4,14 @@ import (
 	"context"
 	"time"
 
+	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/store"
 )
+
+// subscriptionBeat is how often the subscription's heartbeat runs.
+func subscriptionBeat(deadAfter time.Duration) time.Duration {
+	return min(deadAfter/4, 5*time.Second)
+}
 
 // subscription keeps the group's subscription live: a heartbeat on the
 // database clock every DeadAfter/4 (at most every 5 s) brings a DEAD
@@ -13,7 +19,8 @@ import (
 // the consumer when the subscription is cancelled, and reports events that
 // retention removed before the group handled them.
 func (c *Consumer) subscription(ctx context.Context) error {
-	t := time.NewTicker(min(c.cfg.DeadAfter/4, 5*time.Second))
+	period := subscriptionBeat(c.cfg.DeadAfter)
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
@@ -23,11 +30,13 @@ func (c *Consumer) subscription(ctx context.Context) error {
 		}
 		state, err := store.Heartbeat(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
 		if err != nil {
-			if ctx.Err() == nil {
-				c.log.Warn().Err(err).Msg("subscription heartbeat failed")
+			if ctx.Err() != nil || !backoff.Sleep(ctx, c.beating.Fail(err, "subscription heartbeat failed")) {
+				return nil
 			}
+			t.Reset(period)
 			continue
 		}
+		c.beating.Ok()
 		if state == store.StateCancelled {
 			c.log.Error().Msg("the group's subscription was cancelled: stopping")
 			return ErrSubscriptionCancelled
@@ -59,7 +68,7 @@ func (c *Consumer) reportSkips(ctx context.Context) {
 	skips, err := store.TakeSkips(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.log.Warn().Err(err).Msg("could not read retention skips")
+			c.beating.Fail(err, "could not read retention skips")
 		}
 		return
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/finetimer"
 	"github.com/pgevents/pgevents/internal/store"
 )
@@ -74,6 +75,10 @@ const (
 // sleep key on a connection of its own, so that the next append notifies.
 // A notification, a lease acquired or the listener's reconnect wakes it.
 //
+// Without a connection, or after a failed statement, it waits (retry's
+// backoff, up to backoff.DefaultMax) before the next attempt, waking
+// earlier on a signal (the listener's reconnect says the database is back).
+//
 // An idle consumer, asleep on every partition, runs no statement here.
 type watcher struct {
 	c      *Consumer
@@ -84,6 +89,8 @@ type watcher struct {
 	all   bool         // wake every partition
 
 	// Used by run's goroutine only.
+	retry  *backoff.Retry
+	wait   time.Duration // the backoff a failure of the last step asked for
 	conn   *pgxpool.Conn // holds the sleep keys; nil: none acquired
 	asleep map[int]bool
 	parts  map[int]*watched
@@ -108,7 +115,8 @@ type watched struct {
 }
 
 func newWatcher(c *Consumer) *watcher {
-	return &watcher{c: c, signal: make(chan struct{}, 1), woken: map[int]bool{}, asleep: map[int]bool{}, parts: map[int]*watched{}}
+	return &watcher{c: c, signal: make(chan struct{}, 1), woken: map[int]bool{}, asleep: map[int]bool{}, parts: map[int]*watched{},
+		retry: backoff.New(c.log, "watcher")}
 }
 
 // wake asks the watcher to wake partition p: to release its sleep key and
@@ -151,7 +159,26 @@ func (w *watcher) run(ctx context.Context) error {
 	defer fine.Close()
 	for {
 		moved := w.appendsMoved
+		w.wait = 0
 		awake := w.step(ctx)
+		if w.wait > 0 {
+			// No connection, or a statement failed: back off.
+			interval = watchMin
+			t.Reset(w.wait)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-w.signal:
+				if !t.Stop() {
+					select {
+					case <-t.C:
+					default:
+					}
+				}
+			case <-t.C:
+			}
+			continue
+		}
 		if w.appendsMoved != moved {
 			interval = watchMin
 		} else {
@@ -301,6 +328,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		w.fail(ctx, err)
 		return true
 	}
+	w.retry.Ok()
 	if n != w.appends || n < 0 {
 		w.appends, w.appendsMoved = n, now
 	}
@@ -390,7 +418,7 @@ func (w *watcher) connect(ctx context.Context) bool {
 	conn, err := w.c.pool.Acquire(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			w.c.log.Warn().Err(err).Msg("watcher: no connection; events wait for notifications or the poll")
+			w.wait = w.retry.Fail(err, "watcher: no connection; events wait for notifications or the poll")
 		}
 		return false
 	}
@@ -402,7 +430,7 @@ func (w *watcher) connect(ctx context.Context) bool {
 // sleep key it held: every partition is awake again, and read.
 func (w *watcher) fail(ctx context.Context, err error) {
 	if ctx.Err() == nil {
-		w.c.log.Warn().Err(err).Msg("watcher: statement failed; reading every partition's tail again")
+		w.wait = w.retry.Fail(err, "watcher: statement failed; reading every partition's tail again")
 	}
 	w.close()
 }

@@ -26,9 +26,12 @@
 //     this listener's own every CanaryInterval through another connection; if
 //     none has come back for CanaryTimeout while sends succeed, the listening
 //     connection is closed and dialled again.
-//   - Reconnection is immediate after a lost connection and backs off only
-//     while dialling fails (pgxlisten's ReconnectDelay is a fixed minute by
-//     default; it is disabled here in favour of that backoff).
+//   - Reconnection follows a lost connection within 25–50 ms (jittered, so
+//     that the replicas of a restarted server do not all dial at once) and
+//     backs off, up to 5 s, while dialling fails (pgxlisten's
+//     ReconnectDelay is a fixed minute by default; it is disabled here in
+//     favour of that backoff). A repeated failure is logged once per 10 s,
+//     with the count of repeats, and the reconnect that ends it once.
 //   - After every (re)connect, once LISTEN is in place, the Sink's Connected
 //     method is called, so that workers look for events committed while
 //     nobody listened.

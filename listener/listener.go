@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/netconn"
 )
 
@@ -75,6 +76,9 @@ type Listener struct {
 	connect atomic.Int64 // successful connects, including the first
 	ready   atomic.Bool
 	foreign atomic.Int64 // notifications that were not pgevents' own
+	// retry paces the connects while they fail and logs the connection's
+	// failures, once per backoff.DefaultInterval while they repeat.
+	retry *backoff.Retry
 
 	// Used by dial only, which pgxlisten calls from one goroutine.
 	lastConnect time.Time
@@ -111,7 +115,8 @@ func New(cfg Config) (*Listener, error) {
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return nil, fmt.Errorf("listener: nonce: %w", err)
 	}
-	return &Listener{cfg: cfg, channel: cfg.Channel, canary: "pgevents_canary_" + hex.EncodeToString(nonce[:])}, nil
+	return &Listener{cfg: cfg, channel: cfg.Channel, canary: "pgevents_canary_" + hex.EncodeToString(nonce[:]),
+		retry: backoff.New(*cfg.Logger, "listener")}, nil
 }
 
 // Channel returns the channel the listener listens on.
@@ -187,26 +192,22 @@ func (l *Listener) listen(ctx context.Context) error {
 	}
 }
 
-// dial is pgxlisten's Connect: it backs off while dialling fails, and when
+// dial is pgxlisten's Connect: it backs off after the connection was lost
+// and while dialling fails (from 50 ms to 5 s, with jitter), and more when
 // connections die right after being made (a server that accepts and then
 // refuses LISTEN, say), so that neither becomes a tight loop.
 func (l *Listener) dial(ctx context.Context) (*pgx.Conn, error) {
 	l.setConn(nil)
-	backoff := 50 * time.Millisecond
+	wait := l.retry.Backoff()
 	if !l.lastConnect.IsZero() && time.Since(l.lastConnect) < time.Second {
 		l.quickDeaths++
-		backoff <<= min(l.quickDeaths, 7)
+		wait = max(wait, backoff.Delay(2*backoff.DefaultMin, backoff.DefaultMax, l.quickDeaths))
 	} else {
 		l.quickDeaths = 0
-		backoff = 0
 	}
 	for {
-		if backoff > 0 {
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-time.After(backoff):
-			}
+		if wait > 0 && !backoff.Sleep(ctx, wait) {
+			return nil, ctx.Err()
 		}
 		conn, err := pgx.ConnectConfig(ctx, l.cfg.ConnConfig)
 		if err == nil {
@@ -217,8 +218,7 @@ func (l *Listener) dial(ctx context.Context) (*pgx.Conn, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		backoff = min(max(backoff*2, 50*time.Millisecond), 5*time.Second)
-		l.cfg.Logger.Warn().Err(err).Dur("retry_in", backoff).Msg("listener: connect failed")
+		wait = l.retry.Fail(err, "listener: connect failed")
 	}
 }
 
@@ -238,6 +238,7 @@ func (l *Listener) HandleBacklog(ctx context.Context, channel string, conn *pgx.
 	l.lastRx.Store(time.Now().UnixNano())
 	l.connect.Add(1)
 	l.ready.Store(true)
+	l.retry.Ok()
 	l.cfg.Sink.Connected()
 	return nil
 }
@@ -284,7 +285,7 @@ func (l *Listener) logError(ctx context.Context, err error) {
 		return
 	}
 	l.ready.Store(false)
-	l.cfg.Logger.Warn().Err(err).Msg("listener: connection lost, reconnecting")
+	l.retry.Fail(err, "listener: connection lost, reconnecting")
 }
 
 // watch sends the canary and closes the listening connection when the
@@ -315,7 +316,7 @@ func (l *Listener) watch(ctx context.Context) error {
 		}
 		rx := time.Unix(0, l.lastRx.Load())
 		if now.Sub(rx) > l.cfg.CanaryTimeout && now.Sub(lastSent) > l.cfg.CanaryTimeout {
-			l.cfg.Logger.Warn().Dur("silent_for", now.Sub(rx)).Msg("listener: canary not received, reconnecting")
+			l.retry.Fail(fmt.Errorf("no canary for %s", now.Sub(rx).Round(time.Millisecond)), "listener: canary not received, reconnecting")
 			l.kill()
 			lastSent = time.Time{}
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -169,6 +170,7 @@ type Leaser struct {
 	cfg      LeaserConfig
 	log      zerolog.Logger
 	hostname string
+	retry    *backoff.Retry // the heartbeat's failures
 
 	mu        sync.Mutex
 	held      map[int]int64 // partition → epoch
@@ -198,10 +200,12 @@ func NewLeaser(cfg LeaserConfig) (*Leaser, error) {
 		log = *cfg.Logger
 	}
 	host, _ := os.Hostname()
+	log = log.With().Str("replica", cfg.ReplicaID).Logger()
 	return &Leaser{
 		cfg:       cfg,
-		log:       log.With().Str("replica", cfg.ReplicaID).Logger(),
+		log:       log,
 		hostname:  host,
+		retry:     backoff.New(log, "lease heartbeat").Periodic(cfg.Lease / 3),
 		held:      map[int]int64{},
 		releasing: map[int]bool{},
 		freeing:   map[int]bool{},
@@ -236,13 +240,21 @@ func (l *Leaser) Held() []int {
 
 // Run heartbeats every Lease/3 until ctx is cancelled. It does not release
 // the leases then: call ReleaseAll once the partitions' workers are done.
+// While the heartbeat fails, it backs off from Lease/3 to 5 s (or Lease/3
+// when longer), with jitter, and logs the failure once per
+// backoff.DefaultInterval.
 func (l *Leaser) Run(ctx context.Context) error {
 	t := time.NewTicker(l.cfg.Lease / 3)
 	defer t.Stop()
 	for {
-		if err := l.beat(ctx); err != nil && ctx.Err() == nil {
-			l.log.Warn().Err(err).Msg("lease heartbeat failed")
+		if err := l.beat(ctx); err != nil {
+			if ctx.Err() != nil || !backoff.Sleep(ctx, l.retry.Fail(err, "lease heartbeat failed")) {
+				return nil
+			}
+			t.Reset(l.cfg.Lease / 3)
+			continue
 		}
+		l.retry.Ok()
 		select {
 		case <-ctx.Done():
 			return nil
