@@ -324,17 +324,29 @@ func TestSleepAfterAnAppendThatHoldsNoSleepKey(t *testing.T) {
 	pgtest.WaitFor(t, 10*time.Second, "the consumer asleep on the idle partition", func() bool { return sleepers(t, pool, 0) == 1 })
 	appendTx(t, pool, ev("a", "t", `{}`)) // wakes it (a notification)
 	waitHandled(t, pool, 1, 10*time.Second)
-	pgtest.WaitFor(t, 10*time.Second, "the consumer awake", func() bool { return sleepers(t, pool, 0) == 0 })
 	// The previous append, committing, still holds the sleep key: a
-	// transaction of the test's holds it exclusive.
-	prev, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// transaction of the test's holds it exclusive. The consumer may have
+	// gone back to sleep (the partition quiet for 50 ms) before the test
+	// took it: then a notification wakes it, and the test tries again.
+	var prev pgx.Tx
+	pgtest.WaitFor(t, 10*time.Second, "the sleep key taken while the consumer is awake", func() bool {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(lock_key('sleep', '1/0'))`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got {
+			prev = tx
+			return true
+		}
+		_ = tx.Rollback(ctx)
+		mustExec(t, pool, `SELECT pg_notify(channel, '1:0/1') FROM log_counter WHERE topic_id = 1`)
+		return false
+	})
 	defer prev.Rollback(ctx) //nolint:errcheck
-	if _, err := prev.Exec(ctx, `SELECT pg_advisory_xact_lock(lock_key('sleep', '1/0'))`); err != nil {
-		t.Fatal(err)
-	}
 	// The append: it cannot take the key, and sends nothing.
 	tx, err := pool.Begin(ctx)
 	if err != nil {
