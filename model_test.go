@@ -43,6 +43,12 @@ import (
 // a failure the model found becomes a focused test that pins the
 // interleaving (TestConsumerTakesUpALostAcquisition, say). A failing case
 // prints the tail of the consumers' log.
+//
+// The consumers poll once an hour: after a resume, a dead letter resolved
+// and a repartition, once the consumers have observed it, a probe event in
+// each partition must be handled within a second (model.probe), which only
+// the wake-ups can do. After every operation no group's position may be
+// behind one seen before (model.checkPositions): the model resets nothing.
 var (
 	modelSeed = flag.Uint64("model.seed", 0, "run the failure-model case with this seed only")
 	modelSoak = flag.Duration("model.soak", 0, "run failure-model cases for this long (default: the short run)")
@@ -599,6 +605,9 @@ func (m *model) operate(r *rand.Rand) string {
 		// Observed: every running consumer runs the new layout.
 		version := int(queryInt(m.t, m.pool, `SELECT max(version) FROM topic_layouts WHERE topic_id = 1`))
 		m.probe(op, func() bool {
+			if int(queryInt(m.t, m.pool, `SELECT coalesce((SELECT version FROM group_layouts WHERE group_id = 'main' AND topic_id = 1), 0)`)) == version {
+				m.followLayout()
+			}
 			for _, mcon := range m.consumers {
 				if rt := mcon.c.rt.Load(); mcon.cancel != nil && (rt == nil || int(rt.layout.Version) != version) {
 					return false
@@ -646,6 +655,7 @@ func (m *model) probe(op string, observed func() bool) {
 			return
 		}
 	}
+	m.followLayout()
 	m.gate.Lock()
 	defer m.gate.Unlock()
 	type pending struct {
@@ -730,8 +740,8 @@ func (m *model) probe(op string, observed func() bool) {
 					skip("group paused", 1)
 					continue
 				}
-				t.Errorf("stall after %s: probe in partition %d not handled within 1s (offset %d, key %s); operations: %s",
-					op, pr.partition, pr.offset, pr.key, strings.Join(m.opsDone, "; "))
+				t.Errorf("stall after %s: probe in partition %d not handled within 1s (offset %d, key %s); %s; operations: %s",
+					op, pr.partition, pr.offset, pr.key, m.partitionState(pr.partition), strings.Join(m.opsDone, "; "))
 			default:
 				left = append(left, pr)
 			}
@@ -743,6 +753,65 @@ func (m *model) probe(op string, observed func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// followLayout polls, as the consumer's poll would, each running consumer
+// that still runs a layout the group has left. A replica that held no
+// partition of the old layout has nothing that reaches its cut: it learns
+// that the group moved on only at its poll (Consumer.checkLayout runs in
+// pollOnce), once a WaitPeriod, and the new layout's partitions the
+// balance leaves to it go unowned until then. The model polls such a
+// consumer after a second and says so in the operations, so that the
+// probes check the wake-ups of everything else.
+func (m *model) followLayout() {
+	lagging := func() []*modelConsumer {
+		group := int(queryInt(m.t, m.pool, `SELECT coalesce((SELECT version FROM group_layouts WHERE group_id = 'main' AND topic_id = 1), 0)`))
+		var out []*modelConsumer
+		for _, mcon := range m.consumers {
+			if rt := mcon.c.rt.Load(); mcon.cancel != nil && rt != nil && int(rt.layout.Version) < group {
+				out = append(out, mcon)
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(time.Second)
+	for len(lagging()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, mcon := range lagging() {
+		m.op("%s polled: it still ran layout %d, which the group had left", mcon.app, mcon.c.rt.Load().layout.Version)
+		mcon.c.pollNow(WakePoll)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(lagging()) > 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// partitionState describes partition p of the main group for a stall's
+// report: its lease, and each running consumer's worker there.
+func (m *model) partitionState(p int) string {
+	var lease string
+	_ = m.pool.QueryRow(m.ctx, `SELECT coalesce((SELECT format('lease owner %s epoch %s %s, position %s, tail %s', nullif(owner, ''), epoch,
+			CASE WHEN expires_at > clock_timestamp() THEN 'live' ELSE 'expired' END,
+			(SELECT next_offset FROM consumer_offsets o WHERE o.group_id = 'main' AND o.topic_id = 1 AND o.partition_id = $1),
+			(SELECT max(c_offset) FROM partition_tails t WHERE t.topic_id = 1 AND t.partition_id = $1))
+		FROM partition_leases WHERE group_id = 'main' AND topic_id = 1 AND partition_id = $1), 'no lease')`, p).Scan(&lease)
+	out := []string{lease}
+	for _, mcon := range m.consumers {
+		if mcon.cancel == nil {
+			continue
+		}
+		rt := mcon.c.rt.Load()
+		if rt == nil || p >= len(rt.workers) {
+			out = append(out, fmt.Sprintf("%s (%s): no worker", mcon.app, mcon.c.ReplicaID()))
+			continue
+		}
+		w := rt.workers[p]
+		out = append(out, fmt.Sprintf("%s (%s, layout %d, paused %v): epoch %d next %d highest %d halted %v in flight %v",
+			mcon.app, mcon.c.ReplicaID(), rt.layout.Version, mcon.c.paused.Load(), w.epoch.Load(), w.next.Load(), w.highest.Load(),
+			w.halted.Load(), w.inFlight.Load()))
+	}
+	return strings.Join(out, "; ")
 }
 
 // checkPositions fails the case when a group's position in a partition
