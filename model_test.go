@@ -630,9 +630,10 @@ func (m *model) operate(r *rand.Rand) string {
 // event (of a host of its own) to each partition and requires each to be
 // handled within a second of its partition being otherwise caught up:
 // every event before it handled or set aside (dead-lettered, parked). A
-// partition that is halted, a group paused by its breaker, or a partition
-// that does not catch up within 15 s (a backlog of failing events) is left
-// out and counted. The probes are committed events like the others: the
+// change not observed within 8 s (a resume is seen at the next heartbeat,
+// within 5 s), a group paused by its breaker or still on an older layout,
+// a halted partition, or one that does not catch up within 15 s (a backlog
+// of failing events) is left out and counted. The probes are committed events like the others: the
 // model checks them at the end.
 func (m *model) probe(op string, observed func() bool) {
 	t := m.t
@@ -645,7 +646,7 @@ func (m *model) probe(op string, observed func() bool) {
 		state, err := store.SubscriptionState(m.ctx, m.pool, "main", 1)
 		return err == nil && state == store.StatePaused
 	}
-	for deadline := time.Now().Add(15 * time.Second); !observed(); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(8 * time.Second); !observed(); time.Sleep(5 * time.Millisecond) {
 		if groupPaused() {
 			skip("group paused", m.partitions)
 			return
@@ -658,6 +659,13 @@ func (m *model) probe(op string, observed func() bool) {
 	m.followLayout()
 	m.gate.Lock()
 	defer m.gate.Unlock()
+	// A group still finishing an older layout (a halted partition there,
+	// a backlog) handles nothing of the new one yet: no probe.
+	if queryInt(t, m.pool, `SELECT (coalesce((SELECT version FROM group_layouts WHERE group_id = 'main' AND topic_id = 1), 0)
+		< (SELECT max(version) FROM topic_layouts WHERE topic_id = 1))::int`) == 1 {
+		skip("group on an older layout", m.partitions)
+		return
+	}
 	type pending struct {
 		partition int
 		key       string
@@ -740,8 +748,8 @@ func (m *model) probe(op string, observed func() bool) {
 					skip("group paused", 1)
 					continue
 				}
-				t.Errorf("stall after %s: probe in partition %d not handled within 1s (offset %d, key %s); %s; operations: %s",
-					op, pr.partition, pr.offset, pr.key, m.partitionState(pr.partition), strings.Join(m.opsDone, "; "))
+				t.Errorf("stall after %s: probe in partition %d not handled within 1s (offset %d, key %s); %s; operations: %s\nworker goroutines:\n%s",
+					op, pr.partition, pr.offset, pr.key, m.partitionState(pr.partition), strings.Join(m.opsDone, "; "), workerStacks())
 			default:
 				left = append(left, pr)
 			}
@@ -811,6 +819,11 @@ func (m *model) partitionState(p int) string {
 			mcon.app, mcon.c.ReplicaID(), rt.layout.Version, mcon.c.paused.Load(), w.epoch.Load(), w.next.Load(), w.highest.Load(),
 			w.halted.Load(), w.inFlight.Load()))
 	}
+	var activity string
+	_ = m.pool.QueryRow(m.ctx, `SELECT string_agg(format('%s %s %s/%s %s blocked by %s: %s', pid, application_name, wait_event_type, wait_event, state,
+		pg_blocking_pids(pid), left(regexp_replace(query, '\s+', ' ', 'g'), 160)), E'\n')
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'`).Scan(&activity)
+	out = append(out, "activity:\n"+activity)
 	return strings.Join(out, "; ")
 }
 
