@@ -956,7 +956,18 @@ func (m *model) heal() {
 	// ten minutes in all.
 	deadline, last := time.Now().Add(60*time.Second), int64(-1)
 	giveUp := time.Now().Add(10 * time.Minute)
-	for {
+	for i := 0; ; i++ {
+		// Healing is not probed: the model polls every consumer twice a
+		// second, as the consumers of the short poll did. The group's
+		// move to its next layout (Consumer.checkLayout) runs in the poll:
+		// with the poll at an hour, a group whose last old-layout
+		// partition reached its cut without a poll (an unhalted or
+		// replayed partition) stays on the old layout.
+		if i%10 == 0 {
+			for _, mcon := range append(slices.Clone(m.consumers), ghost) {
+				mcon.c.pollNow(WakePoll)
+			}
+		}
 		dls, err := store.ListDeadLetters(m.ctx, m.pool, "main")
 		if err != nil {
 			t.Fatal(err)
