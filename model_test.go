@@ -43,11 +43,21 @@ import (
 // a failure the model found becomes a focused test that pins the
 // interleaving (TestConsumerTakesUpALostAcquisition, say). A failing case
 // prints the tail of the consumers' log.
+//
+// The consumers poll once an hour: after a resume, a dead letter resolved
+// and a repartition, once the consumers have observed it, a probe event in
+// each partition must be handled within a second (model.probe), which only
+// the wake-ups can do. After every operation no group's position may be
+// behind one seen before (model.checkPositions): the model resets nothing.
 var (
 	modelSeed = flag.Uint64("model.seed", 0, "run the failure-model case with this seed only")
 	modelSoak = flag.Duration("model.soak", 0, "run failure-model cases for this long (default: the short run)")
 	modelLoad = flag.Duration("model.load", 0, "how long a case's producers run (default: 8s, 20s in a soak); a rerun gives the failed case's")
 )
+
+// modelProbed and modelProbesSkipped count the probes of every case: those
+// handled within a second, and those left out (see model.probe).
+var modelProbed, modelProbesSkipped atomic.Int64
 
 // behaviour is what an event's handler does, until the event is fixed.
 type behaviour string
@@ -152,7 +162,8 @@ func TestFailureModel(t *testing.T) {
 		})
 	}
 	t.Cleanup(func() {
-		t.Logf("%d cases, %d operations in %s", cases.Load(), ops.Load(), time.Since(start).Round(time.Second))
+		t.Logf("%d cases, %d operations, %d probes handled within 1s (%d left out) in %s", cases.Load(), ops.Load(),
+			modelProbed.Load(), modelProbesSkipped.Load(), time.Since(start).Round(time.Second))
 	})
 }
 
@@ -180,6 +191,21 @@ type model struct {
 	consumers  []*modelConsumer
 	nextID     int
 	partitions int
+
+	// gate is held for reading by a producer's transaction and for
+	// writing by a probe round: the probes are the only events appended
+	// while they are awaited, so nothing but the probe itself can wake
+	// its partition.
+	gate sync.RWMutex
+	// probeN numbers the probes; probed and probesSkipped count the
+	// probes awaited and those left out (why, by reason).
+	probeN        int
+	probed        int
+	probesSkipped map[string]int
+	// positions is the highest position seen of each group in each
+	// partition: a position never moves backwards (the model resets
+	// nothing).
+	positions map[string]map[int]int64
 }
 
 // modelConsumer is one in-process replica of the main group, or the ghost.
@@ -221,7 +247,7 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 		t: t, mc: mc, ctx: ctx, pool: pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: mc.partitions, Scope: scope}),
 		committed: map[string]modelEvent{}, calls: map[string]int{}, attempts: map[string]int{},
 		fixedKeys: map[string]bool{}, resolved: map[string]bool{}, discarded: map[string]bool{},
-		partitions: mc.partitions,
+		partitions: mc.partitions, probesSkipped: map[string]int{}, positions: map[string]map[int]int64{},
 	}
 	// The consumers' log (info and above) is kept in memory and its tail
 	// printed when the case fails: the case makes handlers fail on purpose,
@@ -267,7 +293,9 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 		go func() {
 			defer wg.Done()
 			for n := 0; !stop.Load(); n++ {
+				m.gate.RLock()
 				m.produce(pr, fmt.Sprintf("p%d-%d", p, n))
+				m.gate.RUnlock()
 				time.Sleep(time.Duration(2+pr.IntN(8)) * time.Millisecond)
 			}
 		}()
@@ -294,14 +322,21 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 			ghost = nil
 			m.op("ghost stopped")
 		}
-		m.operate(rand.New(rand.NewPCG(mc.seed, uint64(1000+i))))
+		m.checkPositions(m.operate(rand.New(rand.NewPCG(mc.seed, uint64(1000+i)))))
 		ops++
 	}
 	time.Sleep(time.Until(began.Add(mc.load)))
 	stop.Store(true)
 	wg.Wait()
 	m.heal()
+	m.checkPositions("heal")
 	m.check()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	modelProbed.Add(int64(m.probed))
+	for _, n := range m.probesSkipped {
+		modelProbesSkipped.Add(int64(n))
+	}
 	return ops
 }
 
@@ -320,7 +355,7 @@ func (m *model) start(group string) *modelConsumer {
 		GroupID: group, TotalPartitions: m.partitions, BatchSize: m.mc.batchSize, Handlers: hs, Logger: &m.log,
 		OnPermanentFailure: m.mc.policy, MaxAttempts: m.mc.maxAttempts, MaxDeadLetters: m.mc.breaker,
 		HandlerTimeout: 150 * time.Millisecond, RetryInitial: 5 * time.Millisecond, RetryMax: 100 * time.Millisecond,
-		WaitPeriod: 500 * time.Millisecond, LeaseDuration: 400 * time.Millisecond, ShutdownTimeout: 2 * time.Second,
+		WaitPeriod: time.Hour, LeaseDuration: 400 * time.Millisecond, ShutdownTimeout: 2 * time.Second,
 		MaintenanceInterval: 100 * time.Millisecond, DeadAfter: time.Minute, Schema: pgtest.Schema(),
 	}
 	if group == "ghost" {
@@ -523,56 +558,322 @@ func (m *model) op(format string, args ...any) {
 	m.mu.Unlock()
 }
 
-// operate performs one random operation.
-func (m *model) operate(r *rand.Rand) {
+// operate performs one random operation, and returns what it did. After
+// an operation that makes partitions eligible again (a resume, a dead
+// letter resolved, which unhalts or releases, a repartition) and once the
+// consumers have observed it, a probe in each partition must be handled
+// within a second: the consumers poll once an hour, so only the wake-up of
+// the change and the probe's own notification can bring it.
+func (m *model) operate(r *rand.Rand) string {
 	switch x := r.IntN(100); {
 	case x < 25:
-		m.resolveOne(r, true)
+		return m.resolveOne(r, true)
 	case x < 40:
-		m.resolveOne(r, false)
+		return m.resolveOne(r, false)
 	case x < 50:
 		if _, err := store.SetState(m.ctx, m.pool, "main", 1, store.StatePaused); err != nil {
 			m.t.Error(err)
-			return
+			return "pause"
 		}
 		time.Sleep(time.Duration(100+r.IntN(300)) * time.Millisecond)
 		if _, err := store.SetState(m.ctx, m.pool, "main", 1, store.StateActive); err != nil {
 			m.t.Error(err)
 		}
 		m.op("pause, resume")
+		// Observed: no running consumer of the group is paused.
+		m.probe("pause, resume", func() bool {
+			for _, mcon := range m.consumers {
+				if mcon.cancel != nil && mcon.c.paused.Load() {
+					return false
+				}
+			}
+			return true
+		})
+		return "pause, resume"
 	case x < 58:
 		n := 1 + r.IntN(6)
 		if n == m.partitions {
-			return
+			return "no repartition"
 		}
 		if _, err := schema.Repartition(m.ctx, m.pool, 1, n); err != nil {
 			m.t.Error(err)
-			return
+			return "repartition"
 		}
-		m.op("repartition %d -> %d", m.partitions, n)
+		op := fmt.Sprintf("repartition %d -> %d", m.partitions, n)
+		m.op("%s", op)
 		m.partitions = n
+		// Observed: every running consumer runs the new layout.
+		version := int(queryInt(m.t, m.pool, `SELECT max(version) FROM topic_layouts WHERE topic_id = 1`))
+		m.probe(op, func() bool {
+			if int(queryInt(m.t, m.pool, `SELECT coalesce((SELECT version FROM group_layouts WHERE group_id = 'main' AND topic_id = 1), 0)`)) == version {
+				m.followLayout()
+			}
+			for _, mcon := range m.consumers {
+				if rt := mcon.c.rt.Load(); mcon.cancel != nil && (rt == nil || int(rt.layout.Version) != version) {
+					return false
+				}
+			}
+			return true
+		})
+		return op
 	case x < 70:
 		i := r.IntN(len(m.consumers))
 		m.crash(m.consumers[i])
 		m.consumers[i] = m.start("main")
 		m.op("restarted as %s", m.consumers[i].app)
+		return "restart of " + m.consumers[i].app
+	}
+	return "nothing"
+}
+
+// probe waits until the consumers have observed op, then appends one
+// event (of a host of its own) to each partition and requires each to be
+// handled within a second of its partition being otherwise caught up:
+// every event before it handled or set aside (dead-lettered, parked). A
+// change not observed within 8 s (a resume is seen at the next heartbeat,
+// within 5 s), a group paused by its breaker or still on an older layout,
+// a halted partition, or one that does not catch up within 15 s (a backlog
+// of failing events) is left out and counted. The probes are committed events like the others: the
+// model checks them at the end.
+func (m *model) probe(op string, observed func() bool) {
+	t := m.t
+	skip := func(why string, n int) {
+		m.mu.Lock()
+		m.probesSkipped[why] += n
+		m.mu.Unlock()
+	}
+	groupPaused := func() bool {
+		state, err := store.SubscriptionState(m.ctx, m.pool, "main", 1)
+		return err == nil && state == store.StatePaused
+	}
+	for deadline := time.Now().Add(8 * time.Second); !observed(); time.Sleep(5 * time.Millisecond) {
+		if groupPaused() {
+			skip("group paused", m.partitions)
+			return
+		}
+		if time.Now().After(deadline) || t.Failed() {
+			skip("not observed", m.partitions)
+			return
+		}
+	}
+	m.followLayout()
+	m.gate.Lock()
+	defer m.gate.Unlock()
+	// A group still finishing an older layout (a halted partition there,
+	// a backlog) handles nothing of the new one yet: no probe.
+	if queryInt(t, m.pool, `SELECT (coalesce((SELECT version FROM group_layouts WHERE group_id = 'main' AND topic_id = 1), 0)
+		< (SELECT max(version) FROM topic_layouts WHERE topic_id = 1))::int`) == 1 {
+		skip("group on an older layout", m.partitions)
+		return
+	}
+	type pending struct {
+		partition int
+		key       string
+		offset    int64
+		settled   time.Time // when every event before it was dealt with
+	}
+	var probes []*pending
+	for p := range m.partitions {
+		m.mu.Lock()
+		m.probeN++
+		key := fmt.Sprintf("probe%d", m.probeN)
+		m.mu.Unlock()
+		var host string
+		if err := m.pool.QueryRow(m.ctx, `SELECT h FROM (SELECT $1 || '-' || i AS h FROM generate_series(0, 9999) i) s
+			WHERE event_partition(h, $2) = $3 LIMIT 1`, key, m.partitions, p).Scan(&host); err != nil {
+			t.Errorf("a host of partition %d: %v", p, err)
+			return
+		}
+		pay := modelPayload{Key: key, Do: behaveOK}
+		b, _ := json.Marshal(pay)
+		tx, err := m.pool.Begin(m.ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		offs, err := Append(m.ctx, tx, Event{HostID: host, UserID: "probe", EventType: "model", Payload: b})
+		var layout, part int
+		if err == nil {
+			err = tx.QueryRow(m.ctx, `SELECT (SELECT max(version) FROM topic_layouts WHERE topic_id = 1), partition_id
+				FROM outbox_message_t WHERE topic_id = 1 AND c_offset = $1 AND host_id = $2`, offs[0], host).Scan(&layout, &part)
+		}
+		if err == nil {
+			err = tx.Commit(m.ctx)
+		}
+		if err != nil {
+			_ = tx.Rollback(m.ctx)
+			t.Errorf("probe in partition %d: %v", p, err)
+			return
+		}
+		if part != p {
+			t.Errorf("probe host %s went to partition %d, not %d", host, part, p)
+		}
+		m.mu.Lock()
+		m.committed[key] = modelEvent{modelPayload: pay, host: host, offset: offs[0], layout: layout}
+		m.mu.Unlock()
+		probes = append(probes, &pending{partition: p, key: key, offset: offs[0]})
+	}
+	giveUp := time.Now().Add(15 * time.Second)
+	for len(probes) > 0 && !t.Failed() {
+		now := time.Now()
+		left := probes[:0]
+		for _, pr := range probes {
+			var handled, halted bool
+			var before int64
+			err := m.pool.QueryRow(m.ctx, `SELECT
+				EXISTS (SELECT 1 FROM handled WHERE group_id = 'main' AND k = $1),
+				EXISTS (SELECT 1 FROM partition_halts WHERE group_id = 'main' AND topic_id = 1 AND partition_id = $2),
+				(SELECT count(*) FROM outbox_message_t m WHERE m.topic_id = 1 AND m.partition_id = $2 AND m.c_offset < $3
+				   AND m.c_offset >= coalesce((SELECT next_offset FROM consumer_offsets o
+				                                WHERE o.group_id = 'main' AND o.topic_id = 1 AND o.partition_id = $2), 0))`,
+				pr.key, pr.partition, pr.offset).Scan(&handled, &halted, &before)
+			switch {
+			case err != nil:
+				t.Errorf("probe in partition %d: %v", pr.partition, err)
+				return
+			case handled:
+				m.mu.Lock()
+				m.probed++
+				m.mu.Unlock()
+			case halted:
+				skip("partition halted", 1)
+			case before > 0:
+				pr.settled = time.Time{} // a batch before it rolled back
+				left = append(left, pr)
+			case pr.settled.IsZero():
+				pr.settled = now
+				left = append(left, pr)
+			case now.Sub(pr.settled) > time.Second:
+				if groupPaused() {
+					skip("group paused", 1)
+					continue
+				}
+				t.Errorf("stall after %s: probe in partition %d not handled within 1s (offset %d, key %s); %s; operations: %s\nworker goroutines:\n%s",
+					op, pr.partition, pr.offset, pr.key, m.partitionState(pr.partition), strings.Join(m.opsDone, "; "), workerStacks())
+			default:
+				left = append(left, pr)
+			}
+		}
+		probes = left
+		if len(probes) > 0 && time.Now().After(giveUp) {
+			skip("not caught up", len(probes))
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// followLayout polls, as the consumer's poll would, each running consumer
+// that still runs a layout the group has left. A replica that held no
+// partition of the old layout has nothing that reaches its cut: it learns
+// that the group moved on only at its poll (Consumer.checkLayout runs in
+// pollOnce), once a WaitPeriod, and the new layout's partitions the
+// balance leaves to it go unowned until then. The model polls such a
+// consumer after a second and says so in the operations, so that the
+// probes check the wake-ups of everything else.
+func (m *model) followLayout() {
+	lagging := func() []*modelConsumer {
+		group := int(queryInt(m.t, m.pool, `SELECT coalesce((SELECT version FROM group_layouts WHERE group_id = 'main' AND topic_id = 1), 0)`))
+		var out []*modelConsumer
+		for _, mcon := range m.consumers {
+			if rt := mcon.c.rt.Load(); mcon.cancel != nil && rt != nil && int(rt.layout.Version) < group {
+				out = append(out, mcon)
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(time.Second)
+	for len(lagging()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, mcon := range lagging() {
+		m.op("%s polled: it still ran layout %d, which the group had left", mcon.app, mcon.c.rt.Load().layout.Version)
+		mcon.c.pollNow(WakePoll)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(lagging()) > 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// partitionState describes partition p of the main group for a stall's
+// report: its lease, and each running consumer's worker there.
+func (m *model) partitionState(p int) string {
+	var lease string
+	_ = m.pool.QueryRow(m.ctx, `SELECT coalesce((SELECT format('lease owner %s epoch %s %s, position %s, tail %s', nullif(owner, ''), epoch,
+			CASE WHEN expires_at > clock_timestamp() THEN 'live' ELSE 'expired' END,
+			(SELECT next_offset FROM consumer_offsets o WHERE o.group_id = 'main' AND o.topic_id = 1 AND o.partition_id = $1),
+			(SELECT max(c_offset) FROM partition_tails t WHERE t.topic_id = 1 AND t.partition_id = $1))
+		FROM partition_leases WHERE group_id = 'main' AND topic_id = 1 AND partition_id = $1), 'no lease')`, p).Scan(&lease)
+	out := []string{lease}
+	for _, mcon := range m.consumers {
+		if mcon.cancel == nil {
+			continue
+		}
+		rt := mcon.c.rt.Load()
+		if rt == nil || p >= len(rt.workers) {
+			out = append(out, fmt.Sprintf("%s (%s): no worker", mcon.app, mcon.c.ReplicaID()))
+			continue
+		}
+		w := rt.workers[p]
+		out = append(out, fmt.Sprintf("%s (%s, layout %d, paused %v): epoch %d next %d highest %d halted %v in flight %v",
+			mcon.app, mcon.c.ReplicaID(), rt.layout.Version, mcon.c.paused.Load(), w.epoch.Load(), w.next.Load(), w.highest.Load(),
+			w.halted.Load(), w.inFlight.Load()))
+	}
+	var activity string
+	_ = m.pool.QueryRow(m.ctx, `SELECT string_agg(format('%s %s %s/%s %s blocked by %s: %s', pid, application_name, wait_event_type, wait_event, state,
+		pg_blocking_pids(pid), left(regexp_replace(query, '\s+', ' ', 'g'), 160)), E'\n')
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'`).Scan(&activity)
+	out = append(out, "activity:\n"+activity)
+	return strings.Join(out, "; ")
+}
+
+// checkPositions fails the case when a group's position in a partition
+// is behind one seen before: only a reset moves a position backwards, and
+// the model resets nothing.
+func (m *model) checkPositions(op string) {
+	rows, err := m.pool.Query(m.ctx, `SELECT group_id, partition_id, next_offset FROM consumer_offsets WHERE topic_id = 1`)
+	if err != nil {
+		m.t.Error(err)
+		return
+	}
+	var g string
+	var p int
+	var next int64
+	if _, err := pgx.ForEachRow(rows, []any{&g, &p, &next}, func() error {
+		if m.positions[g] == nil {
+			m.positions[g] = map[int]int64{}
+		}
+		if prev, ok := m.positions[g][p]; ok && next < prev {
+			m.t.Errorf("the position of group %s in partition %d moved backwards, from %d to %d, by %s; operations: %s",
+				g, p, prev, next, op, strings.Join(m.opsDone, "; "))
+		}
+		m.positions[g][p] = max(m.positions[g][p], next)
+		return nil
+	}); err != nil {
+		m.t.Error(err)
 	}
 }
 
 // resolveOne replays (with the fix for its events deployed) or discards a
 // random open dead letter of the main group.
-func (m *model) resolveOne(r *rand.Rand, replay bool) {
+func (m *model) resolveOne(r *rand.Rand, replay bool) string {
 	dls, err := store.ListDeadLetters(m.ctx, m.pool, "main")
 	if err != nil || len(dls) == 0 {
-		return
+		return "no dead letter"
 	}
-	m.resolve(dls[r.IntN(len(dls))].ID, replay)
+	op := m.resolve(dls[r.IntN(len(dls))].ID, replay)
+	if op != "" {
+		m.probe(op, func() bool { return true })
+	}
+	return op
 }
 
-func (m *model) resolve(id int64, replay bool) {
+// resolve replays or discards a dead letter, and returns what it did ("" if
+// nothing).
+func (m *model) resolve(id int64, replay bool) string {
 	d, err := store.GetDeadLetter(m.ctx, m.pool, id)
 	if err != nil {
-		return // resolved meanwhile
+		return "" // resolved meanwhile
 	}
 	m.mu.Lock()
 	for _, e := range d.Events {
@@ -592,7 +893,7 @@ func (m *model) resolve(id int64, replay bool) {
 	if err != nil {
 		// A released parked event may fail in turn: nothing changed.
 		m.op("dead letter %d not resolved: %v", id, err)
-		return
+		return ""
 	}
 	m.mu.Lock()
 	for _, e := range d.Events {
@@ -604,7 +905,9 @@ func (m *model) resolve(id int64, replay bool) {
 		}
 	}
 	m.mu.Unlock()
-	m.op("dead letter %d (offsets %d-%d) %s", id, d.FirstOffset, d.LastOffset, map[bool]string{true: "replayed", false: "discarded"}[replay])
+	op := fmt.Sprintf("dead letter %d (partition %d, offsets %d-%d) %s", id, d.Partition, d.FirstOffset, d.LastOffset, map[bool]string{true: "replayed", false: "discarded"}[replay])
+	m.op("%s", op)
+	return op
 }
 
 // heal deploys a fix for everything, checks the halts, restarts the
@@ -653,7 +956,18 @@ func (m *model) heal() {
 	// ten minutes in all.
 	deadline, last := time.Now().Add(60*time.Second), int64(-1)
 	giveUp := time.Now().Add(10 * time.Minute)
-	for {
+	for i := 0; ; i++ {
+		// Healing is not probed: the model polls every consumer twice a
+		// second, as the consumers of the short poll did. The group's
+		// move to its next layout (Consumer.checkLayout) runs in the poll:
+		// with the poll at an hour, a group whose last old-layout
+		// partition reached its cut without a poll (an unhalted or
+		// replayed partition) stays on the old layout.
+		if i%10 == 0 {
+			for _, mcon := range append(slices.Clone(m.consumers), ghost) {
+				mcon.c.pollNow(WakePoll)
+			}
+		}
 		dls, err := store.ListDeadLetters(m.ctx, m.pool, "main")
 		if err != nil {
 			t.Fatal(err)
@@ -847,8 +1161,8 @@ func (m *model) check() {
 		keys = append(keys, fmt.Sprintf("%s:%d", k, n))
 	}
 	slices.Sort(keys)
-	t.Logf("%d committed events (%s), %d handled by main, %d discarded, ghost skipped %d; at most %d calls of one event; operations: %s",
-		len(m.committed), strings.Join(keys, " "), len(seen["main"]), len(m.discarded), skipped, worst, strings.Join(m.opsDone, "; "))
+	t.Logf("%d committed events (%s), %d handled by main, %d discarded, ghost skipped %d; at most %d calls of one event; %d probes handled within 1s, left out %v; operations: %s",
+		len(m.committed), strings.Join(keys, " "), len(seen["main"]), len(m.discarded), skipped, worst, m.probed, m.probesSkipped, strings.Join(m.opsDone, "; "))
 }
 
 // tailWriter keeps the last max lines written to it.
