@@ -33,10 +33,17 @@ func eligibleConfig(hs *Handlers) Config {
 func handledPromptly(t *testing.T, pool *pgxpool.Pool, n int64, what string) {
 	t.Helper()
 	appendTx(t, pool, ev("probe", "t", `{}`))
+	waitPrompt(t, pool, n, "an event appended after "+what)
+}
+
+// waitPrompt fails the test unless n events are handled within
+// eligibleWithin.
+func waitPrompt(t *testing.T, pool *pgxpool.Pool, n int64, what string) {
+	t.Helper()
 	deadline := time.Now().Add(eligibleWithin)
 	for queryInt(t, pool, `SELECT count(*) FROM handled`) < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("an event appended after %s was not handled within %s (poll at an hour): nothing woke the partition", what, eligibleWithin)
+			t.Fatalf("%s was not handled within %s (poll at an hour): nothing woke the partition", what, eligibleWithin)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -190,12 +197,6 @@ func TestWakeModeAlwaysWhileAnAppendIsInFlight(t *testing.T) {
 	if err := producer.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(eligibleWithin)
-	for queryInt(t, pool, `SELECT count(*) FROM handled`) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("an append in flight when the wake-up mode turned 'always' was not handled within %s of its commit (poll at an hour)", eligibleWithin)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitPrompt(t, pool, 2, "an append in flight when the wake-up mode turned 'always'")
 	handledPromptly(t, pool, 3, "the switch to 'always'")
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -98,11 +99,13 @@ func consumerPool(t testing.TB, pool *pgxpool.Pool, partitions int, edit ...func
 	return cp
 }
 
-// appendTx appends evs in one transaction and returns their offsets.
+// appendTx appends evs in one READ COMMITTED transaction (producers are
+// refused under a stricter isolation, whatever the session's default) and
+// returns their offsets.
 func appendTx(t *testing.T, pool *pgxpool.Pool, evs ...Event) []int64 {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,26 +29,6 @@ func defaultIsolation(t *testing.T, pool *pgxpool.Pool, level string) {
 	pool.Reset() // the test's own sessions start again with the new default
 }
 
-// appendRC appends evs in one READ COMMITTED transaction: producers are
-// refused under a stricter isolation, whatever the session's default.
-func appendRC(t *testing.T, pool *pgxpool.Pool, evs ...Event) []int64 {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	offs, err := Append(ctx, tx, evs...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return offs
-}
-
 // waitLockWait waits until a session of the consumer's pool waits for a
 // lock (the claim, behind the operator's position lock).
 func waitLockWait(t *testing.T, pool *pgxpool.Pool) {
@@ -74,7 +54,7 @@ func TestOperatorPositionSurvivesStricterIsolation(t *testing.T) {
 			pool := newTopic(t, 1)
 			mustExec(t, pool, handledTable)
 			defaultIsolation(t, pool, level)
-			appendRC(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`))
+			appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`))
 			c := startConsumer(t, pool, Config{TotalPartitions: 1, WaitPeriod: time.Hour, Handlers: recordingHandlers()})
 			waitHandled(t, pool, 2, 10*time.Second)
 
@@ -88,7 +68,7 @@ func TestOperatorPositionSurvivesStricterIsolation(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := c.Stats()
-			appendRC(t, pool, ev("c", "t", `{}`))
+			appendTx(t, pool, ev("c", "t", `{}`))
 			waitLockWait(t, pool)
 			if err := op.Commit(ctx); err != nil {
 				t.Fatal(err)

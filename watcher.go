@@ -164,18 +164,8 @@ func (w *watcher) run(ctx context.Context) error {
 		if w.wait > 0 {
 			// No connection, or a statement failed: back off.
 			interval = watchMin
-			t.Reset(w.wait)
-			select {
-			case <-ctx.Done():
+			if _, done := w.pause(ctx, t, w.wait); done {
 				return nil
-			case <-w.signal:
-				if !t.Stop() {
-					select {
-					case <-t.C:
-					default:
-					}
-				}
-			case <-t.C:
 			}
 			continue
 		}
@@ -194,28 +184,42 @@ func (w *watcher) run(ctx context.Context) error {
 			}
 			continue
 		}
-		var tick <-chan time.Time
-		checking := false
 		interval = watchMin
+		var check time.Duration // none: wait for a signal
 		if w.conn != nil && len(w.asleep) > 0 {
-			t.Reset(keysCheck)
-			tick, checking = t.C, true
+			check = keysCheck
 		}
-		select {
-		case <-ctx.Done():
+		fired, done := w.pause(ctx, t, check)
+		if done {
 			return nil
-		case <-w.signal:
-			if !t.Stop() {
-				select {
-				case <-t.C:
-				default:
-				}
-			}
-		case <-tick:
-			if checking {
-				w.checkKeys(ctx)
+		}
+		if fired {
+			w.checkKeys(ctx)
+		}
+	}
+}
+
+// pause waits, on t, for d (forever when d is 0), a signal or ctx's end.
+// It reports whether d ran out, and whether ctx ended.
+func (w *watcher) pause(ctx context.Context, t *time.Timer, d time.Duration) (fired, done bool) {
+	var tick <-chan time.Time
+	if d > 0 {
+		t.Reset(d)
+		tick = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return false, true
+	case <-w.signal:
+		if d > 0 && !t.Stop() {
+			select { // a tick that fired meanwhile (before Go 1.23's timers)
+			case <-t.C:
+			default:
 			}
 		}
+		return false, false
+	case <-tick:
+		return true, false
 	}
 }
 
