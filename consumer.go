@@ -122,6 +122,10 @@ type Consumer struct {
 	// they pace the retries and keep a repeated failure to one line per
 	// interval (internal/backoff).
 	polling, beating, maintaining, layouts *backoff.Retry
+	// batchLines limits the workers' lines about batches rolled back for a
+	// transient or deployment failure to one per interval for the
+	// consumer: in an outage every partition's batch fails, and retries.
+	batchLines backoff.Limiter
 }
 
 // NewConsumer validates cfg, applies its defaults and returns a Consumer

@@ -72,6 +72,16 @@ func (w *worker) retry(ctx context.Context, err error) {
 	if class == ClassDeployment {
 		ev = w.log.Error()
 	}
+	if v == retryBatch && (class == ClassTransient || class == ClassDeployment) {
+		// The same failure in every partition (an outage, a missing
+		// table): one line per interval for the consumer, with the count.
+		ok, repeated := w.c.batchLines.Allow(class.String())
+		if !ok {
+			ev = nil
+		} else if repeated > 0 {
+			ev = ev.Int("repeated", repeated)
+		}
+	}
 	ev = ev.Err(err).Stringer("class", class).Stringer("next", v).Int("attempt", w.failures).
 		Dur("retry_in", d).Int64("next_offset", w.next.Load())
 	if ue != nil {

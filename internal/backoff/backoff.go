@@ -15,6 +15,7 @@
 package backoff
 
 import (
+	"cmp"
 	"context"
 	"math/rand/v2"
 	"sync"
@@ -66,13 +67,55 @@ type Retry struct {
 	since    time.Time     // the first of them
 	delay    time.Duration // the wait after the last failure; 0: not failing
 	logged   bool          // a line of this run of failures was logged
-	msgs     map[string]*site
+	lines    Limiter
 }
 
-// site is what Retry knows of one message's lines.
+// Limiter lets a message's line through at most once per Interval,
+// counting the lines it holds back: the repeats of one failure in loops
+// that each fail on their own (a consumer's workers during an outage) make
+// one line per interval. The zero value is ready, with DefaultInterval. It
+// is safe for concurrent use.
+type Limiter struct {
+	// Interval is how often, at most, a line of one message goes through;
+	// zero: DefaultInterval.
+	Interval time.Duration
+
+	mu    sync.Mutex
+	sites map[string]*site
+	now   func() time.Time // time.Now when nil
+}
+
+// site is what a Limiter knows of one message's lines.
 type site struct {
-	last       time.Time // when a line was last logged; zero: never
-	suppressed int       // failures not logged since
+	last       time.Time // when a line was last let through; zero: never
+	suppressed int       // lines held back since
+}
+
+// Allow reports whether a line of msg may be logged now, and how many
+// lines of it were held back since the last one that was (to log with
+// it). A line held back is counted.
+func (l *Limiter) Allow(msg string) (ok bool, suppressed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if l.now != nil {
+		now = l.now()
+	}
+	if l.sites == nil {
+		l.sites = map[string]*site{}
+	}
+	s := l.sites[msg]
+	if s == nil {
+		s = &site{}
+		l.sites[msg] = s
+	}
+	if !s.last.IsZero() && now.Sub(s.last) < cmp.Or(l.Interval, DefaultInterval) {
+		s.suppressed++
+		return false, 0
+	}
+	suppressed = s.suppressed
+	s.last, s.suppressed = now, 0
+	return true, suppressed
 }
 
 // New returns the failure state of a loop that logs to log and is named
@@ -80,7 +123,7 @@ type site struct {
 // bounds and interval; change them before the first call.
 func New(log zerolog.Logger, name string) *Retry {
 	return &Retry{Min: DefaultMin, Max: DefaultMax, Interval: DefaultInterval, log: log, name: name,
-		now: time.Now, msgs: map[string]*site{}}
+		now: time.Now}
 }
 
 // Periodic sets r's bounds for a loop that runs every period: from the
@@ -102,21 +145,17 @@ func (r *Retry) Fail(err error, msg string) time.Duration {
 	}
 	r.failures++
 	r.delay = Delay(r.Min, r.Max, r.failures)
-	s := r.msgs[msg]
-	if s == nil {
-		s = &site{}
-		r.msgs[msg] = s
-	}
-	if !s.last.IsZero() && now.Sub(s.last) < r.Interval {
-		s.suppressed++
+	r.lines.Interval, r.lines.now = r.Interval, r.now
+	ok, repeated := r.lines.Allow(msg)
+	if !ok {
 		return r.delay
 	}
 	ev := r.log.Warn().Err(err).Int("failures", r.failures).Dur("retry_in", r.delay)
-	if s.suppressed > 0 {
-		ev = ev.Int("repeated", s.suppressed).Dur("interval", r.Interval)
+	if repeated > 0 {
+		ev = ev.Int("repeated", repeated).Dur("interval", r.Interval)
 	}
 	ev.Msg(msg)
-	s.last, s.suppressed, r.logged = now, 0, true
+	r.logged = true
 	return r.delay
 }
 
