@@ -114,6 +114,16 @@ func TestRetentionCountsEveryGroupBehind(t *testing.T) {
 		t.Fatal(err)
 	}
 	wg.Wait()
+	for pass := 0; len(res.Blocked) > 0 && pass < 5; pass++ {
+		// A partition whose lock the racing subscription held when the
+		// drop tried it (NOWAIT) is left to the next pass, as maintenance
+		// runs it.
+		more, err := ApplyRetention(ctx, pool, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Removed, res.Blocked = append(res.Removed, more.Removed...), more.Blocked
+	}
 	if len(res.Removed) != 4 {
 		t.Fatalf("removed %+v, want the two full segments of each partition; blocked: %q", res.Removed, res.Blocked)
 	}
