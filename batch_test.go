@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
 // asyncSink is a handler whose effects complete at Flush: Handle only
@@ -96,6 +98,13 @@ func TestBatchFlushBlamesTheEventsUnit(t *testing.T) {
 	if n := queryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`); n != 1 {
 		t.Fatalf("%d dead letters, want 1", n)
 	}
+	// End is called once the attempt is over, after its commit made the
+	// position visible.
+	pgtest.WaitFor(t, 10*time.Second, "every flusher ended", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.ends == s.flushers && s.committed > 0
+	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// The committed attempt delivered 1, 2, 6, 7 in order (earlier attempts
