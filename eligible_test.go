@@ -49,6 +49,17 @@ func waitPrompt(t *testing.T, pool *pgxpool.Pool, n int64, what string) {
 	}
 }
 
+// idleConsumer is a one-partition topic with a recording consumer
+// (eligibleConfig) that has handled one event and gone idle.
+func idleConsumer(t *testing.T) (*pgxpool.Pool, *Consumer) {
+	t.Helper()
+	pool := newTopic(t, 1)
+	mustExec(t, pool, handledTable)
+	c := startConsumer(t, pool, eligibleConfig(recordingHandlers()))
+	handledPromptly(t, pool, 1, "the start")
+	return pool, c
+}
+
 // pauseObserved pauses or resumes the group and waits until the consumer
 // has observed it.
 func pauseObserved(t *testing.T, pool *pgxpool.Pool, c *Consumer, pause bool) {
@@ -70,10 +81,7 @@ func pauseObserved(t *testing.T, pool *pgxpool.Pool, c *Consumer, pause bool) {
 // partition's next event is handled at once.
 func TestResumeWakesThePartition(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	c := startConsumer(t, pool, eligibleConfig(recordingHandlers()))
-	handledPromptly(t, pool, 1, "the start")
+	pool, c := idleConsumer(t)
 	pauseObserved(t, pool, c, true)
 	pauseObserved(t, pool, c, false)
 	handledPromptly(t, pool, 2, "a resume")
@@ -169,10 +177,7 @@ func TestNothingHandledAfterPauseReturns(t *testing.T) {
 // appends that started before the switch to their commit.
 func TestWakeModeAlwaysWhileAnAppendIsInFlight(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	mustExec(t, pool, handledTable)
-	c := startConsumer(t, pool, eligibleConfig(recordingHandlers()))
-	handledPromptly(t, pool, 1, "the start")
+	pool, c := idleConsumer(t)
 	ctx := context.Background()
 	producer, err := pool.Begin(ctx)
 	if err != nil {
