@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,23 +64,57 @@ const (
 	// its commit. Such an append marks itself in flight without waiting
 	// for anything after it read the mode, long before this runs out.
 	alwaysGrace = 2 * time.Second
+	// flightWait bounds the elected watcher's wait for an append in flight
+	// on a partition this consumer does not run (or runs busy); the wait
+	// ends at the append's commit, which the same round trip announces.
+	flightWait = 3 * time.Millisecond
 )
 
-// watcher finds the events committed in the consumer's partitions, in one
-// goroutine per consumer, so that producers need not notify while events
-// flow (a notifying commit takes a database-wide lock until its WAL flush,
-// and notifying producers commit one at a time). The protocol, and why no
-// event waits for the poll, is in internal/store (wake.go): in short, a
-// partition is awake, and the watcher reads its tail every watchMin to watchMax
-// and hints its worker; or, once quiet, asleep, and the watcher holds its
-// sleep key on a connection of its own, so that the next append notifies.
-// A notification, a lease acquired or the listener's reconnect wakes it.
+// watcher finds the events committed in the topic's partitions, so that
+// producers need not notify while events flow (a notifying commit takes a
+// database-wide lock until its WAL flush, and notifying producers commit
+// one at a time).
+//
+// # One watcher per topic and database
+//
+// Every consumer of the topic runs a watcher, but only one of them, in the
+// whole database, watches: the one whose session holds the topic's watch
+// key (store.Lead). The others wait for the key in the server, which costs
+// them nothing, and the first of them takes over when the holder's session
+// ends. The elected watcher watches every partition of the topic, whoever
+// consumes it, so that its cost is paid once per event, whatever the number
+// of consumer processes (the design card runs one per partition; a watcher
+// each, polling the topic's appends counter, woke every process for every
+// event of every partition). It tells the other consumers which
+// partitions moved in one notification per look, of the form the
+// producers' notifications have ("<topic>:<partition>/<tail>,..."), from
+// its own session, whose commits do not wait for the WAL flush; a
+// consumer's listener wakes only the workers of the partitions it runs.
+// The notification is sent only while some watcher waits for the key
+// (store.Lead): a lone consumer hints its workers directly. A notification stays a hint: a worker reads what its claim
+// finds, and polls every WaitPeriod.
+//
+// # What it watches
+//
+// The protocol, and why no event waits for the poll, is in internal/store
+// (wake.go): in short, a partition is awake, and the watcher reads the
+// topic's appends counter every watchMin to watchMax and the tails when it
+// moved; or, once quiet, asleep, and the watcher holds its sleep key on its
+// connection, so that the next append notifies (every consumer's listener
+// hears it). A notification, or the listener's reconnect, wakes it. An
+// append seen in flight on a partition is waited for: by the worker's claim
+// when this consumer runs the partition and is caught up, else by the
+// watcher's next look (at most flightWait), which then announces its
+// commit.
 //
 // Without a connection, or after a failed statement, it waits (retry's
 // backoff, up to backoff.DefaultMax) before the next attempt, waking
 // earlier on a signal (the listener's reconnect says the database is back).
+// A failure ends its session, and with it the watch key: another consumer
+// may be elected meanwhile.
 //
-// An idle consumer, asleep on every partition, runs no statement here.
+// An idle consumer runs no statement here: elected and asleep on every
+// partition, or waiting for the key.
 type watcher struct {
 	c      *Consumer
 	signal chan struct{} // something to do; never blocks the sender
@@ -88,30 +123,38 @@ type watcher struct {
 	woken map[int]bool // partitions to wake
 	all   bool         // wake every partition
 
+	// elected says that the watcher holds the topic's watch key.
+	elected atomic.Bool
+
 	// Used by run's goroutine only.
 	retry  *backoff.Retry
 	wait   time.Duration // the backoff a failure of the last step asked for
-	conn   *pgxpool.Conn // holds the sleep keys; nil: none acquired
+	conn   *pgxpool.Conn // holds the watch key and the sleep keys; nil: none acquired
 	asleep map[int]bool
 	parts  map[int]*watched
 	// The appends counter as last read, when it last moved, and when the
-	// tails were last read.
+	// tails were last read; force makes the next step read them.
 	appends              int64
 	appendsMoved, tailed time.Time
+	force                bool
 	// When the wake-up mode was last seen to become 'always' (zero: it is
 	// 'waiting'), and whether the last tails read found an append in
 	// flight: the watcher stops watching once alwaysGrace has passed and
 	// none is.
 	alwaysAt time.Time
 	inFlight bool
+	// await lists the partitions whose appends in flight the next look
+	// waits for.
+	await []int
 }
 
 // watched is what the watcher knows of one partition.
 type watched struct {
-	tail  int64         // the highest tail read
-	news  time.Time     // when the tail last moved, or the partition woke
-	moved time.Time     // when the tail last moved (zero: not yet)
-	gap   time.Duration // mean gap between the tail's moves, smoothed
+	tail      int64         // the highest tail read
+	awaited   int64         // the tail when the watcher last waited for an append in flight; -1: never
+	news      time.Time     // when the tail last moved, or the partition woke
+	moved     time.Time     // when the tail last moved (zero: not yet)
+	gap       time.Duration // mean gap between the tail's moves, smoothed
 }
 
 func newWatcher(c *Consumer) *watcher {
@@ -145,11 +188,54 @@ func (w *watcher) poke() {
 	}
 }
 
-// run watches until ctx is cancelled.
+// run waits to be elected, then watches until its session fails, and
+// again, until ctx is cancelled.
 func (w *watcher) run(ctx context.Context) error {
 	defer w.close()
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	for ctx.Err() == nil {
+		w.wait = 0
+		if w.lead(ctx) {
+			w.watch(ctx, t)
+		}
+		if w.wait > 0 {
+			if _, done := w.pause(ctx, t, w.wait); done {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// lead acquires the watcher's connection and waits on it until it holds
+// the topic's watch key. It reports whether it does; when not, w.wait says
+// how long to back off.
+func (w *watcher) lead(ctx context.Context) bool {
+	if !w.connect(ctx) {
+		return false
+	}
+	// Once the session follows, appends that commit are announced (by the
+	// elected watcher, or by this one once elected); the poll finds what
+	// committed before.
+	following := func() { w.c.pollNow(WakePoll) }
+	if err := store.Lead(ctx, w.conn, w.c.cfg.TopicID, following); err != nil {
+		w.fail(ctx, err)
+		return false
+	}
+	w.retry.Ok()
+	w.elected.Store(true)
+	w.c.log.Debug().Msg("elected the topic's watcher")
+	// Everything is read, and announced, anew.
+	clear(w.parts)
+	w.force = true
+	w.wakeAll()
+	return true
+}
+
+// watch watches while the watcher holds the key: until ctx ends or a
+// statement fails.
+func (w *watcher) watch(ctx context.Context, t *time.Timer) {
 	interval := watchMin
 	// The waits between reads while awake are below a millisecond, which
 	// Go's timers round up to about a millisecond in an idle process: a
@@ -157,28 +243,23 @@ func (w *watcher) run(ctx context.Context) error {
 	// most watchMax later).
 	fine := finetimer.New()
 	defer fine.Close()
-	for {
+	for ctx.Err() == nil && w.conn != nil {
 		moved := w.appendsMoved
-		w.wait = 0
 		awake := w.step(ctx)
-		if w.wait > 0 {
-			// No connection, or a statement failed: back off.
-			interval = watchMin
-			if _, done := w.pause(ctx, t, w.wait); done {
-				return nil
-			}
-			continue
+		if w.wait > 0 || w.conn == nil {
+			return // a statement failed: back off, and wait for the key again
 		}
-		if w.appendsMoved != moved {
+		if w.appendsMoved != moved || len(w.await) > 0 {
 			interval = watchMin
 		} else {
 			interval = min(2*interval, watchMax)
 		}
+		if len(w.await) > 0 {
+			continue // the next look waits for the appends in flight
+		}
 		if awake {
 			fine.Sleep(interval)
 			select {
-			case <-ctx.Done():
-				return nil
 			case <-w.signal: // the next step looks
 			default:
 			}
@@ -186,19 +267,18 @@ func (w *watcher) run(ctx context.Context) error {
 		}
 		interval = watchMin
 		var check time.Duration // none: wait for a signal
-		if w.conn != nil && len(w.asleep) > 0 {
+		if len(w.asleep) > 0 {
 			check = keysCheck
 		}
 		fired, done := w.pause(ctx, t, check)
 		if done {
-			return nil
+			return
 		}
 		if fired {
 			w.checkKeys(ctx)
 		}
 	}
 }
-
 // pause waits, on t, for d (forever when d is 0), a signal or ctx's end.
 // It reports whether d ran out, and whether ctx ended.
 func (w *watcher) pause(ctx context.Context, t *time.Timer, d time.Duration) (fired, done bool) {
@@ -237,21 +317,34 @@ func (w *watcher) checkKeys(ctx context.Context) {
 	}
 }
 
-// step reads the tails of the awake partitions, hints their workers, and
-// goes to sleep on the quiet ones. It reports whether a partition is still
-// awake, that is, whether it should run again (after watchMin to
-// watchMax).
+// step reads the tails of the awake partitions, announces what moved,
+// hints this consumer's workers, and goes to sleep on the quiet ones. It
+// reports whether a partition is still awake, that is, whether it should
+// run again (after watchMin to watchMax).
 func (w *watcher) step(ctx context.Context) bool {
 	c := w.c
 	now := time.Now()
-	rt := c.rt.Load()
-	held := map[int]*worker{}
-	if rt != nil && !c.paused.Load() {
+	// Every partition of the topic is watched, whoever consumes it. The
+	// workers this consumer runs are hinted directly; an append in flight
+	// on one of them, caught up, is waited for by its claim.
+	var parts []int
+	local := map[int]*worker{}
+	if rt := c.rt.Load(); rt != nil {
+		parts = rt.order
+		paused := c.paused.Load()
 		for p, wk := range rt.workers {
-			if wk.epoch.Load() > 0 && !wk.halted.Load() {
-				held[p] = wk
+			if wk.epoch.Load() > 0 && !wk.halted.Load() && !paused {
+				local[p] = wk
 			}
 		}
+	} else {
+		for p := range c.cfg.TotalPartitions {
+			parts = append(parts, p)
+		}
+	}
+	watching := make(map[int]bool, len(parts))
+	for _, p := range parts {
+		watching[p] = true
 	}
 	w.mu.Lock()
 	woken, all := w.woken, w.all
@@ -270,86 +363,93 @@ func (w *watcher) step(ctx context.Context) bool {
 	}
 	watchAlways := always && (now.Sub(w.alwaysAt) < alwaysGrace || w.inFlight)
 
-	// Wake what was asked, and what this consumer no longer serves.
+	// Wake what was asked (a notification: an append found the partition
+	// asleep), and what the layout no longer has.
 	var release []int
 	for p := range w.asleep {
-		if _, ok := held[p]; !ok || all || woken[p] || always {
+		if !watching[p] || all || woken[p] || always {
 			release = append(release, p)
 		}
 	}
 	if len(release) > 0 {
 		if err := store.Wake(ctx, w.conn, c.cfg.TopicID, release); err != nil {
 			w.fail(ctx, err)
+			return true
 		}
 		for _, p := range release {
 			delete(w.asleep, p)
+			if wp := w.parts[p]; wp != nil {
+				wp.news = now
+			}
+		}
+		w.force = true
+	}
+	for p := range w.parts {
+		if !watching[p] {
+			delete(w.parts, p)
 		}
 	}
-	for p, wp := range w.parts {
-		if _, ok := held[p]; !ok {
-			delete(w.parts, p)
-		} else if all || woken[p] {
-			wp.news = now
-		}
+	if all {
+		w.force = true
 	}
 	if always && !watchAlways {
 		return false // every append notifies
 	}
 	var awake []int
-	for p := range held {
+	for _, p := range parts {
 		if !w.asleep[p] {
 			awake = append(awake, p)
 			if w.parts[p] == nil {
-				w.parts[p] = &watched{news: now, gap: quietMin / 5}
+				w.parts[p] = &watched{news: now, gap: quietMin / 5, awaited: -1}
 			}
 		}
 	}
 	if len(awake) == 0 {
 		return false
 	}
-	if !w.connect(ctx) {
-		return true
-	}
 	// The appends counter first: when no append started lately, the tails
 	// cannot have moved, and nothing is in flight. When they will be read
-	// whatever the counter says (it moved lately, a full read is due, or
-	// a partition woke), both go in one round trip.
+	// whatever the counter says (it moved lately, a full read is due, an
+	// append in flight is waited for, or a partition woke), both go in one
+	// round trip.
 	readTails := func() bool {
-		return now.Sub(w.appendsMoved) <= settle || now.Sub(w.tailed) >= fullEvery || all || len(woken) > 0
+		return now.Sub(w.appendsMoved) <= settle || now.Sub(w.tailed) >= fullEvery || w.force || len(w.await) > 0
 	}
-	var (
-		n     int64
-		tails []store.Tail
-		err   error
-	)
-	read := readTails()
-	if read {
-		n, tails, err = store.AppendsAndTails(ctx, w.conn, c.cfg.TopicID, awake)
-	} else {
-		n, err = store.Appends(ctx, w.conn, c.cfg.TopicID)
+	look := store.Look{Topic: c.cfg.TopicID, Partitions: awake, Counter: true, Await: w.await, AwaitMax: flightWait}
+	if !readTails() {
+		n, err := store.Appends(ctx, w.conn, c.cfg.TopicID)
+		if err != nil {
+			w.fail(ctx, err)
+			return true
+		}
+		w.retry.Ok()
+		w.counted(n, now)
+		if !readTails() {
+			return true
+		}
+		look.Counter = false
 	}
+	look.Known = make([]int64, len(awake))
+	for i, p := range awake {
+		look.Known[i] = w.parts[p].tail
+	}
+	if ln := c.ln.Load(); ln != nil {
+		look.Channel = ln.Channel()
+	}
+	seen, err := store.Watch(ctx, w.conn, look)
 	if err != nil {
 		w.fail(ctx, err)
 		return true
 	}
 	w.retry.Ok()
-	if n != w.appends || n < 0 {
-		w.appends, w.appendsMoved = n, now
+	if look.Counter {
+		w.counted(seen.Appends, now)
 	}
-	if !read {
-		if !readTails() {
-			return true
-		}
-		if tails, err = store.Tails(ctx, w.conn, c.cfg.TopicID, awake); err != nil {
-			w.fail(ctx, err)
-			return true
-		}
-	}
-	w.tailed = now
+	w.tailed, w.force, w.await = now, false, nil
 	w.inFlight = false
 	var sleepy []int
 	for i, p := range awake {
-		wp, tl := w.parts[p], tails[i]
+		wp, tl := w.parts[p], seen.Tails[i]
 		if tl.Offset > wp.tail {
 			// The gap between moves of the tail, not between news: a
 			// wake-up (a notification, an append in flight) is news that
@@ -361,19 +461,27 @@ func (w *watcher) step(ctx context.Context) bool {
 			}
 			wp.tail, wp.news, wp.moved = tl.Offset, now, now
 		}
-		wk := held[p]
+		wk := local[p]
 		switch {
-		case tl.Offset > 0 && wk.hint(tl.Offset):
+		case tl.Offset > 0 && wk != nil && wk.hint(tl.Offset):
 			c.cfg.Observer.Woken(p, WakeTail)
 		case tl.InFlight:
-			// The worker, caught up, waits in its claim for the append in
-			// flight and reads its events as soon as they commit.
 			w.inFlight = true
 			wp.news = now
-			if wk.awaitAppend() {
+			if wk != nil && wk.awaitAppend() {
+				// The worker, caught up, waits in its claim for the
+				// append in flight and reads its events as soon as they
+				// commit.
 				c.cfg.Observer.Woken(p, WakeInFlight)
+			} else if wk == nil && wp.awaited != tl.Offset {
+				// Another consumer's partition: the next look
+				// waits for the commit and announces it (once per tail,
+				// so that a producer that keeps its transaction open
+				// costs one wait, then the usual reads).
+				wp.awaited = tl.Offset
+				w.await = append(w.await, p)
 			}
-		case wk.highest.Load() < wk.next.Load() && now.Sub(wp.news) >= min(max(quietGaps*wp.gap, quietMin), quietMax):
+		case now.Sub(wp.news) >= min(max(quietGaps*wp.gap, quietMin), quietMax):
 			sleepy = append(sleepy, p)
 		}
 	}
@@ -391,26 +499,33 @@ func (w *watcher) step(ctx context.Context) bool {
 			continue // an append holds the key, or is in flight: it commits soon
 		}
 		w.asleep[p] = true
-		w.parts[p].moved = time.Time{} // no gap is measured across a sleep
-		if wp := w.parts[p]; slept[i].Tail > wp.tail {
+		wp := w.parts[p]
+		wp.moved = time.Time{} // no gap is measured across a sleep
+		if slept[i].Tail > wp.tail {
 			// An append committed before the key was taken: awake after
-			// all, and its events are handled.
-			wp.tail, wp.news, wp.moved = slept[i].Tail, now, now
+			// all, and the next look reads (and announces) its tail.
+			wp.news = now
 			undo = append(undo, p)
-			if held[p].hint(slept[i].Tail) {
-				c.cfg.Observer.Woken(p, WakeTail)
-			}
 		}
 	}
 	if len(undo) > 0 {
 		if err := store.Wake(ctx, w.conn, c.cfg.TopicID, undo); err != nil {
 			w.fail(ctx, err)
+			return true
 		}
 		for _, p := range undo {
 			delete(w.asleep, p)
 		}
+		w.force = true
 	}
-	return len(w.asleep) < len(held)
+	return len(w.asleep) < len(parts)
+}
+
+// counted records the appends counter n, read at now.
+func (w *watcher) counted(n int64, now time.Time) {
+	if n != w.appends || n < 0 {
+		w.appends, w.appendsMoved = n, now
+	}
 }
 
 // connect acquires the watcher's connection when it has none, and reports
@@ -430,11 +545,12 @@ func (w *watcher) connect(ctx context.Context) bool {
 	return true
 }
 
-// fail drops the watcher's connection after an error, and with it every
-// sleep key it held: every partition is awake again, and read.
+// fail drops the watcher's connection after an error, and with it the
+// watch key and every sleep key it held: every partition is awake again,
+// and read by the watcher elected next.
 func (w *watcher) fail(ctx context.Context, err error) {
 	if ctx.Err() == nil {
-		w.wait = w.retry.Fail(err, "watcher: statement failed; reading every partition's tail again")
+		w.wait = w.retry.Fail(err, "watcher: statement failed; giving up the watch key and waiting for it again")
 	}
 	w.close()
 }
@@ -450,5 +566,7 @@ func (w *watcher) close() {
 	cancel()
 	w.conn.Release()
 	w.conn = nil
+	w.elected.Store(false)
 	clear(w.asleep)
+	w.await = nil
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -12,10 +13,14 @@ import (
 // The wake-up protocol (see the pgevents package's doc). A consumer learns
 // of new events in a partition in one of three ways:
 //
-//   - while events flow, it reads the partitions' tails (Tails) every fraction
-//     of a millisecond: the highest offset each append call committed, in
-//     partition_tails, which the appends write anyway;
-//   - once a partition has been quiet for a while, it goes to sleep on it
+//   - while events flow, the topic's elected watcher (one session per topic
+//     and database holds its watch key: Lead) reads the appends counter
+//     every fraction of a millisecond and, when it moved, the partitions'
+//     tails (Watch): the highest offset each append call committed, in
+//     partition_tails, which the appends write anyway. It announces the
+//     tails that moved to the other consumers in one notification of its
+//     own, whose commit does not wait for the WAL flush;
+//   - once a partition has been quiet for a while, the watcher goes to sleep on it
 //     (Sleep): it takes the partition's sleep key, an advisory lock, shared,
 //     and keeps it on its connection, unless an append is in flight there
 //     (it holds the partition's flight key). An append to a partition where
@@ -33,23 +38,10 @@ import (
 // its own): what an append that committed meanwhile wrote is found there,
 // and every later append notifies.
 const (
-	// tailsSQL returns, for each partition in $2, its tail: the highest
-	// offset committed there (0 for none), and whether an append is in
-	// flight there: one holds the partition's flight key (SQL mark_flight),
-	// which it takes shared when it starts and holds to commit. One index
-	// lookup per partition, from the end of partition_tails' index,
-	// whatever older rows an open snapshot keeps; the key is tried
-	// exclusive and released at once (an append that starts in that
-	// microsecond goes unmarked, and is found in the tails).
-	tailsSQL = `SELECT coalesce((SELECT t.c_offset FROM {schema}partition_tails t
-                  WHERE t.topic_id = $1 AND t.partition_id = u.p ORDER BY t.c_offset DESC LIMIT 1), 0),
-       CASE WHEN pg_try_advisory_lock(k.key) THEN NOT pg_advisory_unlock(k.key) ELSE true END
-FROM unnest($2::integer[]) WITH ORDINALITY AS u(p, i)
-CROSS JOIN LATERAL (SELECT {schema}lock_key('flight', $1::integer || '/' || u.p) AS key) k
-ORDER BY u.i`
-
-	// tailsOnlySQL is tailsSQL without the look at appends in flight, for
-	// Sleep, which holds the keys it took.
+	// tailsOnlySQL reads the tails of the partitions in $2, for Sleep,
+	// which holds the keys it took: the highest offset committed in each
+	// (0 for none), one index lookup per partition from the end of
+	// partition_tails' index, whatever older rows an open snapshot keeps.
 	tailsOnlySQL = `SELECT coalesce((SELECT t.c_offset FROM {schema}partition_tails t
                   WHERE t.topic_id = $1 AND t.partition_id = p ORDER BY t.c_offset DESC LIMIT 1), 0)
 FROM unnest($2::integer[]) WITH ORDINALITY AS u(p, i)
@@ -77,7 +69,174 @@ ORDER BY u.i`
 	// wakeSQL releases the session's sleep keys of the partitions in $2.
 	wakeSQL = `SELECT pg_advisory_unlock_shared({schema}lock_key('sleep', $1::integer || '/' || p))
 FROM unnest($2::integer[]) AS p`
+
+	// followSQL readies the session of a consumer's watcher to wait for
+	// the topic's watch key (waitLeadSQL): no timeout of the role may end
+	// the wait, and the watcher's notifications need not wait for their
+	// commit's flush (a notification is a hint; a lost one costs the poll);
+	// the settings are the session's, which the watcher closes rather than
+	// gives back to the pool. It also takes the topic's follow key, shared:
+	// while some session holds it, the elected watcher announces what moved
+	// (announceSQL); while none does, it notifies nobody. A consumer that
+	// takes the key polls after it: what committed before is found by the
+	// poll, what commits after is announced.
+	followSQL = `SELECT set_config('lock_timeout', '0', false), set_config('statement_timeout', '0', false),
+       set_config('synchronous_commit', 'off', false), set_config('application_name', $2, false),
+       pg_advisory_lock_shared({schema}lock_key('follow', $1::integer::text))`
+
+	// waitLeadSQL waits until the session holds the topic's watch key, an
+	// advisory lock for the session: one session per topic and database
+	// (and installation) holds it, the elected watcher. The others wait
+	// here, in the server, at no cost, and one of them gets the key when
+	// the holder's session ends (its process exited, was killed, or its
+	// connection dropped). Once elected, the session gives its follow key
+	// back.
+	waitLeadSQL = `SELECT pg_advisory_lock({schema}lock_key('watch', $1::integer::text)),
+       pg_advisory_unlock_shared({schema}lock_key('follow', $1::integer::text))`
+
+	// announceSQL reads, for each partition in $2, its tail: the highest
+	// offset committed there (0 for none), and whether an append is in
+	// flight there: one holds the partition's flight key (SQL mark_flight),
+	// which it takes shared when it starts and holds to commit. One index
+	// lookup per partition, from the end of partition_tails' index,
+	// whatever older rows an open snapshot keeps; the key is tried
+	// exclusive and released at once (an append that starts in that
+	// microsecond goes unmarked, and is found in the tails).
+	//
+	// It also notifies the topic's channel $4, in one notification of the
+	// producers' form ("<topic>:<partition>/<tail>,..."), of the partitions
+	// whose tail is beyond what the watcher read before ($3, element by
+	// element), when some consumer's watcher holds the follow key
+	// (followSQL; tried exclusive and released at once, as the flight
+	// keys). The notification is sent when the statement's implicit
+	// transaction commits, and names only tails its snapshot shows, so it
+	// never announces an event a consumer cannot read. Past 7,000 bytes it
+	// names every partition ("<topic>:*"), as notify_sleepers does.
+	announceSQL = `WITH t AS MATERIALIZED (
+    SELECT u.i, u.p, u.known,
+           coalesce((SELECT pt.c_offset FROM {schema}partition_tails pt
+                      WHERE pt.topic_id = $1 AND pt.partition_id = u.p ORDER BY pt.c_offset DESC LIMIT 1), 0) AS tail,
+           CASE WHEN pg_try_advisory_lock(k.key) THEN NOT pg_advisory_unlock(k.key) ELSE true END AS flight
+    FROM unnest($2::integer[], $3::bigint[]) WITH ORDINALITY AS u(p, known, i)
+    CROSS JOIN LATERAL (SELECT {schema}lock_key('flight', $1::integer || '/' || u.p) AS key) k
+), n AS MATERIALIZED (
+    SELECT pg_notify($4, CASE WHEN length(m.msg) > 7000 THEN $1::integer || ':*' ELSE m.msg END)
+    FROM (SELECT $1::integer || ':' || string_agg(t.p || '/' || t.tail, ',' ORDER BY t.p) AS msg
+            FROM t WHERE t.tail > t.known) m
+    CROSS JOIN LATERAL (SELECT {schema}lock_key('follow', $1::integer::text) AS key) f
+    WHERE m.msg IS NOT NULL
+      AND CASE WHEN pg_try_advisory_lock(f.key) THEN NOT pg_advisory_unlock(f.key) ELSE true END
 )
+SELECT t.tail, t.flight, (SELECT count(*) FROM n) FROM t ORDER BY t.i`
+
+	// awaitFlightsSQL waits, at most $3 milliseconds each, for the appends
+	// in flight on the partitions $2, one after the other (awaitAppendSQL):
+	// the elected watcher's wait for a commit it then announces.
+	awaitFlightsSQL = `SELECT count({schema}await_flight($1, p, $3)) FROM unnest($2::integer[]) AS p`
+)
+
+// WatcherApplicationName is the application_name of the session of a
+// topic's watcher: elected (holding the watch key), or waiting for it.
+const WatcherApplicationName = "pgevents watcher"
+
+// Lead waits, on db's session, until it holds topic's watch key (see
+// waitLeadSQL): the session's consumer is then the topic's elected
+// watcher, until the session ends. Before it waits, it takes the follow
+// key and calls following: from then on, the elected watcher announces
+// what commits, and the caller should poll for what committed before. It
+// returns when ctx ends, with ctx's error, and the session should then be
+// closed.
+func Lead(ctx context.Context, db schema.DB, topic int, following func()) error {
+	if _, err := db.Exec(ctx, schema.SQL(ctx, followSQL), topic, WatcherApplicationName); err != nil {
+		return fmt.Errorf("offsets: follow the watcher: %w", err)
+	}
+	following()
+	if _, err := db.Exec(ctx, schema.SQL(ctx, waitLeadSQL), topic); err != nil {
+		return fmt.Errorf("offsets: wait for the watch key: %w", err)
+	}
+	return nil
+}
+
+// Look is what the elected watcher reads (Watch) in one round trip.
+type Look struct {
+	// Topic and Partitions name the partitions whose tails are read.
+	Topic      int
+	Partitions []int
+	// Known holds, for each of Partitions, the tail the watcher read
+	// before: a tail beyond it is announced on Channel, if another
+	// consumer's watcher follows.
+	Known []int64
+	// Channel is the topic's notification channel.
+	Channel string
+	// Counter asks for the topic's appends counter too, read first.
+	Counter bool
+	// Await names partitions whose appends in flight are waited for first,
+	// at most AwaitMax each.
+	Await    []int
+	AwaitMax time.Duration
+}
+
+// Seen is what Watch read.
+type Seen struct {
+	// Appends is the topic's appends counter (-1: none), when Look.Counter.
+	Appends int64
+	// Tails are the partitions' tails, in Look.Partitions' order.
+	Tails []Tail
+	// Announced says that a notification was sent.
+	Announced bool
+}
+
+// Watch waits for the appends in flight of l.Await, reads the appends
+// counter, and reads (and announces) the tails of l.Partitions, in one round
+// trip: each in a statement of its own, so that the tails are read in a
+// snapshot taken after the waits.
+func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
+	var b pgx.Batch
+	if len(l.Await) > 0 {
+		b.Queue(schema.SQL(ctx, awaitFlightsSQL), l.Topic, l.Await, max(1, l.AwaitMax.Milliseconds()))
+	}
+	if l.Counter {
+		b.Queue(schema.SQL(ctx, appendsSQL), l.Topic)
+	}
+	b.Queue(schema.SQL(ctx, announceSQL), l.Topic, l.Partitions, l.Known, l.Channel)
+	br := db.SendBatch(ctx, &b)
+	defer br.Close()
+	out := Seen{Appends: -1}
+	if len(l.Await) > 0 {
+		if _, err := br.Exec(); err != nil {
+			return out, fmt.Errorf("offsets: await appends in flight: %w", err)
+		}
+	}
+	if l.Counter {
+		var n *int64
+		if err := br.QueryRow().Scan(&n); err != nil {
+			return out, fmt.Errorf("offsets: appends counter: %w", err)
+		}
+		if n != nil {
+			out.Appends = *n
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return out, fmt.Errorf("offsets: tails: %w", err)
+	}
+	var t Tail
+	var sent int64
+	if _, err := pgx.ForEachRow(rows, []any{&t.Offset, &t.InFlight, &sent}, func() error {
+		out.Tails = append(out.Tails, t)
+		return nil
+	}); err != nil {
+		return out, fmt.Errorf("offsets: tails: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return out, fmt.Errorf("offsets: tails: %w", err)
+	}
+	if len(out.Tails) != len(l.Partitions) {
+		return out, fmt.Errorf("offsets: tails: %d answers for %d partitions", len(out.Tails), len(l.Partitions))
+	}
+	out.Announced = sent > 0
+	return out, nil
+}
 
 // Appends returns the topic's appends counter: a value that moves when an
 // append starts (any value; it cycles), or -1 when there is none.
@@ -92,65 +251,13 @@ func Appends(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	return *n, nil
 }
 
-// Tail is what Tails read of one partition.
+// Tail is what Watch read of one partition.
 type Tail struct {
 	// Offset is the highest offset committed in the partition (0: none).
 	Offset int64
 	// InFlight says that an append to the partition was in flight: it
 	// committed nothing yet, and notifies nobody when it does.
 	InFlight bool
-}
-
-// Tails returns the tails of partitions of topic, in their order.
-func Tails(ctx context.Context, db schema.DB, topic int, partitions []int) ([]Tail, error) {
-	rows, err := db.Query(ctx, schema.SQL(ctx, tailsSQL), topic, partitions)
-	if err != nil {
-		return nil, fmt.Errorf("offsets: tails: %w", err)
-	}
-	return scanTails(rows)
-}
-
-// scanTails reads tailsSQL's rows.
-func scanTails(rows pgx.Rows) ([]Tail, error) {
-	var t Tail
-	var out []Tail
-	if _, err := pgx.ForEachRow(rows, []any{&t.Offset, &t.InFlight}, func() error {
-		out = append(out, t)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("offsets: tails: %w", err)
-	}
-	return out, nil
-}
-
-// AppendsAndTails is Appends and Tails in one round trip (two statements,
-// the tails' snapshot taken after the counter's read), for a watcher that
-// would read the tails anyway: the counter moved lately.
-func AppendsAndTails(ctx context.Context, db schema.DB, topic int, partitions []int) (int64, []Tail, error) {
-	var b pgx.Batch
-	b.Queue(schema.SQL(ctx, appendsSQL), topic)
-	b.Queue(schema.SQL(ctx, tailsSQL), topic, partitions)
-	br := db.SendBatch(ctx, &b)
-	defer br.Close()
-	var n *int64
-	if err := br.QueryRow().Scan(&n); err != nil {
-		return 0, nil, fmt.Errorf("offsets: appends counter: %w", err)
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return 0, nil, fmt.Errorf("offsets: tails: %w", err)
-	}
-	out, err := scanTails(rows)
-	if err != nil {
-		return 0, nil, err
-	}
-	if err := br.Close(); err != nil {
-		return 0, nil, fmt.Errorf("offsets: tails: %w", err)
-	}
-	if n == nil {
-		return -1, out, nil
-	}
-	return *n, out, nil
 }
 
 // Asleep is what Sleep did for one partition.
