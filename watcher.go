@@ -225,7 +225,7 @@ func (w *watcher) lead(ctx context.Context) bool {
 	}
 	w.retry.Ok()
 	w.elected.Store(true)
-	w.c.log.Debug().Msg("elected the topic's watcher")
+	w.c.log.Info().Msg("elected the topic's watcher: it watches every partition and tells the other consumers which moved")
 	// Everything is read, and announced, anew.
 	clear(w.parts)
 	w.force = true

@@ -1,0 +1,110 @@
+package consumercli
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/pgtest"
+)
+
+// watchKeySessions returns how many sessions hold topic 1's watch key and
+// how many wait for it.
+func watchKeySessions(t *testing.T, pool *pgxpool.Pool) (held, waiting int64) {
+	t.Helper()
+	err := pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted)
+FROM pg_locks l, (SELECT lock_key('watch', '1') AS k) s
+WHERE l.locktype = 'advisory' AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ((s.k >> 32) & 4294967295)::oid AND l.objid = (s.k & 4294967295)::oid`).Scan(&held, &waiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return held, waiting
+}
+
+// TestOneWatcherServesEveryProcess runs the design card's deployment, a
+// consumer process per partition, with the poll at an hour: one process
+// of the database is the topic's elected watcher and the others wait for
+// its key. Each round, producers append multi-event transactions over
+// several hosts, and every event must be handled within 10 s (a partition
+// the watcher did not announce would wait for the poll); then the elected
+// process is killed with SIGKILL and replaced, and another one must take
+// the key. Every event is handled once, in host order.
+func TestOneWatcherServesEveryProcess(t *testing.T) {
+	const partitions = 4
+	url, pool := migrated(t, partitions)
+	config := func(p int) string {
+		c := recordingConfig(partitions, p, 10)
+		c = strings.Replace(c, "waitPeriodMs: 1000", "waitPeriodMs: 3600000", 1)
+		return writeConfig(t, strings.Replace(c, "logLevel: warn", "logLevel: info", 1))
+	}
+	procs := make([]*proc, partitions)
+	for p := range procs {
+		procs[p] = start(t, url, "run", "--config", config(p))
+	}
+	oneWatcher := func(when string) {
+		t.Helper()
+		pgtest.WaitFor(t, 20*time.Second, "one watcher elected, the others waiting ("+when+")", func() bool {
+			held, waiting := watchKeySessions(t, pool)
+			return held == 1 && waiting == partitions-1
+		})
+	}
+	oneWatcher("at start")
+
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	ctx := context.Background()
+	var committed int64
+	for round := range 3 {
+		for range 40 {
+			evs := make([]pgevents.Event, 1+rng.IntN(5))
+			for i := range evs {
+				evs[i] = pgevents.Event{HostID: fmt.Sprintf("host-%d", rng.IntN(30)), EventType: "t", Payload: []byte(`{}`)}
+			}
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := pgevents.Append(ctx, tx, evs...)
+				return err
+			}); err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			committed += int64(len(evs))
+			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond) // producers' pace, not synchronisation
+		}
+		// The poll is an hour away: an event no notification announced
+		// waits for it.
+		eventtest.WaitHandled(t, pool, committed, 10*time.Second)
+		if t.Failed() {
+			t.Fatalf("seed %d: round %d", seed, round)
+		}
+		elected := -1
+		for p, pr := range procs {
+			if strings.Contains(pr.out.String(), "elected the topic's watcher") {
+				elected = p
+			}
+		}
+		if elected < 0 {
+			t.Fatalf("no process logged its election")
+		}
+		_ = procs[elected].cmd.Process.Signal(syscall.SIGKILL)
+		<-procs[elected].done
+		procs[elected] = start(t, url, "run", "--config", config(elected))
+		oneWatcher(fmt.Sprintf("after the elected process %d was killed", elected))
+	}
+	eventtest.CheckHandled(t, pool)
+	for _, p := range procs {
+		if code := p.stop(t, 15*time.Second); code != 0 {
+			t.Errorf("consumer exited with %d after SIGTERM, want 0", code)
+		}
+	}
+}
