@@ -45,23 +45,31 @@
 // A notification at commit takes a database-wide lock held until the
 // commit's WAL flush, so notifying transactions commit one after another.
 // Producers therefore notify only partitions a consumer sleeps on, and
-// while events flow nobody sleeps: each consumer reads the topic's appends
-// counter every 0.1 to 1 ms (one statement for all its partitions, not one
-// per worker; sooner right after it moved; on Linux the waits sleep on a
+// while events flow nobody sleeps: one consumer per topic and database, the
+// elected watcher (its session holds the topic's watch key; the others'
+// watchers wait for the key in the server, at no cost, and one takes over
+// when the holder's session ends), reads the topic's appends counter every
+// 0.1 to 1 ms (sooner right after it moved; on Linux the waits sleep on a
 // timerfd, precise where Go's timers round them up to a millisecond) and,
-// when it moved, the tails of its partitions, and hints the workers of the
-// partitions whose tail moved;
-// a worker with nothing to do, whose partition has an append in flight,
-// claims at once and its claim waits for that append's commit. A partition
-// quiet for a while (eight of its mean gaps between events, from 50 ms to
-// 2 s) goes to sleep: the consumer takes its sleep key, an advisory lock,
-// shared, on a connection it keeps, unless an append is in flight there,
-// and stops reading its tail. An append tries to take the sleep key of each
-// partition it writes, exclusive: if it can, nobody sleeps there, it holds
-// the key to commit and sends nothing; if a consumer sleeps there, it
-// notifies once per call. A notification (or the listener's reconnect, or
-// a lease acquired) wakes the partition: the consumer releases its key and
-// reads its tail again.
+// when it moved, the tails of every partition of the topic. It hints its
+// own workers, and tells the other consumers which partitions moved in one
+// notification per look, from its own session, whose commit does not wait
+// for the WAL flush (only while some consumer follows it): each consumer's
+// listener wakes the workers of its own partitions. So a wake-up costs per
+// event, not per process: the design card runs a process per partition.
+// A worker of the elected watcher's consumer with nothing to do, whose
+// partition has an append in flight, claims at once and its claim waits for
+// that append's commit; an append in flight on another consumer's
+// partition is waited for by the watcher's next look, which announces its
+// commit. A partition quiet for a while (eight of its mean gaps between
+// events, from 50 ms to 2 s) goes to sleep: the elected watcher takes its
+// sleep key, an advisory lock, shared, on its connection, unless an append
+// is in flight there, and stops reading its tail. An append tries to take
+// the sleep key of each partition it writes, exclusive: if it can, nobody
+// sleeps there, it holds the key to commit and sends nothing; if a
+// consumer sleeps there, it notifies once per call, and every consumer's
+// listener hears it. A notification (or the listener's reconnect) wakes
+// the partition: the watcher releases its key and reads its tail again.
 //
 // The race between an append that found nobody asleep and a consumer
 // going to sleep is closed by the keys: the append holds the sleep key, or
@@ -69,20 +77,22 @@
 // consumer takes the sleep key, gives it back while an append is in
 // flight, and reads the tail once more, in a statement of its own, after
 // that (the SQL function wake_sleepers has the argument). So no event waits
-// for the poll: it is found in a tail, or in flight, or announced. An idle
-// consumer, asleep on every partition, runs no statement but its
-// heartbeats and its poll every WaitPeriod, which stays as the safety net
-// for lost notifications; ten times a second it checks, without a
-// statement, that the session holding its sleep keys still exists, and
-// wakes every partition when it does not (an ended session takes the keys
-// with it, and appends would notify nobody).
+// for the poll: it is found in a tail, or in flight, or announced. A
+// consumer that starts following the elected watcher polls once it
+// follows: what committed before is found by the poll, what commits after
+// is announced. An idle consumer runs no statement but its heartbeats and
+// its poll every WaitPeriod, which stays as the safety net for lost
+// notifications: it waits for the watch key, or holds it asleep on every
+// partition; then, ten times a second, it checks without a statement that
+// its session still exists, and wakes every partition when it does not (an
+// ended session takes the keys with it, and appends would notify nobody).
 //
 // A partition that is not eligible (its group paused, the partition
-// halted, its lease elsewhere) is neither watched nor slept on. Every
+// halted, its lease elsewhere) ignores what the watcher says of it. Every
 // change that makes it eligible again (a resume, also of a consumer that
 // started paused; an unhalt; a lease gained; a layout switched; the wake-up
 // mode back to waiting) wakes it in one place, Consumer.eligible: the
-// consumer polls at once and reads the partition's tail again.
+// consumer polls at once and its watcher reads the tails again.
 //
 // # Consuming
 //

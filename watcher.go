@@ -150,11 +150,11 @@ type watcher struct {
 
 // watched is what the watcher knows of one partition.
 type watched struct {
-	tail      int64         // the highest tail read
-	awaited   int64         // the tail when the watcher last waited for an append in flight; -1: never
-	news      time.Time     // when the tail last moved, or the partition woke
-	moved     time.Time     // when the tail last moved (zero: not yet)
-	gap       time.Duration // mean gap between the tail's moves, smoothed
+	tail    int64         // the highest tail read
+	awaited int64         // the tail when the watcher last waited for an append in flight; -1: never
+	news    time.Time     // when the tail last moved, or the partition woke
+	moved   time.Time     // when the tail last moved (zero: not yet)
+	gap     time.Duration // mean gap between the tail's moves, smoothed
 }
 
 func newWatcher(c *Consumer) *watcher {
@@ -279,6 +279,7 @@ func (w *watcher) watch(ctx context.Context, t *time.Timer) {
 		}
 	}
 }
+
 // pause waits, on t, for d (forever when d is 0), a signal or ctx's end.
 // It reports whether d ran out, and whether ctx ended.
 func (w *watcher) pause(ctx context.Context, t *time.Timer, d time.Duration) (fired, done bool) {
