@@ -42,6 +42,8 @@ var benchCases = []benchCase{
 	{"drain", "burn-down of a preloaded backlog", benchDrain, 4 * time.Minute},
 	{"sustained", "highest sustained end-to-end rate", benchSustained, 4 * time.Minute},
 	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 3 * time.Minute},
+	{"processes", "the deployments users run: 1, 8 and 16 consumer processes under 1,000 tx/s: schedule, latency, CPU per event, idle", benchProcesses, 6 * time.Minute},
+	{"pgq", "producers of single-event transactions: plain insert, pgevents with and without a consumer, PgQ", benchPgq, 4 * time.Minute},
 	{"retention", "removing old events: segment drop vs DELETE, under producers", benchRetention, 3 * time.Minute},
 	{"console", "every console page on a 10-million-event log with 10,000 dead letters (issue 20)", benchConsole, 45 * time.Minute},
 	{"kafka", "relay into Kafka (in-process kfake) vs a bare franz-go producer", benchKafka, 4 * time.Minute},
