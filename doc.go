@@ -59,9 +59,9 @@
 // event, not per process: the design card runs a process per partition.
 // A worker of the elected watcher's consumer with nothing to do, whose
 // partition has an append in flight, claims at once and its claim waits for
-// that append's commit; an append in flight on another consumer's
-// partition is waited for by the watcher's next look, which announces its
-// commit. A partition quiet for a while (eight of its mean gaps between
+// that append's commit; while an append is in flight, the watcher reads
+// the tails at every look, so that its commit is announced within a
+// millisecond. A partition quiet for a while (eight of its mean gaps between
 // events, from 50 ms to 2 s) goes to sleep: the elected watcher takes its
 // sleep key, an advisory lock, shared, on its connection, unless an append
 // is in flight there, and stops reading its tail. An append tries to take

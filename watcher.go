@@ -64,10 +64,6 @@ const (
 	// its commit. Such an append marks itself in flight without waiting
 	// for anything after it read the mode, long before this runs out.
 	alwaysGrace = 2 * time.Second
-	// flightWait bounds the elected watcher's wait for an append in flight
-	// on a partition this consumer does not run (or runs busy); the wait
-	// ends at the append's commit, which the same round trip announces.
-	flightWait = 3 * time.Millisecond
 )
 
 // watcher finds the events committed in the topic's partitions, so that
@@ -101,11 +97,10 @@ const (
 // topic's appends counter every watchMin to watchMax and the tails when it
 // moved; or, once quiet, asleep, and the watcher holds its sleep key on its
 // connection, so that the next append notifies (every consumer's listener
-// hears it). A notification, or the listener's reconnect, wakes it. An
-// append seen in flight on a partition is waited for: by the worker's claim
-// when this consumer runs the partition and is caught up, else by the
-// watcher's next look (at most flightWait), which then announces its
-// commit.
+// hears it). A notification, or the listener's reconnect, wakes it. While
+// an append is seen in flight, the tails are read at every look, so that
+// its commit is announced within watchMax; a worker of this consumer that
+// is caught up waits for that commit in its claim instead.
 //
 // Without a connection, or after a failed statement, it waits (retry's
 // backoff, up to backoff.DefaultMax) before the next attempt, waking
@@ -143,18 +138,14 @@ type watcher struct {
 	// none is.
 	alwaysAt time.Time
 	inFlight bool
-	// await lists the partitions whose appends in flight the next look
-	// waits for.
-	await []int
 }
 
 // watched is what the watcher knows of one partition.
 type watched struct {
-	tail    int64         // the highest tail read
-	awaited int64         // the tail when the watcher last waited for an append in flight; -1: never
-	news    time.Time     // when the tail last moved, or the partition woke
-	moved   time.Time     // when the tail last moved (zero: not yet)
-	gap     time.Duration // mean gap between the tail's moves, smoothed
+	tail  int64         // the highest tail read
+	news  time.Time     // when the tail last moved, or the partition woke
+	moved time.Time     // when the tail last moved (zero: not yet)
+	gap   time.Duration // mean gap between the tail's moves, smoothed
 }
 
 func newWatcher(c *Consumer) *watcher {
@@ -249,13 +240,10 @@ func (w *watcher) watch(ctx context.Context, t *time.Timer) {
 		if w.wait > 0 || w.conn == nil {
 			return // a statement failed: back off, and wait for the key again
 		}
-		if w.appendsMoved != moved || len(w.await) > 0 {
+		if w.appendsMoved != moved {
 			interval = watchMin
 		} else {
 			interval = min(2*interval, watchMax)
-		}
-		if len(w.await) > 0 {
-			continue // the next look waits for the appends in flight
 		}
 		if awake {
 			fine.Sleep(interval)
@@ -401,7 +389,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		if !w.asleep[p] {
 			awake = append(awake, p)
 			if w.parts[p] == nil {
-				w.parts[p] = &watched{news: now, gap: quietMin / 5, awaited: -1}
+				w.parts[p] = &watched{news: now, gap: quietMin / 5}
 			}
 		}
 	}
@@ -411,12 +399,12 @@ func (w *watcher) step(ctx context.Context) bool {
 	// The appends counter first: when no append started lately, the tails
 	// cannot have moved, and nothing is in flight. When they will be read
 	// whatever the counter says (it moved lately, a full read is due, an
-	// append in flight is waited for, or a partition woke), both go in one
-	// round trip.
+	// append was in flight, or a partition woke), both go in one round
+	// trip.
 	readTails := func() bool {
-		return now.Sub(w.appendsMoved) <= settle || now.Sub(w.tailed) >= fullEvery || w.force || len(w.await) > 0
+		return now.Sub(w.appendsMoved) <= settle || now.Sub(w.tailed) >= fullEvery || w.force || w.inFlight
 	}
-	look := store.Look{Topic: c.cfg.TopicID, Partitions: awake, Counter: true, Await: w.await, AwaitMax: flightWait}
+	look := store.Look{Topic: c.cfg.TopicID, Partitions: awake, Counter: true}
 	if !readTails() {
 		n, err := store.Appends(ctx, w.conn, c.cfg.TopicID)
 		if err != nil {
@@ -446,7 +434,7 @@ func (w *watcher) step(ctx context.Context) bool {
 	if look.Counter {
 		w.counted(seen.Appends, now)
 	}
-	w.tailed, w.force, w.await = now, false, nil
+	w.tailed, w.force = now, false
 	w.inFlight = false
 	var sleepy []int
 	for i, p := range awake {
@@ -474,13 +462,6 @@ func (w *watcher) step(ctx context.Context) bool {
 				// append in flight and reads its events as soon as they
 				// commit.
 				c.cfg.Observer.Woken(p, WakeInFlight)
-			} else if wk == nil && wp.awaited != tl.Offset {
-				// Another consumer's partition: the next look
-				// waits for the commit and announces it (once per tail,
-				// so that a producer that keeps its transaction open
-				// costs one wait, then the usual reads).
-				wp.awaited = tl.Offset
-				w.await = append(w.await, p)
 			}
 		case now.Sub(wp.news) >= min(max(quietGaps*wp.gap, quietMin), quietMax):
 			sleepy = append(sleepy, p)
@@ -569,5 +550,4 @@ func (w *watcher) close() {
 	w.conn = nil
 	w.elected.Store(false)
 	clear(w.asleep)
-	w.await = nil
 }

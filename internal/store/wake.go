@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -128,11 +127,6 @@ FROM unnest($2::integer[]) AS p`
       AND CASE WHEN pg_try_advisory_lock(f.key) THEN NOT pg_advisory_unlock(f.key) ELSE true END
 )
 SELECT t.tail, t.flight, (SELECT count(*) FROM n) FROM t ORDER BY t.i`
-
-	// awaitFlightsSQL waits, at most $3 milliseconds each, for the appends
-	// in flight on the partitions $2, one after the other (awaitAppendSQL):
-	// the elected watcher's wait for a commit it then announces.
-	awaitFlightsSQL = `SELECT count({schema}await_flight($1, p, $3)) FROM unnest($2::integer[]) AS p`
 )
 
 // WatcherApplicationName is the application_name of the session of a
@@ -170,10 +164,6 @@ type Look struct {
 	Channel string
 	// Counter asks for the topic's appends counter too, read first.
 	Counter bool
-	// Await names partitions whose appends in flight are waited for first,
-	// at most AwaitMax each.
-	Await    []int
-	AwaitMax time.Duration
 }
 
 // Seen is what Watch read.
@@ -186,15 +176,11 @@ type Seen struct {
 	Announced bool
 }
 
-// Watch waits for the appends in flight of l.Await, reads the appends
-// counter, and reads (and announces) the tails of l.Partitions, in one round
-// trip: each in a statement of its own, so that the tails are read in a
-// snapshot taken after the waits.
+// Watch reads the appends counter, and reads (and announces) the tails of
+// l.Partitions, in one round trip: each in a statement of its own, so that
+// the tails are read in a snapshot taken after the counter.
 func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 	var b pgx.Batch
-	if len(l.Await) > 0 {
-		b.Queue(schema.SQL(ctx, awaitFlightsSQL), l.Topic, l.Await, max(1, l.AwaitMax.Milliseconds()))
-	}
 	if l.Counter {
 		b.Queue(schema.SQL(ctx, appendsSQL), l.Topic)
 	}
@@ -202,11 +188,6 @@ func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 	br := db.SendBatch(ctx, &b)
 	defer br.Close()
 	out := Seen{Appends: -1}
-	if len(l.Await) > 0 {
-		if _, err := br.Exec(); err != nil {
-			return out, fmt.Errorf("offsets: await appends in flight: %w", err)
-		}
-	}
 	if l.Counter {
 		var n *int64
 		if err := br.QueryRow().Scan(&n); err != nil {

@@ -1,0 +1,18 @@
+-- 0015: a batch's commit locks no row of log_counter.
+--
+-- consumer_positions.topic_id referenced log_counter (0009): each batch's
+-- commit, which inserts the partition's new position, checked that
+-- reference by locking the topic's log_counter row FOR KEY SHARE. That
+-- lock is written into the row (its xmax; a MultiXact as soon as two
+-- batches of the topic hold it at once, which with a worker per partition
+-- is most of the time) and to the WAL, once per batch: a hot row on the
+-- per-batch path, which every append reads (its topic's settings) and so
+-- had to resolve the MultiXact of, and which an open snapshot made every
+-- lookup walk. Measured with pg_stat_statements under 1,000 single-event
+-- transactions a second and a consumer process per partition: the commit
+-- statement took 0.56 ms, the claim's statements together 0.2 ms.
+--
+-- The reference guarded nothing a batch can break: a position is created
+-- (init_positions, subscribe) for a topic that exists, under the lock of
+-- its layout, and topics are never deleted.
+ALTER TABLE consumer_positions DROP CONSTRAINT IF EXISTS consumer_positions_topic_id_fkey;
