@@ -82,12 +82,6 @@ SELECT -1, 0, 0, clock_timestamp()`
              FROM {schema}topic_layouts l WHERE l.topic_id = `
 	cutTail = ` + 1), 9223372036854775807)`
 
-	// lockPositionSQL takes the group's position lock of the partition for
-	// the rest of the batch transaction (invariants 2 and 3): a second
-	// claimer of the partition waits here, and then reads the position the
-	// first one committed. An advisory lock writes nothing, so a claim that
-	// finds nothing costs no WAL.
-	lockPositionSQL = `SELECT {schema}lock_position($1, $2, $3)`
 
 	// awaitAppendSQL waits, at most $3 milliseconds, for the appends in
 	// flight on a partition: it takes the partition's flight key exclusive,
@@ -146,18 +140,25 @@ LIMIT $4`
 	// transaction's position lock.
 	commitSQL = `SELECT {schema}commit_position($1, $2, $3, $4, $5, $6, $7)`
 
-	// batchNameSQL names the batch's owner in application_name for the rest
-	// of the batch transaction, so that a replica taking the partition over
-	// ends this backend only while it runs this owner's batch. It also
-	// makes the claim that follows use its generic plan (genericPlansSQL),
-	// saving the transaction's plan_cache_mode first; restorePlansSQL
-	// restores it after the claim, before any handler runs.
-	batchNameSQL = `SELECT set_config('application_name', $1, true), ` + genericPlansExpr
+	// lockPositionSQL opens a batch: it names the batch's owner ($4) in
+	// application_name for the rest of the batch transaction, so that a
+	// replica taking the partition over ends this backend only while it
+	// runs this owner's batch; it makes the claim that follows use its
+	// generic plan (genericPlansExpr), saving the transaction's
+	// plan_cache_mode first, which claimedSQL restores, before any handler
+	// runs; and it takes the group's position lock of the partition for the
+	// rest of the batch transaction (invariants 2 and 3): a second claimer
+	// of the partition waits here, and then reads the position the first
+	// one committed. An advisory lock writes nothing, so a claim that finds
+	// nothing costs no WAL. The statements that read under the lock come
+	// after this one: a statement's snapshot is taken when it starts.
+	lockPositionSQL = `SELECT set_config('application_name', $4, true), ` + genericPlansExpr + `,
+       {schema}lock_position($1, $2, $3)`
 
 	// genericPlansExpr switches the transaction to generic plans
 	// (plan_cache_mode = force_generic_plan, local to the transaction),
 	// keeping the value it replaces in pgevents.plan_cache_mode for
-	// restorePlansSQL (the nested call saves it first).
+	// claimedSQL to restore (the nested call saves it first).
 	//
 	// Why: the statements that read a partition compare c_offset with a
 	// value the plan cannot know (the group's position, read in the same
@@ -180,25 +181,26 @@ LIMIT $4`
 	// (a pipeline without BEGIN), whose end restores the setting.
 	genericPlansSQL = `SELECT ` + genericPlansExpr
 
-	// restorePlansSQL restores the plan_cache_mode that batchNameSQL
-	// replaced, so that handlers' statements are planned as the session
-	// says.
-	restorePlansSQL = `SELECT set_config('plan_cache_mode', current_setting('pgevents.plan_cache_mode'), true)`
 
-	// leaseHeldSQL says, in the claim's round trip, whether the replica
-	// still owns the lease, so that a replica that lost it stops before
-	// running handlers. The lease row changes only when its owner does, so
-	// the lookup does not grow with a heartbeat's versions.
-	//
-	// It also says whether the group is PAUSED, read after the position
-	// lock: an operator's pause takes every position lock of the group
-	// before it commits (SetState), so a claim that follows a pause waits
-	// for it and then sees it, and nothing is handled after the pause
-	// returned.
-	leaseHeldSQL = `SELECT EXISTS (SELECT 1 FROM {schema}partition_leases
+	// claimedSQL ends the claim's round trip, after the claim (and under
+	// the position lock). It says whether the replica still owns the
+	// lease, so that a replica that lost it stops before running handlers
+	// (the lease row changes only when its owner does, so the lookup does
+	// not grow with a heartbeat's versions); whether the group is PAUSED,
+	// read after the position lock: an operator's pause takes every
+	// position lock of the group before it commits (SetState), so a claim
+	// that follows a pause waits for it and then sees it, and nothing is
+	// handled after the pause returned; and the group's position, which
+	// the lock keeps from moving: where the worker is when the claim found
+	// nothing. It also restores the plan_cache_mode that lockPositionSQL
+	// replaced, so that handlers' statements are planned as the session
+	// says (the claim, bound before, keeps its generic plan).
+	claimedSQL = `SELECT EXISTS (SELECT 1 FROM {schema}partition_leases
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5),
        EXISTS (SELECT 1 FROM {schema}subscriptions
-WHERE group_id = $1 AND topic_id = $2 AND state = 'PAUSED')`
+WHERE group_id = $1 AND topic_id = $2 AND state = 'PAUSED'),
+       ` + positionExpr + `,
+       set_config('plan_cache_mode', current_setting('pgevents.plan_cache_mode'), true)`
 
 	// initLeasesSQL creates the free lease rows of the group's partitions.
 	initLeasesSQL = `INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id)
@@ -404,22 +406,22 @@ var ErrPaused = errors.New("offsets: the group is paused")
 
 // Do begins a transaction on db, locks the group's position in the
 // partition for the rest of it, and appends to buf up to c.Limit events
-// from that position, in offset order: BEGIN, the claim and the parked
-// hosts travel in one round trip.
+// from that position, in offset order: BEGIN, the lock, the claim, the
+// parked hosts and the lease's check travel in one round trip, in four
+// statements (five with the parked hosts, and one more first when the
+// claim waits for an append in flight).
 func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, error) {
 	var b pgx.Batch
 	b.BeginTx(ReadCommitted)
-	b.Queue(batchNameSQL, BatchApplicationName(c.Owner))
 	if c.AwaitAppend {
 		b.Queue(schema.SQL(ctx, awaitAppendSQL), c.Topic, c.Partition, AwaitAppendMax.Milliseconds())
 	}
-	b.Queue(schema.SQL(ctx, lockPositionSQL), c.Group, c.Topic, c.Partition)
-	b.Queue(schema.SQL(ctx, leaseHeldSQL), c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
+	b.Queue(schema.SQL(ctx, lockPositionSQL), c.Group, c.Topic, c.Partition, BatchApplicationName(c.Owner))
 	b.Queue(schema.SQL(ctx, c.SQL.claim), c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
 	if c.Parked {
 		b.Queue(schema.SQL(ctx, parkedSQL), c.Group, c.Topic, c.Partition)
 	}
-	b.Queue(restorePlansSQL)
+	b.Queue(schema.SQL(ctx, claimedSQL), c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
 	br := db.SendBatch(ctx, &b)
 	out := Claimed{Tx: br.Tx(), Events: buf}
 	fail := func(err error) (Claimed, error) {
@@ -433,21 +435,15 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
 		return Claimed{Events: out.Events}, fmt.Errorf("offsets: claim: %w", err)
 	}
-	for range 2 { // BEGIN, the batch's name
-		if _, err := br.Exec(); err != nil {
-			return fail(err)
-		}
+	if _, err := br.Exec(); err != nil { // BEGIN
+		return fail(err)
 	}
 	if c.AwaitAppend {
 		if err := br.QueryRow().Scan(&out.InFlight); err != nil {
 			return fail(err)
 		}
 	}
-	if _, err := br.Exec(); err != nil { // the position lock
-		return fail(err)
-	}
-	var held, paused bool
-	if err := br.QueryRow().Scan(&held, &paused); err != nil {
+	if _, err := br.Exec(); err != nil { // the batch's name, the position lock
 		return fail(err)
 	}
 	rows, err := br.Query()
@@ -476,7 +472,10 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 			return fail(err)
 		}
 	}
-	if _, err := br.Exec(); err != nil {
+	var held, paused bool
+	var next *int64
+	var restored string
+	if err := br.QueryRow().Scan(&held, &paused, &next, &restored); err != nil {
 		return fail(err)
 	}
 	if err := br.Close(); err != nil {
@@ -491,13 +490,7 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 		return Claimed{Events: out.Events[:len(buf)]}, ErrPaused
 	}
 	if len(out.Events) == len(buf) {
-		// Nothing at or after the position: say where the position is. A
-		// round trip of its own, but only for an empty claim, which is
-		// rare (a worker claims when it knows of work).
-		var next *int64
-		if err := out.Tx.QueryRow(ctx, schema.SQL(ctx, positionSQL), c.Group, c.Topic, c.Partition).Scan(&next); err != nil {
-			return fail(err)
-		}
+		// Nothing at or after the position: say where the position is.
 		if next == nil {
 			return fail(fmt.Errorf("group %q has no position in partition %d: %w", c.Group, c.Partition, ErrNoPosition))
 		}
