@@ -8,9 +8,10 @@
 //
 //	BEGIN
 //	Claim:   take the group's position lock of the partition (an advisory
-//	         lock, lock_position), check the lease, and read the events
-//	         from the group's position on, in c_offset order, in the same
-//	         round trip (first waiting, when asked, for the append in
+//	         lock, lock_position), read the events from the group's
+//	         position on, in c_offset order, and check the lease, the
+//	         group's state and the position, in the same round trip and
+//	         four statements (first waiting, when asked, for the append in
 //	         flight on the partition to commit: Claim.AwaitAppend)
 //	Fetch:   read further chunks of a producer transaction that did not fit
 //	         (keyset pagination on c_offset; memory stays bounded)
