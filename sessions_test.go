@@ -89,7 +89,7 @@ func TestConsumerOutlivesItsSessions(t *testing.T) {
 	go func() { done <- c.Run(rctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	const keysHolder = `SELECT DISTINCT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = '`+store.WatcherApplicationName+`' AND a.datname = current_database()`
+		WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = $1 AND a.datname = current_database()`
 	for round := range 8 {
 		appendSome(15)
 		n := int64(queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`))
@@ -99,14 +99,14 @@ func TestConsumerOutlivesItsSessions(t *testing.T) {
 		pgtest.WaitFor(t, 10*time.Second, "the consumer sleeps on every partition", func() bool {
 			return queryInt(t, pool, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 				WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
-				  AND a.application_name = $1 AND a.datname = current_database()`, store.WatcherApplicationName) == 5
+				  AND a.application_name = $1 AND a.datname = current_database()`, store.WatcherApplicationName(c.ReplicaID())) == 5
 		})
 		var killed int64
 		if round%2 == 0 {
-			killed = queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM (`+keysHolder+`) k`)
+			killed = queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM (`+keysHolder+`) k`, store.WatcherApplicationName(c.ReplicaID()))
 		} else {
 			killed = queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE datname = current_database() AND application_name IN ('victim', $1, $2)`, store.BatchApplicationName(c.ReplicaID()), store.WatcherApplicationName)
+				WHERE datname = current_database() AND application_name IN ('victim', $1, $2)`, store.BatchApplicationName(c.ReplicaID()), store.WatcherApplicationName(c.ReplicaID()))
 		}
 		t.Logf("round %d: %d sessions terminated", round, killed)
 	}

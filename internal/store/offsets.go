@@ -387,7 +387,13 @@ const AwaitAppendMax = time.Second
 // the replica owner, for the transaction's duration: printable ASCII, at
 // most the 63 bytes the server keeps.
 func BatchApplicationName(owner string) string {
-	b := []byte("pgevents batch " + owner)
+	return applicationName("pgevents batch " + owner)
+}
+
+// applicationName returns name as the server keeps an application_name:
+// printable ASCII (other bytes become '?'), at most 63 bytes.
+func applicationName(name string) string {
+	b := []byte(name)
 	for i, c := range b {
 		if c < 32 || c > 126 {
 			b[i] = '?'

@@ -2,9 +2,13 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgevents/pgevents/schema"
 )
@@ -70,28 +74,51 @@ ORDER BY u.i`
 FROM unnest($2::integer[]) AS p`
 
 	// followSQL readies the session of a consumer's watcher to wait for
-	// the topic's watch key (waitLeadSQL): no timeout of the role may end
-	// the wait, and the watcher's notifications need not wait for their
-	// commit's flush (a notification is a hint; a lost one costs the poll);
-	// the settings are the session's, which the watcher closes rather than
+	// the topic's watch key (waitLeadSQL): the wait ends after $3 ms
+	// (lock_timeout), so that the follower can look whether the holder
+	// still lives (holderSQL), and no statement_timeout of the role ends it
+	// sooner; the watcher's notifications need not wait for their commit's
+	// flush (a notification is a hint; a lost one costs the poll). The
+	// settings are the session's, which the watcher closes rather than
 	// gives back to the pool. It also takes the topic's follow key, shared:
 	// while some session holds it, the elected watcher announces what moved
 	// (announceSQL); while none does, it notifies nobody. A consumer that
 	// takes the key polls after it: what committed before is found by the
 	// poll, what commits after is announced.
-	followSQL = `SELECT set_config('lock_timeout', '0', false), set_config('statement_timeout', '0', false),
+	followSQL = `SELECT set_config('lock_timeout', $3::integer || 'ms', false), set_config('statement_timeout', '0', false),
        set_config('synchronous_commit', 'off', false), set_config('application_name', $2, false),
        pg_advisory_lock_shared({schema}lock_key('follow', $1::integer::text))`
 
 	// waitLeadSQL waits until the session holds the topic's watch key, an
-	// advisory lock for the session: one session per topic and database
-	// (and installation) holds it, the elected watcher. The others wait
-	// here, in the server, at no cost, and one of them gets the key when
-	// the holder's session ends (its process exited, was killed, or its
+	// advisory lock for the session, or the session's lock_timeout ran out
+	// (SQLSTATE 55P03): one session per topic and database (and
+	// installation) holds it, the elected watcher. The others wait here, in
+	// the server, at no cost, and one of them gets the key when the
+	// holder's session ends (its process exited, was killed, or its
 	// connection dropped). Once elected, the session gives its follow key
 	// back.
 	waitLeadSQL = `SELECT pg_advisory_lock({schema}lock_key('watch', $1::integer::text)),
        pg_advisory_unlock_shared({schema}lock_key('follow', $1::integer::text))`
+
+	// holderSQL names the session that holds the topic's watch key (its
+	// pid, application_name, and how long it has been connected, in
+	// seconds), and the replicas of the topic whose heartbeat is live: an
+	// elected watcher whose replica no longer heartbeats (its process is
+	// frozen, or cut off) keeps the key while its session lasts, and the
+	// partitions it watched awake would wait for the poll.
+	holderSQL = `SELECT a.pid, a.application_name, extract(epoch FROM clock_timestamp() - a.backend_start),
+       ARRAY(SELECT r.replica_id FROM {schema}consumer_replicas r
+              WHERE r.topic_id = $1 AND r.expires_at > clock_timestamp())
+FROM (SELECT {schema}lock_key('watch', $1::integer::text) AS key) k
+JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE a.pid <> pg_backend_pid()`
+
+	// endHolderSQL ends the session $1 if it is still the one named $2.
+	endHolderSQL = `SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a
+WHERE a.pid = $1 AND a.application_name = $2`
 
 	// announceSQL reads, for each partition in $2, its tail: the highest
 	// offset committed there (0 for none), and whether an append is in
@@ -129,26 +156,78 @@ FROM unnest($2::integer[]) AS p`
 SELECT t.tail, t.flight, (SELECT count(*) FROM n) FROM t ORDER BY t.i`
 )
 
-// WatcherApplicationName is the application_name of the session of a
-// topic's watcher: elected (holding the watch key), or waiting for it.
-const WatcherApplicationName = "pgevents watcher"
+// WatcherApplicationName returns the application_name of the session of
+// replica's watcher of a topic, elected (holding the watch key) or waiting
+// for it: printable ASCII, at most the 63 bytes the server keeps.
+func WatcherApplicationName(replica string) string {
+	return applicationName("pgevents watcher " + replica)
+}
 
-// Lead waits, on db's session, until it holds topic's watch key (see
-// waitLeadSQL): the session's consumer is then the topic's elected
-// watcher, until the session ends. Before it waits, it takes the follow
-// key and calls following: from then on, the elected watcher announces
-// what commits, and the caller should poll for what committed before. It
-// returns when ctx ends, with ctx's error, and the session should then be
-// closed.
-func Lead(ctx context.Context, db schema.DB, topic int, following func()) error {
-	if _, err := db.Exec(ctx, schema.SQL(ctx, followSQL), topic, WatcherApplicationName); err != nil {
+// WatcherApplicationPrefix begins every WatcherApplicationName.
+const WatcherApplicationPrefix = "pgevents watcher "
+
+// Follow readies db's session to wait for topic's watch key (see
+// followSQL), each wait ending after at most check: from then on, the
+// elected watcher announces what commits, and the caller should poll for
+// what committed before.
+func Follow(ctx context.Context, db schema.DB, topic int, replica string, check time.Duration) error {
+	if _, err := db.Exec(ctx, schema.SQL(ctx, followSQL), topic, WatcherApplicationName(replica), check.Milliseconds()); err != nil {
 		return fmt.Errorf("offsets: follow the watcher: %w", err)
 	}
-	following()
-	if _, err := db.Exec(ctx, schema.SQL(ctx, waitLeadSQL), topic); err != nil {
-		return fmt.Errorf("offsets: wait for the watch key: %w", err)
-	}
 	return nil
+}
+
+// Lead waits, on a session readied by Follow, until it holds topic's watch
+// key (see waitLeadSQL), and reports whether it does: false when the
+// session's wait ran out first. The session's consumer is then the topic's
+// elected watcher, until the session ends.
+func Lead(ctx context.Context, db schema.DB, topic int) (bool, error) {
+	_, err := db.Exec(ctx, schema.SQL(ctx, waitLeadSQL), topic)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("offsets: wait for the watch key: %w", err)
+	}
+	return true, nil
+}
+
+// EndFrozenWatcher ends the session that holds topic's watch key when it is
+// the watcher of a replica whose heartbeat is no longer live (and has been
+// connected for longer than grace, so that a replica that is still
+// registering is left alone), and returns that replica's session's
+// application_name; "" when it ended nothing.
+func EndFrozenWatcher(ctx context.Context, db schema.DB, topic int, grace time.Duration) (string, error) {
+	var (
+		pid  int
+		app  string
+		age  float64
+		live []string
+	)
+	err := db.QueryRow(ctx, schema.SQL(ctx, holderSQL), topic).Scan(&pid, &app, &age, &live)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil // released meanwhile
+	}
+	if err != nil {
+		return "", fmt.Errorf("offsets: the elected watcher: %w", err)
+	}
+	if !strings.HasPrefix(app, WatcherApplicationPrefix) || age < grace.Seconds() {
+		return "", nil
+	}
+	for _, r := range live {
+		if WatcherApplicationName(r) == app {
+			return "", nil
+		}
+	}
+	var n int
+	if err := db.QueryRow(ctx, endHolderSQL, pid, app).Scan(&n); err != nil {
+		return "", fmt.Errorf("offsets: end the elected watcher's session: %w", err)
+	}
+	if n == 0 {
+		return "", nil
+	}
+	return app, nil
 }
 
 // Look is what the elected watcher reads (Watch) in one round trip.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -101,6 +102,91 @@ func TestOneWatcherServesEveryProcess(t *testing.T) {
 		procs[elected] = start(t, url, "run", "--config", config(elected))
 		oneWatcher(fmt.Sprintf("after the elected process %d was killed", elected))
 	}
+	eventtest.CheckHandled(t, pool)
+	for _, p := range procs {
+		if code := p.stop(t, 15*time.Second); code != 0 {
+			t.Errorf("consumer exited with %d after SIGTERM, want 0", code)
+		}
+	}
+}
+
+// TestFrozenWatcherIsReplaced freezes (SIGSTOP) the elected watcher's
+// process while producers append to every partition, with the poll at an
+// hour: its session keeps the watch key, and the partitions it watched
+// awake send no notification, so another process must end that session
+// once the frozen replica's heartbeat has lapsed, take the key, and
+// announce what the others' partitions hold. The frozen process's own
+// partition waits for it (static partitions); once it is resumed, every
+// event is handled once, in host order.
+func TestFrozenWatcherIsReplaced(t *testing.T) {
+	const partitions = 3
+	url, pool := migrated(t, partitions)
+	procs := make([]*proc, partitions)
+	for p := range procs {
+		c := recordingConfig(partitions, p, 10)
+		c = strings.Replace(c, "waitPeriodMs: 1000", "waitPeriodMs: 3600000", 1)
+		procs[p] = start(t, url, "run", "--config", writeConfig(t, strings.Replace(c, "logLevel: warn", "logLevel: info", 1)))
+	}
+	pgtest.WaitFor(t, 20*time.Second, "one watcher elected, the others waiting", func() bool {
+		held, waiting := watchKeySessions(t, pool)
+		return held == 1 && waiting == partitions-1
+	})
+	frozen := -1
+	for p, pr := range procs {
+		if strings.Contains(pr.out.String(), "elected the topic's watcher") {
+			frozen = p
+		}
+	}
+	if frozen < 0 {
+		t.Fatal("no process logged its election")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d; freezing the elected process %d", seed, frozen)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	var committed atomic.Int64
+	produced := make(chan error, 1)
+	go func() {
+		for ctx.Err() == nil {
+			evs := make([]pgevents.Event, 1+rng.IntN(3))
+			for i := range evs {
+				evs[i] = pgevents.Event{HostID: fmt.Sprintf("host-%d", rng.IntN(30)), EventType: "t", Payload: []byte(`{}`)}
+			}
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := pgevents.Append(ctx, tx, evs...)
+				return err
+			}); err != nil {
+				produced <- err
+				return
+			}
+			committed.Add(int64(len(evs)))
+			time.Sleep(2 * time.Millisecond) // producers' pace, not synchronisation
+		}
+		produced <- nil
+	}()
+	// Events flow, so the partitions are awake: appends notify nobody.
+	pgtest.WaitFor(t, 10*time.Second, "100 events handled", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM handled`) >= 100
+	})
+	procs[frozen].freeze(t)
+	frozenAt := time.Now()
+	// Appended after the freeze to the other processes' partitions: handled
+	// once another watcher is elected (the poll is an hour away).
+	mark := eventtest.QueryInt(t, pool, `SELECT coalesce(max(c_offset), 0) FROM outbox_message_t WHERE partition_id <> $1`, frozen)
+	pgtest.WaitFor(t, 15*time.Second, "events appended to the live processes' partitions after the freeze handled", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM outbox_message_t m WHERE m.partition_id <> $1 AND m.c_offset > $2
+			AND NOT EXISTS (SELECT 1 FROM handled h WHERE h.c_offset = m.c_offset AND h.partition_id = m.partition_id)`, frozen, mark) == 0 &&
+			eventtest.QueryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE partition_id <> $1 AND c_offset > $2`, frozen, mark) > 0
+	})
+	t.Logf("the live partitions caught up %s after the freeze", time.Since(frozenAt).Round(time.Millisecond))
+	cancel()
+	if err := <-produced; err != nil && ctx.Err() == nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	_ = procs[frozen].cmd.Process.Signal(syscall.SIGCONT)
+	eventtest.WaitHandled(t, pool, committed.Load(), 30*time.Second)
 	eventtest.CheckHandled(t, pool)
 	for _, p := range procs {
 		if code := p.stop(t, 15*time.Second); code != 0 {
