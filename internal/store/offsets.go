@@ -82,7 +82,6 @@ SELECT -1, 0, 0, clock_timestamp()`
              FROM {schema}topic_layouts l WHERE l.topic_id = `
 	cutTail = ` + 1), 9223372036854775807)`
 
-
 	// awaitAppendSQL waits, at most $3 milliseconds, for the appends in
 	// flight on a partition: it takes the partition's flight key exclusive,
 	// which each of them holds shared from its start to its commit (SQL
@@ -180,7 +179,6 @@ LIMIT $4`
 	// genericPlansExpr), for statements run in an implicit transaction
 	// (a pipeline without BEGIN), whose end restores the setting.
 	genericPlansSQL = `SELECT ` + genericPlansExpr
-
 
 	// claimedSQL ends the claim's round trip, after the claim (and under
 	// the position lock). It says whether the replica still owns the
