@@ -325,3 +325,22 @@ func Unhalt(ctx context.Context, db schema.DB, group string, topic, partition in
 // (see the consumer's pool settings, pgevents.NewPoolConfig). Begin such
 // transactions with pool.BeginTx(ctx, offsets.ReadCommitted).
 var ReadCommitted = store.ReadCommitted
+
+// Watcher says which consumer watches a topic for the others.
+type Watcher struct {
+	// Session is the application_name of the elected watcher's session,
+	// "pgevents watcher <replica>": the consumer whose watcher reads the
+	// topic's tails and tells the other consumers of the database which
+	// partitions moved. Empty when none is elected (no consumer runs).
+	Session string
+	// Waiting counts the other consumers' watchers, which wait to take
+	// over when that session ends.
+	Waiting int
+}
+
+// Watchers returns the topic's elected watcher and how many wait for its
+// key.
+func Watchers(ctx context.Context, db schema.DB, topic int) (Watcher, error) {
+	s, n, err := store.Watchers(ctx, db, topic)
+	return Watcher{Session: s, Waiting: n}, err
+}

@@ -116,6 +116,15 @@ JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
 JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE a.pid <> pg_backend_pid()`
 
+	// watchersSQL names the session that holds the topic's watch key
+	// (NULL: none), and counts the sessions waiting for it.
+	watchersSQL = `SELECT max(a.application_name) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted)
+FROM (SELECT {schema}lock_key('watch', $1::integer::text) AS key) k
+JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid`
+
 	// endHolderSQL ends the session $1 if it is still the one named $2.
 	endHolderSQL = `SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a
 WHERE a.pid = $1 AND a.application_name = $2`
@@ -228,6 +237,21 @@ func EndFrozenWatcher(ctx context.Context, db schema.DB, topic int, grace time.D
 		return "", nil
 	}
 	return app, nil
+}
+
+// Watchers returns the application_name of the session of topic's elected
+// watcher ("" when none is elected: no consumer runs) and the number of
+// consumers' watchers waiting for its key.
+func Watchers(ctx context.Context, db schema.DB, topic int) (string, int, error) {
+	var elected *string
+	var waiting int
+	if err := db.QueryRow(ctx, schema.SQL(ctx, watchersSQL), topic).Scan(&elected, &waiting); err != nil {
+		return "", 0, fmt.Errorf("offsets: the topic's watchers: %w", err)
+	}
+	if elected == nil {
+		return "", waiting, nil
+	}
+	return *elected, waiting, nil
 }
 
 // Look is what the elected watcher reads (Watch) in one round trip.

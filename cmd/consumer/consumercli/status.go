@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/metrics"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -46,6 +47,12 @@ whose groups share them), one after the other; its field names are stable:
   database_time             the database clock when read (RFC 3339)
   notification_queue_usage  pg_notification_queue_usage(), 0 to 1
   lag_cap                   the cap on lag_events
+  watcher                   null when no consumer of the topic runs, or
+                            {"session", "waiting"}: the application_name
+                            of the elected watcher's session (it watches
+                            every partition for every consumer of the
+                            database) and how many consumers' watchers
+                            wait to take over
   partitions                one object per group and partition, by group
                             then partition:
     group_id, partition_id
@@ -84,7 +91,17 @@ type statusJSON struct {
 	DatabaseTime           time.Time         `json:"database_time"`
 	NotificationQueueUsage float64           `json:"notification_queue_usage"`
 	LagCap                 int64             `json:"lag_cap"`
+	Watcher                *watcherStatus    `json:"watcher"`
 	Partitions             []partitionStatus `json:"partitions"`
+}
+
+// watcherStatus says which consumer's watcher the topic's consumers follow.
+type watcherStatus struct {
+	// Session is the application_name of the elected watcher's session,
+	// "pgevents watcher <replica>".
+	Session string `json:"session"`
+	// Waiting counts the other consumers' watchers, waiting for its key.
+	Waiting int `json:"waiting"`
 }
 
 // partitionStatus is one group's state in one partition.
@@ -276,8 +293,12 @@ func writeStatusTable(w io.Writer, s *statusJSON) error {
 			return err
 		}
 	}
-	_, err := fmt.Fprintf(w, "\ntopic %d: %d partitions; notification queue usage %.2f%%; lag counted up to %d events\n",
-		s.TopicID, s.TotalPartitions, 100*s.NotificationQueueUsage, s.LagCap)
+	watcher := "none elected (no consumer runs)"
+	if s.Watcher != nil {
+		watcher = fmt.Sprintf("%s, %d waiting", s.Watcher.Session, s.Watcher.Waiting)
+	}
+	_, err := fmt.Fprintf(w, "\ntopic %d: %d partitions; notification queue usage %.2f%%; lag counted up to %d events; watcher: %s\n",
+		s.TopicID, s.TotalPartitions, 100*s.NotificationQueueUsage, s.LagCap, watcher)
 	return err
 }
 
@@ -366,6 +387,15 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				return err
 			}
 			doc := statusFrom(st)
+			rctx, cancel = context.WithTimeout(v.ctx, 30*time.Second)
+			wt, err := offsets.Watchers(rctx, v.pool, v.p.topic)
+			cancel()
+			if err != nil {
+				return err
+			}
+			if wt.Session != "" {
+				doc.Watcher = &watcherStatus{Session: wt.Session, Waiting: wt.Waiting}
+			}
 			doc.Database = dbLabel(v.pool)
 			doc.Schema = v.p.schema
 			switch {

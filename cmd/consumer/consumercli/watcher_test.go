@@ -2,6 +2,7 @@ package consumercli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -18,19 +19,21 @@ import (
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
-// watchKeySessions returns how many sessions hold topic 1's watch key and
-// how many wait for it.
-func watchKeySessions(t *testing.T, pool *pgxpool.Pool) (held, waiting int64) {
+// watchKeySessions returns how many sessions hold topic 1's watch key,
+// how many wait for it, and how many watchers' sessions there are (a
+// killed process's session lasts until the server notices).
+func watchKeySessions(t *testing.T, pool *pgxpool.Pool) (held, waiting, sessions int64) {
 	t.Helper()
-	err := pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted)
+	err := pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted),
+       (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'pgevents watcher %')
 FROM pg_locks l, (SELECT lock_key('watch', '1') AS k) s
 WHERE l.locktype = 'advisory' AND l.objsubid = 1
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid = ((s.k >> 32) & 4294967295)::oid AND l.objid = (s.k & 4294967295)::oid`).Scan(&held, &waiting)
+  AND l.classid = ((s.k >> 32) & 4294967295)::oid AND l.objid = (s.k & 4294967295)::oid`).Scan(&held, &waiting, &sessions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return held, waiting
+	return held, waiting, sessions
 }
 
 // TestOneWatcherServesEveryProcess runs the design card's deployment, a
@@ -56,11 +59,23 @@ func TestOneWatcherServesEveryProcess(t *testing.T) {
 	oneWatcher := func(when string) {
 		t.Helper()
 		pgtest.WaitFor(t, 20*time.Second, "one watcher elected, the others waiting ("+when+")", func() bool {
-			held, waiting := watchKeySessions(t, pool)
-			return held == 1 && waiting == partitions-1
+			held, waiting, sessions := watchKeySessions(t, pool)
+			return held == 1 && waiting == partitions-1 && sessions == partitions
 		})
 	}
 	oneWatcher("at start")
+	// consumer status names it.
+	code, out := runOnce(t, url, "status", "--config", config(0), "--json")
+	var doc struct {
+		Watcher *struct {
+			Session string `json:"session"`
+			Waiting int    `json:"waiting"`
+		} `json:"watcher"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); code != 0 || err != nil || doc.Watcher == nil ||
+		!strings.HasPrefix(doc.Watcher.Session, "pgevents watcher ") || doc.Watcher.Waiting != partitions-1 {
+		t.Fatalf("consumer status --json: exit %d, %v; want the elected watcher and %d waiting:\n%s", code, err, partitions-1, out)
+	}
 
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -128,8 +143,8 @@ func TestFrozenWatcherIsReplaced(t *testing.T) {
 		procs[p] = start(t, url, "run", "--config", writeConfig(t, strings.Replace(c, "logLevel: warn", "logLevel: info", 1)))
 	}
 	pgtest.WaitFor(t, 20*time.Second, "one watcher elected, the others waiting", func() bool {
-		held, waiting := watchKeySessions(t, pool)
-		return held == 1 && waiting == partitions-1
+		held, waiting, sessions := watchKeySessions(t, pool)
+		return held == 1 && waiting == partitions-1 && sessions == partitions
 	})
 	frozen := -1
 	for p, pr := range procs {
