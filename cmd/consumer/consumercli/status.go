@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/config"
-	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
 
