@@ -284,6 +284,14 @@ func TestNoRowUpdatedPerAppendOrBatch(t *testing.T) {
 		return queryInt(t, pool, `SELECT (SELECT count(*) FROM partition_tails WHERE xmax <> 0) +
 			(SELECT count(*) FROM consumer_positions WHERE xmax <> 0)`)
 	}
+	// The topic's row is not even locked: a lock (FOR KEY SHARE, as a
+	// foreign key's check takes) is written into the row's xmax and to the
+	// WAL, a MultiXact once two batches hold it, which every append then
+	// resolves when it reads the row.
+	locker := func() int64 {
+		return queryInt(t, pool, `SELECT xmax::text::bigint FROM log_counter WHERE topic_id = 1`)
+	}
+	lockedBefore := locker()
 	before := places()
 	var total int64
 	for i := range 60 {
@@ -303,6 +311,9 @@ func TestNoRowUpdatedPerAppendOrBatch(t *testing.T) {
 	}
 	if n := updated(); n != 0 {
 		t.Fatalf("%d versions of tails or positions were replaced", n)
+	}
+	if after := locker(); after != lockedBefore {
+		t.Errorf("the topic's log_counter row was locked by appends or batches (xmax %d, was %d)", after, lockedBefore)
 	}
 	if n := queryInt(t, pool, `SELECT count(*) FROM consumer_positions WHERE group_id = 'g'`); n < 4 {
 		t.Fatalf("%d positions, want at least one per partition", n)
