@@ -69,7 +69,7 @@ const (
 	// ends its session when it does not (after its lease ran out, and at
 	// least 2*followCheck after that session connected): a frozen elected
 	// process is replaced within about followCheck plus the lease, where
-	// the poll would take WaitPeriod. A statement per follower per
+	// the poll would take WaitPeriod. Two statements per follower per
 	// followCheck.
 	followCheck = 2 * time.Second
 )
