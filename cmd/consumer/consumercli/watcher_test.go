@@ -36,6 +36,44 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 1
 	return held, waiting, sessions
 }
 
+// hourPollConfig writes the configuration of a process serving partition p
+// of a topic of partitions, with the poll at an hour (an event no
+// notification announced waits for it) and info logs (the election is
+// logged).
+func hourPollConfig(t *testing.T, partitions, p int) string {
+	t.Helper()
+	c := recordingConfig(partitions, p, 10)
+	c = strings.Replace(c, "waitPeriodMs: 1000", "waitPeriodMs: 3600000", 1)
+	return writeConfig(t, strings.Replace(c, "logLevel: warn", "logLevel: info", 1))
+}
+
+// appendRandom appends, in one transaction, 1 to max events for hosts out
+// of 30, and returns how many.
+func appendRandom(ctx context.Context, pool *pgxpool.Pool, rng *rand.Rand, max int) (int64, error) {
+	evs := make([]pgevents.Event, 1+rng.IntN(max))
+	for i := range evs {
+		evs[i] = pgevents.Event{HostID: fmt.Sprintf("host-%d", rng.IntN(30)), EventType: "t", Payload: []byte(`{}`)}
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := pgevents.Append(ctx, tx, evs...)
+		return err
+	})
+	return int64(len(evs)), err
+}
+
+// electedProcess returns the index of the process that logged its
+// election, or fails the test.
+func electedProcess(t *testing.T, procs []*proc) int {
+	t.Helper()
+	for p, pr := range procs {
+		if strings.Contains(pr.out.String(), "elected the topic's watcher") {
+			return p
+		}
+	}
+	t.Fatal("no process logged its election")
+	return -1
+}
+
 // TestOneWatcherServesEveryProcess runs the design card's deployment, a
 // consumer process per partition, with the poll at an hour: one process
 // of the database is the topic's elected watcher and the others wait for
@@ -47,11 +85,7 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 1
 func TestOneWatcherServesEveryProcess(t *testing.T) {
 	const partitions = 4
 	url, pool := migrated(t, partitions)
-	config := func(p int) string {
-		c := recordingConfig(partitions, p, 10)
-		c = strings.Replace(c, "waitPeriodMs: 1000", "waitPeriodMs: 3600000", 1)
-		return writeConfig(t, strings.Replace(c, "logLevel: warn", "logLevel: info", 1))
-	}
+	config := func(p int) string { return hourPollConfig(t, partitions, p) }
 	procs := make([]*proc, partitions)
 	for p := range procs {
 		procs[p] = start(t, url, "run", "--config", config(p))
@@ -84,17 +118,11 @@ func TestOneWatcherServesEveryProcess(t *testing.T) {
 	var committed int64
 	for round := range 3 {
 		for range 40 {
-			evs := make([]pgevents.Event, 1+rng.IntN(5))
-			for i := range evs {
-				evs[i] = pgevents.Event{HostID: fmt.Sprintf("host-%d", rng.IntN(30)), EventType: "t", Payload: []byte(`{}`)}
-			}
-			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := pgevents.Append(ctx, tx, evs...)
-				return err
-			}); err != nil {
+			n, err := appendRandom(ctx, pool, rng, 5)
+			if err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
-			committed += int64(len(evs))
+			committed += n
 			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond) // producers' pace, not synchronisation
 		}
 		// The poll is an hour away: an event no notification announced
@@ -103,15 +131,7 @@ func TestOneWatcherServesEveryProcess(t *testing.T) {
 		if t.Failed() {
 			t.Fatalf("seed %d: round %d", seed, round)
 		}
-		elected := -1
-		for p, pr := range procs {
-			if strings.Contains(pr.out.String(), "elected the topic's watcher") {
-				elected = p
-			}
-		}
-		if elected < 0 {
-			t.Fatalf("no process logged its election")
-		}
+		elected := electedProcess(t, procs)
 		_ = procs[elected].cmd.Process.Signal(syscall.SIGKILL)
 		<-procs[elected].done
 		procs[elected] = start(t, url, "run", "--config", config(elected))
@@ -138,45 +158,31 @@ func TestFrozenWatcherIsReplaced(t *testing.T) {
 	url, pool := migrated(t, partitions)
 	procs := make([]*proc, partitions)
 	for p := range procs {
-		c := recordingConfig(partitions, p, 10)
-		c = strings.Replace(c, "waitPeriodMs: 1000", "waitPeriodMs: 3600000", 1)
-		procs[p] = start(t, url, "run", "--config", writeConfig(t, strings.Replace(c, "logLevel: warn", "logLevel: info", 1)))
+		procs[p] = start(t, url, "run", "--config", hourPollConfig(t, partitions, p))
 	}
 	pgtest.WaitFor(t, 20*time.Second, "one watcher elected, the others waiting", func() bool {
 		held, waiting, sessions := watchKeySessions(t, pool)
 		return held == 1 && waiting == partitions-1 && sessions == partitions
 	})
-	frozen := -1
-	for p, pr := range procs {
-		if strings.Contains(pr.out.String(), "elected the topic's watcher") {
-			frozen = p
-		}
-	}
-	if frozen < 0 {
-		t.Fatal("no process logged its election")
-	}
+	frozen := electedProcess(t, procs)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
+	// The producer stops between transactions: a transaction cut off in
+	// its commit might commit uncounted.
+	var stop atomic.Bool
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d; freezing the elected process %d", seed, frozen)
 	rng := rand.New(rand.NewPCG(seed, 2))
 	var committed atomic.Int64
 	produced := make(chan error, 1)
 	go func() {
-		for ctx.Err() == nil {
-			evs := make([]pgevents.Event, 1+rng.IntN(3))
-			for i := range evs {
-				evs[i] = pgevents.Event{HostID: fmt.Sprintf("host-%d", rng.IntN(30)), EventType: "t", Payload: []byte(`{}`)}
-			}
-			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := pgevents.Append(ctx, tx, evs...)
-				return err
-			}); err != nil {
+		for !stop.Load() {
+			n, err := appendRandom(ctx, pool, rng, 3)
+			if err != nil {
 				produced <- err
 				return
 			}
-			committed.Add(int64(len(evs)))
+			committed.Add(n)
 			time.Sleep(2 * time.Millisecond) // producers' pace, not synchronisation
 		}
 		produced <- nil
@@ -196,8 +202,8 @@ func TestFrozenWatcherIsReplaced(t *testing.T) {
 			eventtest.QueryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE partition_id <> $1 AND c_offset > $2`, frozen, mark) > 0
 	})
 	t.Logf("the live partitions caught up %s after the freeze", time.Since(frozenAt).Round(time.Millisecond))
-	cancel()
-	if err := <-produced; err != nil && ctx.Err() == nil {
+	stop.Store(true)
+	if err := <-produced; err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
 	_ = procs[frozen].cmd.Process.Signal(syscall.SIGCONT)
