@@ -228,6 +228,11 @@ func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer)
 	switch args[0] {
 	case "run":
 		err = c.runCmd(ctx, args[1:], stdout, stderr)
+		if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			// Asked to stop (SIGINT, SIGTERM) before it had started:
+			// a shutdown, not a failure.
+			err = nil
+		}
 	case "migrate":
 		err = c.migrateCmd(ctx, args[1:], stdout, stderr)
 	case "dlq":

@@ -1,6 +1,7 @@
 package consumercli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -213,5 +214,21 @@ func TestFrozenWatcherIsReplaced(t *testing.T) {
 		if code := p.stop(t, 15*time.Second); code != 0 {
 			t.Errorf("consumer exited with %d after SIGTERM, want 0", code)
 		}
+	}
+}
+
+// TestStopWhileStartingExitsZero: a consumer asked to stop (SIGTERM: its
+// context ends) before it has finished starting exits 0, as after any
+// graceful stop, not 1 with the start's "context canceled". A test that
+// stopped a freshly restarted process saw exit 1.
+func TestStopWhileStartingExitsZero(t *testing.T) {
+	url, _ := migrated(t, 4)
+	t.Setenv("DATABASE_URL", url)
+	cfg := writeConfig(t, recordingConfig(4, -1, 10))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var stdout, stderr bytes.Buffer
+	if code := Main(ctx, []string{"run", "--config", cfg}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d, want %d after a stop while starting\n%s", code, exitOK, stderr.String())
 	}
 }
