@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -128,9 +127,6 @@ type watcher struct {
 	woken map[int]bool // partitions to wake
 	all   bool         // wake every partition
 
-	// elected says that the watcher holds the topic's watch key.
-	elected atomic.Bool
-
 	// Used by run's goroutine only.
 	retry  *backoff.Retry
 	wait   time.Duration // the backoff a failure of the last step asked for
@@ -249,7 +245,6 @@ func (w *watcher) lead(ctx context.Context) bool {
 				Msg("ended the session of the topic's elected watcher, whose replica no longer heartbeats (frozen, or cut off); electing another")
 		}
 	}
-	w.elected.Store(true)
 	w.c.log.Info().Msg("elected the topic's watcher: it watches every partition and tells the other consumers which moved")
 	// Everything is read, and announced, anew.
 	clear(w.parts)
@@ -365,10 +360,9 @@ func (w *watcher) step(ctx context.Context) bool {
 			parts = append(parts, p)
 		}
 	}
-	watching := make(map[int]bool, len(parts))
-	for _, p := range parts {
-		watching[p] = true
-	}
+	// watching says whether p is a partition of the layout watched (parts
+	// is 0 to n-1).
+	watching := func(p int) bool { return p >= 0 && p < len(parts) }
 	w.mu.Lock()
 	woken, all := w.woken, w.all
 	w.woken, w.all = map[int]bool{}, false
@@ -390,7 +384,7 @@ func (w *watcher) step(ctx context.Context) bool {
 	// asleep), and what the layout no longer has.
 	var release []int
 	for p := range w.asleep {
-		if !watching[p] || all || woken[p] || always {
+		if !watching(p) || all || woken[p] || always {
 			release = append(release, p)
 		}
 	}
@@ -408,7 +402,7 @@ func (w *watcher) step(ctx context.Context) bool {
 		w.force = true
 	}
 	for p := range w.parts {
-		if !watching[p] {
+		if !watching(p) {
 			delete(w.parts, p)
 		}
 	}
@@ -582,6 +576,5 @@ func (w *watcher) close() {
 	cancel()
 	w.conn.Release()
 	w.conn = nil
-	w.elected.Store(false)
 	clear(w.asleep)
 }

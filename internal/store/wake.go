@@ -275,8 +275,6 @@ type Seen struct {
 	Appends int64
 	// Tails are the partitions' tails, in Look.Partitions' order.
 	Tails []Tail
-	// Announced says that a notification was sent.
-	Announced bool
 }
 
 // Watch reads the appends counter, and reads (and announces) the tails of
@@ -305,7 +303,7 @@ func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 		return out, fmt.Errorf("offsets: tails: %w", err)
 	}
 	var t Tail
-	var sent int64
+	var sent int64 // notifications sent: the column makes the statement run the notification's CTE
 	if _, err := pgx.ForEachRow(rows, []any{&t.Offset, &t.InFlight, &sent}, func() error {
 		out.Tails = append(out.Tails, t)
 		return nil
@@ -318,7 +316,6 @@ func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 	if len(out.Tails) != len(l.Partitions) {
 		return out, fmt.Errorf("offsets: tails: %d answers for %d partitions", len(out.Tails), len(l.Partitions))
 	}
-	out.Announced = sent > 0
 	return out, nil
 }
 
