@@ -220,25 +220,11 @@ func benchPgq(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 // benchPgqTx is a producer transaction that inserts its events into the
 // PgQ queue: BEGIN, then pgq.insert_event per event pipelined with COMMIT.
 func benchPgqTx(ctx context.Context, pool *pgxpool.Pool, evs []pgevents.Event) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	var b pgx.Batch
-	for i := range evs {
-		b.Queue(benchPgqInsertSQL, evs[i].EventType, string(evs[i].Payload))
-	}
-	b.Queue("COMMIT")
-	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return err
-	}
-	return nil
+	return benchPipelinedTx(ctx, pool, func(b *pgx.Batch) {
+		for i := range evs {
+			b.Queue(benchPgqInsertSQL, evs[i].EventType, string(evs[i].Payload))
+		}
+	})
 }
 
 // benchPgqRun is PgQ running beside the producers: its ticker and its

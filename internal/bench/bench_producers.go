@@ -546,24 +546,30 @@ func benchCeilingArgs(evs []pgevents.Event) []any {
 func benchCeilingTx(statement string) benchTxFunc {
 	return func(ctx context.Context, pool *pgxpool.Pool, evs []pgevents.Event) error {
 		args := benchCeilingArgs(evs)
-		conn, err := pool.Acquire(ctx)
-		if err != nil {
-			return err
-		}
-		defer conn.Release()
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		var b pgx.Batch
-		b.Queue(statement, args...)
-		b.Queue("COMMIT")
-		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			return err
-		}
-		return nil
+		return benchPipelinedTx(ctx, pool, func(b *pgx.Batch) { b.Queue(statement, args...) })
 	}
+}
+
+// benchPipelinedTx runs a producer transaction on an acquired connection:
+// BEGIN, then the statements queue adds and COMMIT in one round trip.
+func benchPipelinedTx(ctx context.Context, pool *pgxpool.Pool, queue func(*pgx.Batch)) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	var b pgx.Batch
+	queue(&b)
+	b.Queue("COMMIT")
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	return nil
 }
 
 // benchCeilingStatementTx returns a producer transaction that inserts its
