@@ -149,10 +149,12 @@ func (f *flusher) produce(offset int64, id string, rec *kgo.Record) {
 	f.pending++
 	f.mu.Unlock()
 	start := time.Now()
+	f.p.placing.add(rec)
 	// Never cancelled: a record's context that ends fails every record
 	// buffered after it in its Kafka partition. Deliveries are bounded by
 	// the delivery timeout, the wait for them by Flush's context.
 	f.p.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
+		f.p.placing.placed(r)
 		if err != nil {
 			f.p.metrics.Failed(Classify(err))
 		} else {
@@ -188,7 +190,7 @@ func (f *flusher) Flush(ctx context.Context) error {
 	}
 	for {
 		if f.unflushed > 0 {
-			if err := f.p.cl.Flush(ctx); err != nil {
+			if err := f.p.flush(ctx); err != nil {
 				return f.unfinished(ctx, err)
 			}
 			f.unflushed = 0
@@ -286,8 +288,12 @@ func (f *flusher) resolve(ctx context.Context) error {
 func (f *flusher) produceAlone(ctx context.Context, rec *kgo.Record) error {
 	done := make(chan error, 1)
 	start := time.Now()
-	f.p.cl.Produce(context.Background(), rec, func(_ *kgo.Record, err error) { done <- err })
-	if err := f.p.cl.Flush(ctx); err != nil {
+	f.p.placing.add(rec)
+	f.p.cl.Produce(context.Background(), rec, func(r *kgo.Record, err error) {
+		f.p.placing.placed(r)
+		done <- err
+	})
+	if err := f.p.flush(ctx); err != nil {
 		return err
 	}
 	select {
@@ -315,5 +321,84 @@ func (f *flusher) eventError(fr *failedRecord, err error, class pgevents.Class) 
 func (f *flusher) End(committed bool) {
 	if committed && f.p != nil {
 		f.p.acked.Clear()
+	}
+}
+
+// flush sends the records produced on the partition's client, once the
+// client has placed every one of them (see placing), and waits for their
+// acknowledgements.
+func (p *part) flush(ctx context.Context) error {
+	if err := p.placing.wait(ctx); err != nil {
+		return err
+	}
+	return p.cl.Flush(ctx)
+}
+
+// placing tracks the records produced on a partition's client that the
+// producer has not placed in their Kafka partition's buffer yet. It is the
+// client's produce hook.
+//
+// A record whose topic the client knows is placed as it is produced. One
+// produced before the client has the topic's metadata waits, and is placed
+// when the metadata comes. Were the client flushing then, it could send a
+// first batch of a Kafka partition's records while later ones are still
+// being placed; when the broker refuses that batch, the producer fails
+// every record in the partition's buffer and moves to a new producer epoch,
+// and the records placed after that start a new batch, which the broker
+// writes: records after a refused one, in Kafka ahead of the refused
+// batch's records, which are sent again. A flush therefore waits until
+// every record produced is placed or has failed (see part.flush): the
+// records it sends are then all in the buffer that a refusal empties.
+type placing struct {
+	mu       sync.Mutex
+	unplaced map[*kgo.Record]struct{}
+	done     chan struct{} // closed when unplaced empties, if set
+}
+
+// OnProduceRecordPartitioned is called by the client when it places r.
+func (p *placing) OnProduceRecordPartitioned(r *kgo.Record, _ int32) { p.placed(r) }
+
+// add notes that r is about to be produced.
+func (p *placing) add(r *kgo.Record) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.unplaced == nil {
+		p.unplaced = map[*kgo.Record]struct{}{}
+	}
+	p.unplaced[r] = struct{}{}
+}
+
+// placed notes that r is placed, or finished without being placed (it
+// failed, or was aborted, before the client knew its topic).
+func (p *placing) placed(r *kgo.Record) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.unplaced[r]; !ok {
+		return
+	}
+	delete(p.unplaced, r)
+	if len(p.unplaced) == 0 && p.done != nil {
+		close(p.done)
+		p.done = nil
+	}
+}
+
+// wait waits until every record produced is placed.
+func (p *placing) wait(ctx context.Context) error {
+	p.mu.Lock()
+	if len(p.unplaced) == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	if p.done == nil {
+		p.done = make(chan struct{})
+	}
+	done := p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

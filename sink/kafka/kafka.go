@@ -34,6 +34,11 @@
 // every record buffered after a failed one in the same Kafka partition,
 // no record of a host is ever written after a later record of the same host
 // failed: per-key order never breaks, across failures and retries included.
+// That holds only for records the producer has placed in their Kafka
+// partition's buffer before the flush: a record produced before the
+// client knows its topic waits for the topic's metadata, and, placed while
+// a refused batch fails, it would start a new batch and be written. So a
+// flush first waits until every record produced is placed (or failed).
 // A batch larger than 10,000 records is flushed every 10,000.
 //
 // The producer keeps that order within a Kafka partition only: records to
@@ -278,12 +283,14 @@ type Sink struct {
 	closed bool
 }
 
-// part is the relay's state for one partition of a group: its client, and
-// the events delivered since the partition's last commit.
+// part is the relay's state for one partition of a group: its client, the
+// events delivered since the partition's last commit, and the records the
+// client has not placed yet.
 type part struct {
 	cl      *kgo.Client
 	acked   sink.Acked
 	metrics *sink.Recorder
+	placing placing
 }
 
 // New validates opts (see Options.Validate) and returns the relay. It
@@ -351,11 +358,13 @@ func (s *Sink) part(b *pgevents.Batch) (*part, error) {
 	if p := s.parts[k]; p != nil {
 		return p, nil
 	}
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.ManualFlushing()}, s.base...)...)
+	p := &part{}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.ManualFlushing(), kgo.WithHooks(&p.placing)}, s.base...)...)
 	if err != nil {
 		return nil, pgevents.Deployment(fmt.Errorf("kafka sink: %w", err))
 	}
-	p := &part{cl: cl, metrics: s.opts.Metrics.For(k.Group, s.opts.Name, "kafka")}
+	p.cl = cl
+	p.metrics = s.opts.Metrics.For(k.Group, s.opts.Name, "kafka")
 	s.parts[k] = p
 	return p, nil
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -253,6 +255,93 @@ func TestRecordTooLarge(t *testing.T) {
 				t.Fatalf("%d duplicates", d.Duplicates)
 			}
 		})
+	}
+}
+
+// TestRefusedRecordAmongMany: the broker refuses the second of 2,000
+// events, handed to a new producer in one attempt; the producer is still
+// placing the attempt's records in its batches when the refusal comes
+// back. No event after the refused one may reach Kafka ahead of the events
+// it follows: only its unit is dead-lettered, every other event reaches
+// Kafka once, in its host's order (after the host's dead letter, under
+// deadLetter; not at all for the host, under parkHost).
+func TestRefusedRecordAmongMany(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []pgevents.FailurePolicy{pgevents.PolicyDeadLetter, pgevents.PolicyParkHost} {
+		t.Run(policy.String(), func(t *testing.T) {
+			t.Parallel()
+			c := cluster(t, 1, []string{"events"}, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "65536"}))
+			// The first answer about the topic comes late: the attempt's
+			// records are all produced before the producer knows where
+			// they go, and it places them while its flush runs.
+			var delayed atomic.Bool
+			c.ControlKey(int16(kmsg.Metadata), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+				c.KeepControl()
+				for _, rt := range kreq.(*kmsg.MetadataRequest).Topics {
+					if rt.Topic != nil && *rt.Topic == "events" && !delayed.Swap(true) {
+						time.Sleep(300 * time.Millisecond) // a slow broker, not a synchronisation
+					}
+				}
+				return nil, nil, false
+			})
+			pool := pgtest.TopicPool(t, 1)
+			s := relay(t, c, kafka.Options{Topic: "events", ClientOptions: []kgo.Opt{kgo.WithHooks(slowPlacing{})}})
+			blob := make([]byte, 50<<10)
+			for i := range blob {
+				blob[i] = byte(rand.Uint32())
+			}
+			sinktest.AppendTx(t, pool, pgevents.Event{HostID: "host-0", EventType: "t", Payload: []byte(`{"n":0}`)})
+			sinktest.AppendTx(t, pool, pgevents.Event{HostID: "host-0", EventType: "t", Payload: []byte(fmt.Sprintf(`{"blob":"%x"}`, blob))})
+			seed := rand.Uint64()
+			t.Logf("seed %d", seed)
+			appendRandom(t, seed, pool, 2000, 20)
+			cfg := fastRetry(1, handleAll(s))
+			cfg.BatchSize = 5000
+			cfg.OnPermanentFailure = policy
+			sinktest.StartConsumer(t, pool, cfg)
+			sinktest.WaitCaughtUp(t, pool, "g", time.Minute)
+			dls := sinktest.DeadLetters(t, pool, "g")
+			if len(dls) != 1 || dls[0].FirstOffset != 2 || dls[0].LastOffset != 2 || !strings.Contains(dls[0].Error, "MESSAGE_TOO_LARGE") {
+				t.Fatalf("seed %d: dead letters %+v, want the unit at offset 2, MESSAGE_TOO_LARGE", seed, dls)
+			}
+			log := sinktest.Log(t, pool)
+			skip := map[string]bool{dls[0].EventIDs[0]: true}
+			if policy == pgevents.PolicyParkHost {
+				// Parked: host-0's later events, and those of the units
+				// that hold them, transitively (a unit is a transaction).
+				rows, _ := pool.Query(context.Background(), `SELECT c_offset FROM parked_events WHERE group_id = 'g'`)
+				parked, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				if err != nil {
+					t.Fatal(err)
+				}
+				for id, e := range log {
+					if slices.Contains(parked, e.Offset) {
+						skip[id] = true
+					} else if e.HostID == "host-0" && e.Offset > 2 {
+						t.Fatalf("seed %d: host-0's event at offset %d is not parked", seed, e.Offset)
+					}
+				}
+			}
+			d := sinktest.CheckRecords(t, sinktest.ReadTopic(t, c.ListenAddrs(), "events", 1), log, skip)
+			if d.Duplicates != 0 {
+				t.Fatalf("seed %d: %d duplicates", seed, d.Duplicates)
+			}
+		})
+	}
+}
+
+// slowPlacing is a producer hook that makes the producer slow to place
+// the records of c_offsets 3 to 40 in their batches, as a loaded machine
+// may: it holds the partition's buffer 2 ms for each.
+type slowPlacing struct{}
+
+func (slowPlacing) OnProduceRecordPartitioned(r *kgo.Record, _ int32) {
+	for _, h := range r.Headers {
+		if h.Key == "c_offset" {
+			if n, _ := strconv.Atoi(string(h.Value)); n >= 3 && n <= 40 {
+				time.Sleep(2 * time.Millisecond) // a descheduled producer, not a synchronisation
+			}
+		}
 	}
 }
 
