@@ -324,6 +324,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	g.Go(func() error { return c.consume(gctx, batchCtx) })
 	g.Go(func() error { return c.subscription(gctx) })
 	g.Go(func() error { return c.maintain(gctx) })
+	g.Go(func() error { return (&sequencer{c: c}).run(gctx) })
 	err = g.Wait()
 	c.log.Info().Int64("handled", c.handled.Load()).Msg("consumer stopped")
 	if err != nil && ctx.Err() == nil {

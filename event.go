@@ -57,6 +57,12 @@ type AppendResult struct {
 	// retention has removed that event since, they name an event the log
 	// no longer holds.)
 	Duplicate bool
+	// Sequenced says that the topic is sequenced (offset scope
+	// "sequenced"): the event was staged, its offset and partition are
+	// assigned by the topic's sequencer after the transaction commits.
+	// Offset is then the event's sequence number (ascending in the order
+	// of the appends, across the database), and Partition is -1.
+	Sequenced bool
 }
 
 // WithSchema returns a context under which Append, AppendCommit and every
@@ -109,6 +115,12 @@ func WithSchema(ctx context.Context, name string) context.Context {
 // the topic's idempotency window: a second append of the key appends
 // nothing, and Append returns the first one's offset. AppendResults says
 // which were duplicates.
+//
+// To a sequenced topic (offset scope "sequenced"), Append stages the
+// events: it takes no lock, waits for nothing, and returns their sequence
+// numbers, not offsets; the topic's sequencer gives them offsets once the
+// transaction committed (see AppendResult.Sequenced). The rules above on
+// locks and deadlocks do not apply, nor does the isolation level matter.
 func Append(ctx context.Context, q schema.DB, events ...Event) ([]int64, error) {
 	res, err := appendEvents(ctx, q, false, events)
 	return offsetsOf(res), err
@@ -234,7 +246,7 @@ func (s *appendStmt) scan(row pgx.Row, out []AppendResult) error {
 			return fmt.Errorf("append: topic %d: %d results for %d events", s.topic, len(offs), len(s.idx))
 		}
 		for k, i := range s.idx {
-			out[i] = AppendResult{Offset: offs[k], Partition: int(parts[k]), Duplicate: dups[k]}
+			out[i] = AppendResult{Offset: offs[k], Partition: int(parts[k]), Duplicate: dups[k], Sequenced: parts[k] < 0}
 		}
 		return nil
 	}

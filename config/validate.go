@@ -21,7 +21,7 @@ var (
 	logFormats       = []string{"auto", "json", "console"}
 	handlerTypes     = []string{handlerLog, handlerSQL, handlerKafka, handlerHTTP, handlerGo}
 	offsetAllocation = []string{schema.AllocationCounter, schema.AllocationSequence}
-	offsetScopes     = []string{schema.ScopeTopic, schema.ScopePartition}
+	offsetScopes     = []string{schema.ScopeTopic, schema.ScopePartition, schema.ScopeSequenced}
 )
 
 // Handler types.

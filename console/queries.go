@@ -13,7 +13,7 @@ const (
 	// descending probe of the log's index, topic_id, partition_id,
 	// c_offset, per partition of any layout; max(c_offset) over the topic
 	// has no index in that order and read the whole log).
-	topicsSQL = `SELECT c.topic_id, c.total_partitions, c.offset_scope, c.allocation, c.segment_size, c.channel, c.wake,
+	topicsSQL = `SELECT c.topic_id, c.total_partitions, CASE WHEN c.sequenced THEN 'sequenced' ELSE c.offset_scope END, c.allocation, c.segment_size, c.channel, c.wake,
        coalesce(r.retention::text, ''), coalesce(r.max_retention::text, ''), coalesce(r.zero_subscription_retention::text, ''),
        coalesce(r.removed_below, 1),
        (SELECT max(h.o) FROM generate_series(0, greatest(c.total_partitions,

@@ -27,7 +27,8 @@ type Topic struct {
 	// Channel is the NOTIFY channel of the topic's wake-ups.
 	Channel string
 	// Scope is ScopeTopic (offsets gapless and commit-ordered across the
-	// topic) or ScopePartition (per partition).
+	// topic), ScopePartition (per partition) or ScopeSequenced (per
+	// partition, assigned by the topic's sequencer after commit).
 	Scope string
 	// Wake is WakeWaiting (appends notify only partitions whose worker may
 	// be waiting) or WakeAlways.
@@ -44,6 +45,13 @@ const (
 	// gapless and commit-ordered per partition, as in Kafka: producers of
 	// different partitions never wait for each other.
 	ScopePartition = "partition"
+	// ScopeSequenced gives every partition its own sequence of offsets,
+	// gapless, assigned after commit: producers insert into a staging
+	// table without any lock, and the topic's sequencer moves what
+	// committed into the log, in commit order at the granularity of its
+	// ticks (migration 0016). Everything that reads the log sees a topic
+	// of ScopePartition.
+	ScopeSequenced = "sequenced"
 )
 
 // Wake-up modes of a topic; see migration 0008.
@@ -64,8 +72,8 @@ type TopicSpec struct {
 	// SegmentSize is the number of offsets per segment of a partition's
 	// table; DefaultSegmentSize when 0.
 	SegmentSize int
-	// Scope is the offset scope, ScopeTopic (the default) or
-	// ScopePartition. It is chosen when the topic is created.
+	// Scope is the offset scope, ScopeTopic (the default), ScopePartition
+	// or ScopeSequenced. It is chosen when the topic is created.
 	Scope string
 	// Channel is the NOTIFY channel of the topic's wake-ups; default
 	// ChannelFor the schema of the context, so that two installations in
@@ -277,8 +285,12 @@ SELECT pg_notify(u.channel, $1::integer || ':*') FROM u WHERE $2 = 'waiting'`
 	wakeSQL = `SELECT wake, channel FROM {schema}log_counter WHERE topic_id = $1`
 
 	lookupTopicSQL = `SELECT topic_id, total_partitions, coalesce({schema}topic_next_offset(topic_id), 0), segment_size, allocation, channel,
-       offset_scope, wake
+       CASE WHEN sequenced THEN 'sequenced' ELSE offset_scope END, wake
 FROM {schema}log_counter WHERE topic_id = $1`
+
+	// makeSequencedSQL makes a topic just created sequenced: its staging
+	// tables and its tick record (migration 0016).
+	makeSequencedSQL = `SELECT {schema}make_sequenced($1)`
 
 	// ensureSegmentsSQL runs under a short lock_timeout so that DDL never
 	// queues behind a long transaction and, queued, blocks the appends that
@@ -319,11 +331,25 @@ func EnsureTopicSpec(ctx context.Context, db DB, spec TopicSpec) (Topic, bool, e
 	if spec.Channel == "" {
 		spec.Channel = ChannelFor(Name(ctx))
 	}
-	tag, err := db.Exec(ctx, SQL(ctx, createTopicSQL), spec.ID, spec.Partitions, spec.SegmentSize, spec.Scope, spec.Channel)
+	var created bool
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		scope := spec.Scope
+		if scope == ScopeSequenced {
+			scope = ScopePartition // and sequenced (make_sequenced)
+		}
+		tag, err := tx.Exec(ctx, SQL(ctx, createTopicSQL), spec.ID, spec.Partitions, spec.SegmentSize, scope, spec.Channel)
+		if err != nil {
+			return err
+		}
+		created = tag.RowsAffected() == 1
+		if created && spec.Scope == ScopeSequenced {
+			_, err = tx.Exec(ctx, SQL(ctx, makeSequencedSQL), spec.ID)
+		}
+		return err
+	})
 	if err != nil {
 		return Topic{}, false, fmt.Errorf("schema: create topic %d: %w", spec.ID, err)
 	}
-	created := tag.RowsAffected() == 1
 	if _, err := EnsureSegments(ctx, db, spec.ID); err != nil {
 		return Topic{}, created, err
 	}

@@ -10,20 +10,27 @@ const (
 	// append_events calls for such an array) takes the offsets under the
 	// append locks (invariant 1) and returns them, here in one array, in
 	// the events' order.
-	appendSQL = `SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM {schema}append_many($1, $2) WITH ORDINALITY AS t(o, i)`
+	// A sequenced topic's events are staged (stage_many, migration
+	// 0016): the numbers returned are their sequence numbers.
+	appendSQL = `SELECT CASE WHEN {schema}topic_sequenced($1)
+            THEN (SELECT coalesce(array_agg(s.seq ORDER BY i), '{}') FROM {schema}stage_many($1, $2) WITH ORDINALITY AS s(seq, duplicate, i))
+            ELSE (SELECT coalesce(array_agg(o ORDER BY i), '{}') FROM {schema}append_many($1, $2) WITH ORDINALITY AS t(o, i)) END`
 
 	// appendOneSQL appends one event without an idempotency key
 	// (append_one, which append_event calls for such an event), without the
 	// JSON array.
-	appendOneSQL = `SELECT {schema}append_one($1, $2, $3, $4, $5, $6)`
+	// A sequenced topic's event is staged (stage_one).
+	appendOneSQL = `SELECT CASE WHEN {schema}topic_sequenced($1) THEN {schema}stage_one($1, $2, $3, $4, $5, $6, NULL)
+            ELSE {schema}append_one($1, $2, $3, $4, $5, $6) END`
 
 	// appendKeyedSQL appends a JSON array of events whose elements may carry
 	// an idempotency key (append_events_keyed), and returns three arrays in
 	// the events' order: offsets, partitions, and whether each was a
-	// duplicate of an event appended before with its key.
+	// duplicate of an event appended before with its key; for a sequenced
+	// topic, sequence numbers and partitions -1 (append_results).
 	appendKeyedSQL = `SELECT coalesce(array_agg(t.c_offset ORDER BY t.i), '{}'), coalesce(array_agg(t.partition_id ORDER BY t.i), '{}'),
        coalesce(array_agg(t.duplicate ORDER BY t.i), '{}')
-FROM {schema}append_events_keyed($1, $2) WITH ORDINALITY AS t(c_offset, partition_id, duplicate, i)`
+FROM {schema}append_results($1, $2) WITH ORDINALITY AS t(c_offset, partition_id, duplicate, i)`
 )
 
 // AppendKeyedSQL returns the statement, and its arguments, that appends the

@@ -38,7 +38,7 @@ func repartitionCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	// Under scope partition each partition has its own cut: its next
 	// offset at the change (schema.Repartition returns 0).
 	from, upTo := fmt.Sprintf("from offset %d", cut), fmt.Sprintf("up to offset %d", cut)
-	if before.Scope == schema.ScopePartition {
+	if before.Scope == schema.ScopePartition || before.Scope == schema.ScopeSequenced {
 		from, upTo = "from each partition's next offset", "up to its offset at the change"
 	}
 	fmt.Fprintf(stdout, `topic %d: %d -> %d partitions %s.
