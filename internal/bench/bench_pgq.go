@@ -56,7 +56,8 @@ type benchPgqVariant struct {
 // an INSERT into a plain table (no counter, no NOTIFY, no consumer);
 // pgevents.AppendCommit to a topic of 8 partitions in topic and in
 // partition scope, each with an in-process consumer group attached and
-// caught up, and each with none; and PgQ's pgq.insert_event with a ticker
+// caught up, and each with none; to a sequenced topic with a consumer
+// group attached (whose process runs the sequencer); and PgQ's pgq.insert_event with a ticker
 // and a consumer keeping up. The variants take turns in slices.
 func benchPgq(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	db, err := e.newDB(ctx, benchProducersPartitions)
@@ -72,7 +73,8 @@ func benchPgq(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		scope    string
 		attached bool
 	}
-	topics := []topic{{benchTopic, schema.ScopeTopic, true}, {2, schema.ScopePartition, true}, {3, schema.ScopeTopic, false}, {4, schema.ScopePartition, false}}
+	topics := []topic{{benchTopic, schema.ScopeTopic, true}, {2, schema.ScopePartition, true}, {3, schema.ScopeTopic, false}, {4, schema.ScopePartition, false},
+		{5, schema.ScopeSequenced, true}, {6, schema.ScopeSequenced, false}}
 	for _, t := range topics[1:] {
 		if _, _, err := schema.EnsureTopicSpec(ctx, db.pool, schema.TopicSpec{ID: t.id, Partitions: benchProducersPartitions, Scope: t.scope}); err != nil {
 			return nil, err
