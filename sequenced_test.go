@@ -60,9 +60,9 @@ func TestSequencedModel(t *testing.T) {
 	ctx := pgtest.Context(context.Background())
 
 	var mu sync.Mutex
-	handled := map[string]int{}          // per "tx/i", times handled
-	lastHandled := map[int]int64{}       // per partition, the last offset handled
-	var orderErr atomic.Pointer[string]  // first out-of-order handling
+	handled := map[string]int{}         // per "tx/i", times handled
+	lastHandled := map[int]int64{}      // per partition, the last offset handled
+	var orderErr atomic.Pointer[string] // first out-of-order handling
 	hs := &Handlers{}
 	hs.HandleAll(HandlerFunc(func(_ context.Context, _ pgx.Tx, ev *Event) error {
 		mu.Lock()
