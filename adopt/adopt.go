@@ -578,7 +578,8 @@ func (p *Plan) checkSQL(n names, adoptions bool) string {
     SELECT count(*) AS n FROM ` + n.offsets + ` WHERE topic_id IS DISTINCT FROM ` + strconv.Itoa(o.OldTopic) + `
 ), t AS (
     SELECT (SELECT lc.total_partitions FROM ` + n.s + `log_counter lc WHERE lc.topic_id = ` + T + `) AS partitions,
-           (SELECT lc.offset_scope FROM ` + n.s + `log_counter lc WHERE lc.topic_id = ` + T + `) AS scope,
+           (SELECT CASE WHEN lc.sequenced THEN 'sequenced' ELSE lc.offset_scope END
+              FROM ` + n.s + `log_counter lc WHERE lc.topic_id = ` + T + `) AS scope,
            EXISTS (SELECT 1 FROM ` + n.s + `outbox_message_t m WHERE m.topic_id = ` + T + `)
              OR EXISTS (SELECT 1 FROM ` + n.s + `partition_tails t WHERE t.topic_id = ` + T + `) AS has_events,
            EXISTS (SELECT 1 FROM ` + n.s + `consumer_offsets x WHERE x.topic_id = ` + T + `)

@@ -440,10 +440,14 @@ groups:
 // what moved.
 func TestGroupAndOffsetsCommands(t *testing.T) {
 	url, pool := migrated(t, 2)
-	cfg := writeConfig(t, recordingConfig(2, -1, 10)+"deadAfterMs: 2000\n")
+	// A lease of 10 s: the replica stays live through a stall of its
+	// heartbeat on a loaded machine (with the default 1 s, a clean-clone
+	// run saw the reset accepted as if the group had stopped).
+	cfg := writeConfig(t, recordingConfig(2, -1, 10)+"deadAfterMs: 2000\nleaseMs: 10000\n")
 	p := start(t, url, "run", "--config", cfg)
-	pgtest.WaitFor(t, 10*time.Second, "group subscribed", func() bool {
-		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM subscriptions WHERE group_id = 'g' AND state = 'ACTIVE'`) == 1
+	pgtest.WaitFor(t, 10*time.Second, "group subscribed and its replica live", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM subscriptions WHERE group_id = 'g' AND state = 'ACTIVE'`) == 1 &&
+			eventtest.QueryInt(t, pool, `SELECT count(*) FROM consumer_replicas WHERE group_id = 'g' AND expires_at > clock_timestamp()`) == 1
 	})
 	if code, out := runOnce(t, url, "group", "pause", "g", "--config", cfg); code != 0 || !strings.Contains(out, "ACTIVE -> PAUSED") {
 		t.Fatalf("group pause: exit %d\n%s", code, out)
