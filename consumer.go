@@ -324,7 +324,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	g.Go(func() error { return c.consume(gctx, batchCtx) })
 	g.Go(func() error { return c.subscription(gctx) })
 	g.Go(func() error { return c.maintain(gctx) })
-	g.Go(func() error { return (&sequencer{c: c}).run(gctx) })
+	g.Go(func() error {
+		err := Sequence(gctx, c.pool, c.cfg.TopicID, c.replicaID, &c.log)
+		if errors.Is(err, ErrNotSequenced) {
+			return nil
+		}
+		return err
+	})
 	err = g.Wait()
 	c.log.Info().Int64("handled", c.handled.Load()).Msg("consumer stopped")
 	if err != nil && ctx.Err() == nil {

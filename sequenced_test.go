@@ -474,3 +474,47 @@ func TestSequencedKeysAndRepartition(t *testing.T) {
 		t.Fatalf("rolled-back event sequenced (%d, %v)", total, err)
 	}
 }
+
+// TestSequencedLongTransaction: a producer transaction staged an event and
+// stays open; meanwhile other sessions append to every partition (its own
+// included, and its own host), without waiting, and their events are
+// handled while it is still open. Once it commits, its event is handled
+// too, after every event of its partition that committed before it.
+func TestSequencedLongTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := pgtest.Context(context.Background())
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 4, Scope: schema.ScopeSequenced})
+	var handled atomic.Int64
+	hs := &Handlers{}
+	hs.HandleAll(HandlerFunc(func(context.Context, pgx.Tx, *Event) error { handled.Add(1); return nil }))
+	startConsumer(t, pool, Config{TotalPartitions: 4, Handlers: hs})
+	long, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = long.Rollback(ctx) }()
+	if _, err := Append(ctx, long, Event{HostID: "long", EventType: "t", Payload: []byte(`{"long":true}`)}); err != nil {
+		t.Fatal(err)
+	}
+	// Others, from other sessions: each append returns without waiting
+	// for the open transaction (a wait would hang the test).
+	for i := range 50 {
+		evs := []Event{{HostID: fmt.Sprintf("h%d", i%9), EventType: "t", Payload: []byte(`{}`)}, {HostID: "long", EventType: "t", Payload: []byte(`{}`)}}
+		if _, err := Append(ctx, pool, evs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pgtest.WaitFor(t, 20*time.Second, "the other transactions' events handled while one is open", func() bool { return handled.Load() == 100 })
+	if err := long.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitFor(t, 20*time.Second, "the long transaction's event handled", func() bool { return handled.Load() == 101 })
+	var last bool
+	if err := pool.QueryRow(ctx, `SELECT payload ? 'long' FROM outbox_message_t WHERE topic_id = 1
+		AND partition_id = event_partition('long', 4) ORDER BY c_offset DESC LIMIT 1`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	if !last {
+		t.Fatal("the long transaction's event is not the last of its partition, though it committed last")
+	}
+}

@@ -2,10 +2,14 @@ package pgevents
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/finetimer"
@@ -29,46 +33,82 @@ const (
 	rotateEvery = 10 * time.Second
 )
 
-// sequencer runs the ticks of the consumer's topic when it is a sequenced
-// topic (migration 0016). Every consumer of the topic runs one; they wait
-// for the topic's sequencer key on a connection of their own, and the one
-// holding it ticks: it moves what producers committed in the staging
-// tables into the log, as soon as it committed. A tick that finds nothing
-// is followed by another after tickPause while appends are in flight;
-// with none in flight, the sequencer sleeps until an append notifies it.
+// Sequence runs the sequencer of topic, a sequenced topic (offset scope
+// "sequenced"), on connections configured as pool's, until ctx is
+// cancelled; it returns nil then, and ErrNotSequenced at once for a topic
+// of another scope. Every consumer process of a sequenced topic runs it;
+// `consumer maintain` runs it too, so that a topic whose producers append
+// while no consumer runs still moves. name tells the process apart in
+// pg_stat_activity (application_name "pgevents sequencer <name>").
+//
+// The sequencers of a topic wait for its sequencer key (a session advisory
+// lock) on a connection of their own; the one holding it ticks: each tick
+// moves what producers committed in the staging tables since the previous
+// one into the log (migration 0016). A tick that moved events is followed
+// by another at once; one that found nothing, by another after 0.3 ms
+// while appends are in flight; with none in flight, the sequencer sleeps
+// until an append notifies it. Failures (a dropped connection, a session
+// ended) are logged, and it connects again with backoff.
+func Sequence(ctx context.Context, pool *pgxpool.Pool, topic int, name string, log *zerolog.Logger) error {
+	l := log.With().Int("topic", topic).Logger()
+	s := &sequencer{pool: pool, topic: topic, name: name, log: &l, retry: backoff.New(l, "sequencer")}
+	for {
+		ok, err := store.Sequenced(ctx, pool, topic)
+		if err == nil && !ok {
+			return fmt.Errorf("pgevents: topic %d: %w", topic, ErrNotSequenced)
+		}
+		if err == nil {
+			break
+		}
+		if !s.pause(ctx, s.retry.Fail(err, "sequencer: cannot tell whether the topic is sequenced")) {
+			return nil
+		}
+	}
+	s.retry.Ok()
+	return s.run(ctx)
+}
+
+// ErrNotSequenced is returned by Sequence for a topic that is not
+// sequenced.
+var ErrNotSequenced = errors.New("not a sequenced topic")
+
+// sequencer is Sequence's state.
 type sequencer struct {
-	c     *Consumer
+	pool  *pgxpool.Pool
+	topic int
+	name  string
+	log   *zerolog.Logger
 	retry *backoff.Retry
 }
 
-// run sequences until ctx is cancelled; it returns at once when the topic
-// is not sequenced.
+// run sequences until ctx is cancelled.
 func (s *sequencer) run(ctx context.Context) error {
-	ok, err := store.Sequenced(ctx, s.c.pool, s.c.cfg.TopicID)
-	if err != nil || !ok {
-		return nil // not sequenced (a failure to tell is the consumer's own to report)
-	}
-	s.retry = backoff.New(s.c.log, "sequencer")
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
 	for ctx.Err() == nil {
 		err := s.lead(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		t.Reset(s.retry.Fail(err, "sequencer: failed; its connection is closed, and the sequencer key with it"))
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
+		s.pause(ctx, s.retry.Fail(err, "sequencer: failed; its connection is closed, and the sequencer key with it"))
 	}
 	return nil
 }
 
+// pause waits for d, and reports false if ctx ended first.
+func (s *sequencer) pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // lead connects, waits for the sequencer key and ticks while it holds it.
 func (s *sequencer) lead(ctx context.Context) error {
-	cfg := s.c.pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = "pgevents sequencer " + s.c.replicaID
+	cfg := s.pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["application_name"] = "pgevents sequencer " + s.name
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -78,12 +118,12 @@ func (s *sequencer) lead(ctx context.Context) error {
 		_ = conn.Close(cctx)
 		cancel()
 	}()
-	topic := s.c.cfg.TopicID
+	topic := s.topic
 	if err := store.LeaseSequencer(ctx, conn, topic); err != nil {
 		return err
 	}
 	s.retry.Ok()
-	s.c.log.Info().Msg("sequencing the topic: this process moves what producers commit into the log")
+	s.log.Info().Msg("sequencing the topic: this process moves what producers commit into the log")
 	fine := finetimer.New()
 	defer fine.Close()
 	rotated := time.Now()
@@ -142,5 +182,58 @@ func waitFor(ctx context.Context, conn *pgx.Conn, payload string, d time.Duratio
 		if n.Payload == payload {
 			return nil
 		}
+	}
+}
+
+// Staged is what SequenceStaged did.
+type Staged struct {
+	// Sequenced says that the topic is sequenced; nothing else is set
+	// when it is not.
+	Sequenced bool
+	// Busy says that another process holds the topic's sequencer key: it
+	// moves the staged events, and SequenceStaged did nothing.
+	Busy bool
+	// Moved is the number of events the ticks moved into the log.
+	Moved int
+}
+
+// SequenceStaged runs ticks of topic's sequencer on pool until one moves
+// nothing, unless another process holds the topic's sequencer key (then it
+// moves them). It is `consumer maintain --once`, for cron.
+func SequenceStaged(ctx context.Context, pool *pgxpool.Pool, topic int) (Staged, error) {
+	var st Staged
+	ok, err := store.Sequenced(ctx, pool, topic)
+	if err != nil || !ok {
+		return st, err
+	}
+	st.Sequenced = true
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return st, fmt.Errorf("pgevents: %w", err)
+	}
+	// Closed, not given back: the session may hold the sequencer key.
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = conn.Conn().Close(cctx)
+		cancel()
+		conn.Release()
+	}()
+	held, err := store.TryLeaseSequencer(ctx, conn, topic)
+	if err != nil {
+		return st, fmt.Errorf("pgevents: %w", err)
+	}
+	if !held {
+		st.Busy = true
+		return st, nil
+	}
+	for {
+		n, err := store.Tick(ctx, conn, topic)
+		if err != nil {
+			return st, fmt.Errorf("pgevents: %w", err)
+		}
+		if n == 0 {
+			return st, nil
+		}
+		st.Moved += n
 	}
 }

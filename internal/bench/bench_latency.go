@@ -62,11 +62,13 @@ var benchLatencyModes = []struct {
 	{benchProducerMode{name: "topic scope, wake always", scope: schema.ScopeTopic, wake: schema.WakeAlways}, []benchLatencyStep{benchLatency1k, benchLatency3k}},
 	{benchProducerMode{name: "partition scope, wake waiting", scope: schema.ScopePartition}, []benchLatencyStep{benchLatency1k, benchLatency3k}},
 	{benchProducerMode{name: "partition scope, wake always", scope: schema.ScopePartition, wake: schema.WakeAlways}, []benchLatencyStep{benchLatency1k, benchLatency3k}},
+	{benchProducerMode{name: "sequenced, wake waiting", scope: schema.ScopeSequenced}, []benchLatencyStep{benchLatencyIdle, benchLatency1k, benchLatency3k}},
 }
 
 // benchLatency measures commit-to-handler latency at fixed rates of
 // single-event transactions for random hosts, 8 partitions and one
 // in-process consumer group: in both offset scopes and both wake-up modes,
+// and for a sequenced topic (whose consumer's process runs the sequencer),
 // and, at 1,000 events/s, with the producers committing asynchronously (a
 // what-if).
 func benchLatency(ctx context.Context, e *benchEnv) ([]benchResult, error) {

@@ -25,6 +25,9 @@ const (
 	// to the next.
 	sequencerLeaseSQL = `SELECT pg_advisory_lock({schema}lock_key('sequencer', $1::integer::text))`
 
+	// trySequencerLeaseSQL takes the topic's sequencer key if it is free.
+	trySequencerLeaseSQL = `SELECT pg_try_advisory_lock({schema}lock_key('sequencer', $1::integer::text))`
+
 	// tickSQL runs one tick (sequence_tick: a look without a lock, then,
 	// if something committed, the tick's transaction); it returns the
 	// number of events sequenced.
@@ -65,6 +68,16 @@ func LeaseSequencer(ctx context.Context, conn *pgx.Conn, topic int) error {
 		return fmt.Errorf("store: listen for the sequencer: %w", err)
 	}
 	return nil
+}
+
+// TryLeaseSequencer takes topic's sequencer key for db's session if no
+// other session holds it, and reports whether it did.
+func TryLeaseSequencer(ctx context.Context, db schema.DB, topic int) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, schema.SQL(ctx, trySequencerLeaseSQL), topic).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: sequencer key of topic %d: %w", topic, err)
+	}
+	return ok, nil
 }
 
 // Tick runs one tick of topic's sequencer and returns how many events it

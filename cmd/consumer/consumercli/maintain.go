@@ -3,10 +3,12 @@ package consumercli
 import (
 	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,7 +21,7 @@ import (
 // maintainCmd runs the configured topics' maintenance (segments ahead of
 // the counter, rows out of the DEFAULT partition, dead groups, retention)
 // once or every maintenanceIntervalMs, for deployments where producers run
-// while no consumer does.
+// while no consumer does; and the sequencer of each sequenced topic.
 func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("maintain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -56,6 +58,37 @@ func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		targets = append(targets, tg)
 	}
 	slices.SortStableFunc(targets, func(a, b target) int { return cmp.Compare(a.topic, b.topic) })
+	// Sequenced topics: their sequencer runs here too, beside any
+	// consumer's (one of them at a time ticks); with --once, the ticks run
+	// until nothing committed is left staged.
+	var seq sync.WaitGroup
+	defer seq.Wait()
+	sctx, stopSeq := context.WithCancel(ctx)
+	defer stopSeq()
+	for _, tg := range targets {
+		tctx := schema.WithName(ctx, tg.schema)
+		if *once {
+			st, err := pgevents.SequenceStaged(tctx, tg.pool, tg.topic)
+			if err != nil {
+				return err
+			}
+			switch {
+			case st.Busy:
+				fmt.Fprintf(stdout, "topic %d%s: sequenced by another process\n", tg.topic, tg.label)
+			case st.Sequenced:
+				fmt.Fprintf(stdout, "topic %d%s: %d staged events sequenced\n", tg.topic, tg.label, st.Moved)
+			}
+			continue
+		}
+		seq.Add(1)
+		go func() {
+			defer seq.Done()
+			err := pgevents.Sequence(schema.WithName(sctx, tg.schema), tg.pool, tg.topic, "maintain", &log)
+			if err != nil && !errors.Is(err, pgevents.ErrNotSequenced) {
+				log.Warn().Err(err).Int("topic", tg.topic).Msg("sequencer stopped")
+			}
+		}()
+	}
 	t := time.NewTicker(cfg.MaintenanceInterval())
 	defer t.Stop()
 	for {
