@@ -190,7 +190,7 @@ func produceSequenced(ctx context.Context, pool *pgxpool.Pool, rng *rand.Rand, t
 		tx.hosts = append(tx.hosts, fmt.Sprintf("h%d", rng.IntN(hosts)))
 	}
 	payload := func(i int) []byte { return []byte(fmt.Sprintf(`{"tx":%d,"i":%d}`, tx.id, i)) }
-	how := rng.IntN(3)
+	how := rng.IntN(5)
 	rollback := rng.IntN(6) == 0
 	hold := rng.IntN(10) == 0
 	ptx, err := pool.Begin(ctx)
@@ -213,6 +213,32 @@ func produceSequenced(ctx context.Context, pool *pgxpool.Pool, rng *rand.Rand, t
 			if !r.Sequenced || r.Partition != -1 || r.Duplicate || (i > 0 && r.Offset <= res[i-1].Offset) {
 				return fmt.Errorf("append results %+v: want sequence numbers, ascending", res)
 			}
+		}
+	case 4: // Go, one call, without results
+		evs := make([]Event, n)
+		for i, h := range tx.hosts {
+			evs[i] = Event{HostID: h, EventType: "t", Payload: payload(i)}
+		}
+		seqs, err := Append(ctx, ptx, evs...)
+		if err != nil {
+			return err
+		}
+		for i := 1; i < len(seqs); i++ {
+			if seqs[i] <= seqs[i-1] {
+				return fmt.Errorf("sequence numbers %v: want them ascending", seqs)
+			}
+		}
+	case 3: // Go, one call per event, without results
+		prev := int64(0)
+		for i, h := range tx.hosts {
+			seqs, err := Append(ctx, ptx, Event{HostID: h, EventType: "t", Payload: payload(i)})
+			if err != nil {
+				return err
+			}
+			if seqs[0] <= prev {
+				return fmt.Errorf("sequence number %d after %d", seqs[0], prev)
+			}
+			prev = seqs[0]
 		}
 	case 1: // SQL, one event per call
 		for i, h := range tx.hosts {
