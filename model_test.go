@@ -53,6 +53,7 @@ var (
 	modelSeed = flag.Uint64("model.seed", 0, "run the failure-model case with this seed only")
 	modelSoak = flag.Duration("model.soak", 0, "run failure-model cases for this long (default: the short run)")
 	modelLoad = flag.Duration("model.load", 0, "how long a case's producers run (default: 8s, 20s in a soak); a rerun gives the failed case's")
+	modelMode = flag.String("model.mode", "", "draw only cases of this mode (counter, sequence, partition, sequenced): the other choices stay the seed's")
 )
 
 // modelProbed and modelProbesSkipped count the probes of every case: those
@@ -98,7 +99,7 @@ type modelCase struct {
 	policy      FailurePolicy
 	batchSize   int
 	replicas    int
-	mode        string // counter, sequence (scope topic), or partition (scope)
+	mode        string // counter, sequence (scope topic), partition or sequenced (scope)
 	maxAttempts int
 	breaker     int
 	producers   int
@@ -111,6 +112,15 @@ func (mc modelCase) String() string {
 }
 
 func drawCase(seed uint64, load time.Duration) modelCase {
+	mc := drawChoices(seed, load)
+	if *modelMode != "" {
+		mc.mode = *modelMode
+	}
+	return mc
+}
+
+// drawChoices draws a case's choices from its seed.
+func drawChoices(seed uint64, load time.Duration) modelCase {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	pick := func(xs ...int) int { return xs[r.IntN(len(xs))] }
 	mc := modelCase{
@@ -127,6 +137,11 @@ func drawCase(seed uint64, load time.Duration) modelCase {
 	}
 	if r.IntN(4) == 0 {
 		mc.breaker = pick(3, 5, 8)
+	}
+	// Drawn last, so that a seed drawn before sequenced topics existed
+	// keeps its other choices.
+	if mc.mode == schema.ScopePartition && r.IntN(2) == 0 {
+		mc.mode = schema.ScopeSequenced
 	}
 	return mc
 }
@@ -235,13 +250,13 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 	t.Logf("case %s", mc)
 	defer func() {
 		if t.Failed() {
-			t.Logf("FAILED case %s\nrerun: go test -run 'TestFailureModel' -model.seed %d -model.load %s -v .", mc, mc.seed, mc.load)
+			t.Logf("FAILED case %s\nrerun: go test -run 'TestFailureModel' -model.seed %d -model.load %s -model.mode %s -v .", mc, mc.seed, mc.load, mc.mode)
 		}
 	}()
 	ctx := context.Background()
 	scope := schema.ScopeTopic
-	if mc.mode == schema.ScopePartition {
-		scope = schema.ScopePartition
+	if mc.mode == schema.ScopePartition || mc.mode == schema.ScopeSequenced {
+		scope = mc.mode
 	}
 	m := &model{
 		t: t, mc: mc, ctx: ctx, pool: pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: mc.partitions, Scope: scope}),
@@ -487,9 +502,13 @@ func (m *model) produce(r *rand.Rand, tag string) {
 		return
 	}
 	// The layout cannot change before this transaction ends: the append
-	// holds the topic's append lock, which repartitioning takes.
+	// holds the topic's append lock, which repartitioning takes. (A
+	// sequenced topic's events get their offset and layout at their tick:
+	// resolveSequenced reads them.)
 	var layout int
-	if err := tx.QueryRow(m.ctx, `SELECT max(version) FROM topic_layouts WHERE topic_id = 1`).Scan(&layout); err != nil {
+	if m.mc.mode == schema.ScopeSequenced {
+		offs = slices.Repeat([]int64{-1}, len(offs))
+	} else if err := tx.QueryRow(m.ctx, `SELECT max(version) FROM topic_layouts WHERE topic_id = 1`).Scan(&layout); err != nil {
 		m.t.Error(err)
 		return
 	}
@@ -693,12 +712,22 @@ func (m *model) probe(op string, observed func() bool) {
 		}
 		offs, err := Append(m.ctx, tx, Event{HostID: host, UserID: "probe", EventType: "model", Payload: b})
 		var layout, part int
-		if err == nil {
+		if err == nil && m.mc.mode != schema.ScopeSequenced {
 			err = tx.QueryRow(m.ctx, `SELECT (SELECT max(version) FROM topic_layouts WHERE topic_id = 1), partition_id
 				FROM outbox_message_t WHERE topic_id = 1 AND c_offset = $1 AND host_id = $2`, offs[0], host).Scan(&layout, &part)
 		}
 		if err == nil {
 			err = tx.Commit(m.ctx)
+		}
+		if err == nil && m.mc.mode == schema.ScopeSequenced {
+			// Sequenced: its offset, partition and layout once a tick moved it.
+			var found bool
+			pgtest.WaitFor(t, 15*time.Second, "probe "+key+" sequenced", func() bool {
+				found = m.pool.QueryRow(m.ctx, `SELECT c_offset, partition_id, (SELECT max(l.version) FROM topic_layouts l
+					WHERE l.topic_id = 1 AND layout_start(1, l.version, m.partition_id) <= m.c_offset)
+					FROM outbox_message_t m WHERE topic_id = 1 AND payload->>'k' = $1`, key).Scan(&offs[0], &part, &layout) == nil
+				return found
+			})
 		}
 		if err != nil {
 			_ = tx.Rollback(m.ctx)
@@ -822,6 +851,36 @@ func (m *model) partitionState(p int) string {
 		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'`).Scan(&activity)
 	out = append(out, "activity:\n"+activity)
 	return strings.Join(out, "; ")
+}
+
+// resolveSequenced fills in the offsets and layouts of a sequenced topic's
+// committed events, which their ticks assigned: from the log, or, for an
+// event retention removed since, from the groups that handled it (the
+// check then compares the groups' offsets with each other). An event
+// neither in the log nor handled keeps offset -1: the check reports it
+// missing, unless its dead letter was discarded.
+func (m *model) resolveSequenced() {
+	rows, err := m.pool.Query(m.ctx, `SELECT x.k, x.c_offset, (SELECT max(l.version) FROM topic_layouts l
+		WHERE l.topic_id = 1 AND layout_start(1, l.version, x.partition_id) <= x.c_offset)
+		FROM (SELECT DISTINCT ON (k) k, c_offset, partition_id FROM (
+		        SELECT payload->>'k' AS k, c_offset, partition_id, 0 AS pref FROM outbox_message_t WHERE topic_id = 1
+		        UNION ALL SELECT k, c_offset, partition_id, 1 FROM handled) u
+		      ORDER BY k, pref) x`)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	var k string
+	var off int64
+	var layout int
+	if _, err := pgx.ForEachRow(rows, []any{&k, &off, &layout}, func() error {
+		if e, ok := m.committed[k]; ok {
+			e.offset, e.layout = off, layout
+			m.committed[k] = e
+		}
+		return nil
+	}); err != nil {
+		m.t.Fatal(err)
+	}
 }
 
 // checkPositions fails the case when a group's position in a partition
@@ -1058,6 +1117,9 @@ func (m *model) check() {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.mc.mode == schema.ScopeSequenced {
+		m.resolveSequenced()
+	}
 	type row struct {
 		group, key, host string
 		offset           int64

@@ -155,7 +155,11 @@ func migrateTopic(ctx context.Context, conn *pgx.Conn, cfg *config.Config, i int
 	if created {
 		verb = "created"
 	}
-	fmt.Fprintf(stdout, "topic %d %s with %d partitions, offsets per %s, %s allocation\n", topic.ID, verb, topic.Partitions, topic.Scope, g.OffsetAllocation)
+	offsets := "offsets per " + topic.Scope
+	if topic.Scope == schema.ScopeSequenced {
+		offsets = "sequenced (offsets per partition, assigned after commit)"
+	}
+	fmt.Fprintf(stdout, "topic %d %s with %d partitions, %s, %s allocation\n", topic.ID, verb, topic.Partitions, offsets, g.OffsetAllocation)
 	return nil
 }
 
