@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -409,6 +410,16 @@ func TestSequencedKeysAndRepartition(t *testing.T) {
 	}
 	ev := func(host, key string) Event {
 		return Event{HostID: host, EventType: "t", Payload: []byte(`{}`), IdempotencyKey: key}
+	}
+	// Bad input from SQL: the error names what is missing, nothing is staged.
+	for sql, want := range map[string]string{
+		`SELECT append_events(1, '[{"host_id": "a", "event_type": "t"}, {"event_type": "t"}]')`: "event 2: host_id is required",
+		`SELECT append_events(1, '{"host_id": "a"}')`:                                           "must be a JSON array",
+		`SELECT append_event(1, 'a', '', '', '{}')`:                                             "event_type is required",
+	} {
+		if _, err := pool.Exec(ctx, sql); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%s: error %v, want one saying %q", sql, err, want)
+		}
 	}
 	res, err := AppendResults(ctx, pool, ev("a", "k1"), ev("b", "k1"), ev("c", ""))
 	if err != nil {

@@ -60,7 +60,7 @@ func Sequence(ctx context.Context, pool *pgxpool.Pool, topic int, name string, l
 		if err == nil {
 			break
 		}
-		if !s.pause(ctx, s.retry.Fail(err, "sequencer: cannot tell whether the topic is sequenced")) {
+		if !backoff.Sleep(ctx, s.retry.Fail(err, "sequencer: cannot tell whether the topic is sequenced")) {
 			return nil
 		}
 	}
@@ -88,21 +88,9 @@ func (s *sequencer) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.pause(ctx, s.retry.Fail(err, "sequencer: failed; its connection is closed, and the sequencer key with it"))
+		backoff.Sleep(ctx, s.retry.Fail(err, "sequencer: failed; its connection is closed, and the sequencer key with it"))
 	}
 	return nil
-}
-
-// pause waits for d, and reports false if ctx ended first.
-func (s *sequencer) pause(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // lead connects, waits for the sequencer key and ticks while it holds it.

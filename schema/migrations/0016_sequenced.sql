@@ -118,23 +118,12 @@ BEGIN ATOMIC
      WHERE NOT pg_try_advisory_xact_lock_shared(lock_key('sequencer', p_topic_id || '/sleep'));
 END;
 
--- stage_many stages a JSON array of events (the elements as append_events
--- takes them) to a sequenced topic in the caller's transaction, and returns
--- per element, in array order, its sequence number and whether it was a
--- duplicate of an event staged before with its idempotency key (then
--- nothing is staged, and the sequence number is the first one's).
-CREATE FUNCTION stage_many(p_topic_id integer, events jsonb)
-RETURNS TABLE (seq bigint, duplicate boolean)
+-- check_events raises the error append_events gives for events that are
+-- not a JSON array of objects, each with a host_id and an event_type.
+CREATE FUNCTION check_events(events jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    t     record;
-    bad   record;
-    keys  text[];
-    ck    record;
-    fresh boolean[];
-    seqs  bigint[];
-    i     integer;
-    k     integer;
+    bad record;
 BEGIN
     IF events IS NULL OR jsonb_typeof(events) <> 'array' THEN
         RAISE EXCEPTION 'append_events: events must be a JSON array'
@@ -160,6 +149,27 @@ BEGIN
                 USING ERRCODE = '22023';
         END IF;
     END IF;
+END;
+$$;
+
+-- stage_many stages a JSON array of events (the elements as append_events
+-- takes them) to a sequenced topic in the caller's transaction, and returns
+-- per element, in array order, its sequence number and whether it was a
+-- duplicate of an event staged before with its idempotency key (then
+-- nothing is staged, and the sequence number is the first one's).
+CREATE FUNCTION stage_many(p_topic_id integer, events jsonb)
+RETURNS TABLE (seq bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t     record;
+    keys  text[];
+    ck    record;
+    fresh boolean[];
+    seqs  bigint[];
+    i     integer;
+    k     integer;
+BEGIN
+    PERFORM check_events(events);
     SELECT c.stage_gen, c.idempotency_window INTO t FROM log_counter c WHERE c.topic_id = p_topic_id;
     SELECT array_agg(e.e->>'idempotency_key' ORDER BY e.ord) INTO keys
       FROM jsonb_array_elements(events) WITH ORDINALITY AS e(e, ord);
