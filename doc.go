@@ -10,7 +10,7 @@
 // once, in SQL, at append, and stored; a partition's rows are stored
 // together, in a table of their own split into segments of offsets.
 //
-// Offsets are allocated per topic in one of two scopes, chosen when the
+// Offsets are allocated per topic in one of three scopes, chosen when the
 // topic is created:
 //
 //   - scope topic (the default, the seed design's): one sequence for the
@@ -25,7 +25,15 @@
 //     append lock, taken in ascending order by a call that appends to
 //     several, so offsets are gapless and commit-ordered per partition, as
 //     in Kafka, and producers of different partitions never wait for each
-//     other.
+//     other;
+//   - scope sequenced: one sequence per partition, assigned after commit.
+//     An append inserts the event into the topic's staging table, with no
+//     lock and no tail read, and returns a sequence number; the topic's
+//     sequencer (Sequence: one process at a time, under an advisory lock)
+//     moves what committed into the log in ticks, in commit order at the
+//     tick's granularity, a transaction's events contiguous per partition.
+//     Everything that reads the log then sees a topic of scope partition.
+//     The rules on locks, isolation and deadlocks below do not apply to it.
 //
 // The tails are rows of partition_tails, inserted by each append call and
 // never updated: no row is updated per append, so a snapshot held open

@@ -63,7 +63,7 @@
 //	consumer group   pause|resume|cancel G
 //	consumer status  [--config FILE] [--group G] [--json] [--watch [--interval D]]
 //	consumer repartition --partitions N [--topic T]  change the partition count online
-//	consumer maintain [--once]       segments, dead groups and retention without a consumer
+//	consumer maintain [--once]       segments, dead groups, retention and sequencers without a consumer
 //	consumer adopt   [--partitions N] [--dry-run|--print] [--bridge] | --unbridge
 //	                                   move a seed-style deployment onto pgevents
 //	consumer console [--config FILE] [--addr HOST:PORT]
@@ -152,7 +152,7 @@ commands:
   repartition --partitions N [--topic T]
            change a topic's partition count online
   maintain [--once]
-           create segments, sweep dead groups, apply retention (where no consumer runs)
+           create segments, sweep dead groups, apply retention, sequence sequenced topics (where no consumer runs)
   adopt    [--partitions N] [--dry-run | --print] [--bridge] | --unbridge
            move a seed-style deployment (its log and every group's position) onto pgevents
   console  [--addr HOST:PORT]
