@@ -510,6 +510,13 @@ func TestSequencedKeysAndRepartition(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1 AND host_id = 'gone'`).Scan(&total); err != nil || total != 0 {
 		t.Fatalf("rolled-back event sequenced (%d, %v)", total, err)
 	}
+	// The event ids are the ones drawn at staging (a tick done again after
+	// a crash keeps them).
+	var other int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_message_t m WHERE m.topic_id = 1
+		AND NOT EXISTS (SELECT 1 FROM staged_events s WHERE s.topic_id = 1 AND s.event_id = m.event_id)`).Scan(&other); err != nil || other != 0 {
+		t.Fatalf("%d events of the log with an id not drawn at staging (%v)", other, err)
+	}
 }
 
 // TestSequencedLongTransaction: a producer transaction staged an event and

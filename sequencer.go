@@ -97,6 +97,12 @@ func (s *sequencer) run(ctx context.Context) error {
 func (s *sequencer) lead(ctx context.Context) error {
 	cfg := s.pool.Config().ConnConfig.Copy()
 	cfg.RuntimeParams["application_name"] = "pgevents sequencer " + s.name
+	// The wait for the sequencer key lasts as long as another process
+	// sequences: no statement timeout. (Its commits are asynchronous, as
+	// the pool's are: a crash can lose the last ticks, whose events stay
+	// staged and are sequenced again, with the event ids they were staged
+	// with.)
+	cfg.RuntimeParams["statement_timeout"] = "0"
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err

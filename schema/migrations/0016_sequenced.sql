@@ -60,7 +60,11 @@ CREATE TABLE staged_events (
     payload         jsonb,
     metadata        jsonb,
     idempotency_key text,
-    created_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- Drawn at staging, not at the tick: a tick lost in a crash (the
+    -- sequencer commits asynchronously) and done again gives the events
+    -- the ids a relay may already have sent them with.
+    event_id        uuid        NOT NULL DEFAULT gen_random_uuid()
 ) PARTITION BY LIST (topic_id);
 
 -- sequencer_ticks: per sequenced topic, the last tick's snapshot. A tick
@@ -379,9 +383,9 @@ BEGIN
           FROM ev JOIN tl ON tl.p = ev.p
     ), ins AS (
         INSERT INTO outbox_message_t
-            (c_offset, topic_id, partition_id, host_id, user_id,
+            (c_offset, topic_id, partition_id, event_id, host_id, user_id,
              transaction_id, event_type, payload, metadata, created_at)
-        SELECT o.off, p_topic_id, o.p, o.host_id, o.user_id,
+        SELECT o.off, p_topic_id, o.p, o.event_id, o.host_id, o.user_id,
                o.xid::text::bigint, o.event_type, o.payload, o.metadata, o.created_at
           FROM o ORDER BY o.p, o.off
         RETURNING outbox_message_t.partition_id, outbox_message_t.c_offset
