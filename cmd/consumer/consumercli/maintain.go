@@ -8,10 +8,10 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
@@ -61,10 +61,12 @@ func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	// Sequenced topics: their sequencer runs here too, beside any
 	// consumer's (one of them at a time ticks); with --once, the ticks run
 	// until nothing committed is left staged.
-	var seq sync.WaitGroup
-	defer seq.Wait()
 	sctx, stopSeq := context.WithCancel(ctx)
-	defer stopSeq()
+	seq, sctx := errgroup.WithContext(sctx)
+	defer func() {
+		stopSeq()
+		_ = seq.Wait() // the sequencers log their own failures
+	}()
 	for _, tg := range targets {
 		tctx := schema.WithName(ctx, tg.schema)
 		if *once {
@@ -80,14 +82,13 @@ func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			}
 			continue
 		}
-		seq.Add(1)
-		go func() {
-			defer seq.Done()
+		seq.Go(func() error {
 			err := pgevents.Sequence(schema.WithName(sctx, tg.schema), tg.pool, tg.topic, "maintain", &log)
 			if err != nil && !errors.Is(err, pgevents.ErrNotSequenced) {
 				log.Warn().Err(err).Int("topic", tg.topic).Msg("sequencer stopped")
 			}
-		}()
+			return nil
+		})
 	}
 	t := time.NewTicker(cfg.MaintenanceInterval())
 	defer t.Stop()
