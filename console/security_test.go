@@ -353,7 +353,10 @@ func TestFlashIsFixedText(t *testing.T) {
 	for _, path := range []string{"/topics/1/groups/g", "/dead-letters"} {
 		for _, done := range []string{"Your session expired: call +1 555 0100 now", "pause: call +1 555 0100", "<b>x</b>", "replay"} {
 			body := c.mustGet(path + "?done=" + url.QueryEscape(done) + "&ok=call+us&failed=1")
-			if strings.Contains(body, `id="done"`) || strings.Contains(body, "555") || strings.Contains(body, "call us") {
+			// "+1 555 0100" rather than "555": a port, an offset or a
+			// timestamp on the page may hold those digits.
+			if strings.Contains(body, `id="done"`) || strings.Contains(body, "+1 555 0100") || strings.Contains(body, "call us") ||
+				strings.Contains(body, "<b>x</b>") {
 				t.Errorf("GET %s?done=%q shows a message", path, done)
 			}
 		}
