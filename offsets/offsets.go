@@ -3,6 +3,7 @@ package offsets
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -343,4 +344,50 @@ type Watcher struct {
 func Watchers(ctx context.Context, db schema.DB, topic int) (Watcher, error) {
 	s, n, err := store.Watchers(ctx, db, topic)
 	return Watcher{Session: s, Waiting: n}, err
+}
+
+// Subscribe registers group on topic, starting at start, unless it is
+// registered already; it marks the group live either way (a DEAD group
+// becomes ACTIVE), and returns its state. deadAfter is how long the group
+// may go without a sign of life before it is DEAD (it no longer holds
+// retention back); a live process renews it with Subscribe or Commit. A
+// CANCELLED group stays cancelled. A consumer subscribes itself; this is
+// for a reader that commits positions its own way (the Kafka endpoint's
+// groups).
+func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start Start, deadAfter time.Duration) (string, error) {
+	state, _, err := store.Subscribe(ctx, db, group, topic, start.store(), deadAfter)
+	return state, err
+}
+
+// Commit sets group's next offset on topic in the partitions of next
+// (partition to offset), in one transaction, as a worker's batch commits a
+// position: each partition's position lock is taken (in ascending order),
+// so a commit waits for a batch of the group in flight and never runs
+// beside one. The group must be subscribed (Subscribe). It is how a Kafka
+// client's OffsetCommit moves a group.
+func Commit(ctx context.Context, db schema.DB, group string, topic int, next map[int]int64) error {
+	if len(next) == 0 {
+		return nil
+	}
+	ps := make([]int32, 0, len(next))
+	for p := range next {
+		ps = append(ps, int32(p))
+	}
+	slices.Sort(ps)
+	ns := make([]int64, len(ps))
+	for i, p := range ps {
+		ns[i] = next[int(p)]
+	}
+	tx, err := store.Begin(ctx, db)
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, commitPositionsSQL), group, topic, ps, ns); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
 }

@@ -58,3 +58,11 @@ SELECT s.partition_id, s.next_offset, e.log_end, l.events,
        coalesce(greatest(extract(epoch FROM clock_timestamp() - f.created_at)::float8, 0), 0)
 FROM parts s` + store.LagReadsSQL + `ORDER BY s.partition_id`
 )
+
+// commitPositionsSQL sets group $1's positions on topic $2: partition
+// $3[i] to $4[i]. consumer_positions' trigger takes each partition's
+// position lock (the lock a worker's claim holds for its batch), in the
+// order of $3, which Commit sorts: a commit waits for a batch of the group
+// in flight, and two commits never deadlock.
+const commitPositionsSQL = `INSERT INTO {schema}consumer_positions (group_id, topic_id, partition_id, next_offset)
+SELECT $1, $2, u.p, u.n FROM unnest($3::integer[], $4::bigint[]) WITH ORDINALITY AS u(p, n, i) ORDER BY u.i`

@@ -1,0 +1,596 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/schema"
+)
+
+const apiVersionsKey = 18
+
+// versions are the API keys the endpoint serves and their version ranges:
+// versions whose fields it fills (topics by name, not by id; the classic
+// group protocol). A client negotiates the highest version both know.
+var versions = map[int16][2]int16{
+	0:  {3, 9},  // Produce: record batches v2 from v3
+	1:  {4, 12}, // Fetch: topics by name up to v12
+	2:  {1, 7},  // ListOffsets
+	3:  {0, 12}, // Metadata
+	8:  {2, 8},  // OffsetCommit
+	9:  {1, 7},  // OffsetFetch: one group per request up to v7
+	10: {0, 3},  // FindCoordinator: one key per request up to v3
+	11: {0, 7},  // JoinGroup
+	12: {0, 4},  // Heartbeat
+	13: {0, 4},  // LeaveGroup
+	14: {0, 5},  // SyncGroup
+	15: {0, 5},  // DescribeGroups
+	16: {0, 4},  // ListGroups
+	17: {0, 1},  // SaslHandshake
+	18: {0, 3},  // ApiVersions
+	22: {0, 4},  // InitProducerId
+	36: {0, 2},  // SaslAuthenticate
+}
+
+func supported(key int16) (lo, hi int16, ok bool) {
+	v, ok := versions[key]
+	return v[0], v[1], ok
+}
+
+// unsupportedAPIVersions stands for an ApiVersions request of a version
+// above ours: it is answered in version 0 with UNSUPPORTED_VERSION and our
+// versions, as Kafka does.
+type unsupportedAPIVersions struct {
+	kmsg.ApiVersionsRequest
+	version int16
+}
+
+// handle answers one request. A nil response with a nil error sends
+// nothing (Produce with acks 0); an error closes the connection.
+func (cn *conn) handle(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
+	s := cn.s
+	if !cn.authed {
+		switch req.(type) {
+		case *kmsg.ApiVersionsRequest, *unsupportedAPIVersions, *kmsg.SASLHandshakeRequest, *kmsg.SASLAuthenticateRequest:
+		default:
+			return nil, fmt.Errorf("%w: request %d before SASL authentication", errClose, req.Key())
+		}
+	}
+	switch r := req.(type) {
+	case *unsupportedAPIVersions:
+		resp := apiVersions(kmsg.NewPtrApiVersionsResponse())
+		resp.SetVersion(0)
+		resp.ErrorCode = kerr.UnsupportedVersion.Code
+		return resp, nil
+	case *kmsg.ApiVersionsRequest:
+		resp := apiVersions(r.ResponseKind().(*kmsg.ApiVersionsResponse))
+		return resp, nil
+	case *kmsg.SASLHandshakeRequest:
+		return cn.saslHandshake(r), nil
+	case *kmsg.SASLAuthenticateRequest:
+		return cn.saslAuthenticate(r)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout+s.opts.MaxWait)
+	defer cancel()
+	switch r := req.(type) {
+	case *kmsg.MetadataRequest:
+		return s.metadata(ctx, r)
+	case *kmsg.ListOffsetsRequest:
+		return s.listOffsets(ctx, r)
+	case *kmsg.FetchRequest:
+		return s.fetch(ctx, r)
+	case *kmsg.ProduceRequest:
+		return s.produce(ctx, r)
+	case *kmsg.InitProducerIDRequest:
+		return s.initProducerID(r), nil
+	case *kmsg.FindCoordinatorRequest:
+		return s.findCoordinator(r), nil
+	case *kmsg.JoinGroupRequest:
+		return s.groups.join(ctx, r, cn.client, cn.c.RemoteAddr().String())
+	case *kmsg.SyncGroupRequest:
+		return s.groups.sync(ctx, r)
+	case *kmsg.HeartbeatRequest:
+		return s.groups.heartbeat(r), nil
+	case *kmsg.LeaveGroupRequest:
+		return s.groups.leave(r), nil
+	case *kmsg.OffsetCommitRequest:
+		return s.groups.commit(ctx, r)
+	case *kmsg.OffsetFetchRequest:
+		return s.groups.fetchOffsets(ctx, r)
+	case *kmsg.DescribeGroupsRequest:
+		return s.groups.describe(r), nil
+	case *kmsg.ListGroupsRequest:
+		return s.groups.list(r), nil
+	}
+	return nil, fmt.Errorf("%w: api key %d has no handler", errClose, req.Key())
+}
+
+func apiVersions(resp *kmsg.ApiVersionsResponse) *kmsg.ApiVersionsResponse {
+	keys := make([]int16, 0, len(versions))
+	for k := range versions {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v := versions[k]
+		resp.ApiKeys = append(resp.ApiKeys, kmsg.ApiVersionsResponseApiKey{ApiKey: k, MinVersion: v[0], MaxVersion: v[1]})
+	}
+	return resp
+}
+
+// topic is a pgevents topic as the endpoint exposes it.
+type topic struct {
+	name string
+	id   int
+}
+
+// partitions returns the topic's partition count as the database records
+// it now.
+func (s *Server) partitions(ctx context.Context, t *topic) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, schema.SQL(ctx, partitionsSQL), t.id).Scan(&n); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("kafka: partitions of topic %d: %w", t.id, err)
+	}
+	return n, nil
+}
+
+func (s *Server) metadata(ctx context.Context, r *kmsg.MetadataRequest) (kmsg.Response, error) {
+	resp := r.ResponseKind().(*kmsg.MetadataResponse)
+	resp.Brokers = []kmsg.MetadataResponseBroker{{NodeID: s.opts.NodeID, Host: s.host, Port: s.port}}
+	cluster := "pgevents"
+	resp.ClusterID = &cluster
+	resp.ControllerID = s.opts.NodeID
+	var names []string
+	if r.Topics == nil {
+		for name := range s.topics {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+	} else {
+		for _, t := range r.Topics {
+			if t.Topic != nil {
+				names = append(names, *t.Topic)
+			}
+		}
+	}
+	for _, name := range names {
+		mt := kmsg.NewMetadataResponseTopic()
+		mt.Topic = kmsg.StringPtr(name)
+		t := s.topics[name]
+		if t == nil {
+			mt.ErrorCode = kerr.UnknownTopicOrPartition.Code
+			resp.Topics = append(resp.Topics, mt)
+			continue
+		}
+		n, err := s.partitions(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			mt.ErrorCode = kerr.UnknownTopicOrPartition.Code
+		}
+		for p := range n {
+			mp := kmsg.NewMetadataResponseTopicPartition()
+			mp.Partition = int32(p)
+			mp.Leader = s.opts.NodeID
+			mp.Replicas = []int32{s.opts.NodeID}
+			mp.ISR = []int32{s.opts.NodeID}
+			mt.Partitions = append(mt.Partitions, mp)
+		}
+		resp.Topics = append(resp.Topics, mt)
+	}
+	return resp, nil
+}
+
+// bounds are a partition's log start offset and high watermark.
+type bounds struct{ start, hw int64 }
+
+// readBounds reads the bounds of topic t's partitions ps.
+func (s *Server) readBounds(ctx context.Context, t *topic, ps []int32) (map[int32]bounds, error) {
+	rows, err := s.pool.Query(ctx, schema.SQL(ctx, boundsSQL), t.id, ps)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: bounds of topic %d: %w", t.id, err)
+	}
+	out := map[int32]bounds{}
+	var (
+		p     int32
+		start int64
+		hw    int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&p, &start, &hw}, func() error { out[p] = bounds{start, hw}; return nil }); err != nil {
+		return nil, fmt.Errorf("kafka: bounds of topic %d: %w", t.id, err)
+	}
+	return out, nil
+}
+
+func (s *Server) listOffsets(ctx context.Context, r *kmsg.ListOffsetsRequest) (kmsg.Response, error) {
+	resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
+	for _, rt := range r.Topics {
+		ot := kmsg.NewListOffsetsResponseTopic()
+		ot.Topic = rt.Topic
+		t := s.topics[rt.Topic]
+		var (
+			bs  map[int32]bounds
+			n   int
+			err error
+		)
+		if t != nil {
+			if n, err = s.partitions(ctx, t); err != nil {
+				return nil, err
+			}
+			var ps []int32
+			for _, rp := range rt.Partitions {
+				ps = append(ps, rp.Partition)
+			}
+			if bs, err = s.readBounds(ctx, t, ps); err != nil {
+				return nil, err
+			}
+		}
+		for _, rp := range rt.Partitions {
+			op := kmsg.NewListOffsetsResponseTopicPartition()
+			op.Partition = rp.Partition
+			op.Timestamp = -1
+			b, ok := bs[rp.Partition]
+			switch {
+			case t == nil || rp.Partition < 0 || int(rp.Partition) >= n || !ok:
+				op.ErrorCode = kerr.UnknownTopicOrPartition.Code
+			case rp.Timestamp == -1: // latest
+				op.Offset = b.hw
+			case rp.Timestamp == -2: // earliest
+				op.Offset = b.start
+			case rp.Timestamp == -3: // the max timestamp: not kept
+				op.ErrorCode = kerr.UnsupportedVersion.Code
+			default:
+				var off *int64
+				if err := s.pool.QueryRow(ctx, schema.SQL(ctx, byTimeSQL), t.id, rp.Partition, time.UnixMilli(rp.Timestamp)).Scan(&off); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					return nil, fmt.Errorf("kafka: offset by time: %w", err)
+				}
+				if off != nil {
+					op.Offset, op.Timestamp = *off, rp.Timestamp
+				} else {
+					op.Offset = -1
+				}
+			}
+			if r.Version == 0 {
+				op.OldStyleOffsets = []int64{op.Offset}
+			}
+			ot.Partitions = append(ot.Partitions, op)
+		}
+		resp.Topics = append(resp.Topics, ot)
+	}
+	return resp, nil
+}
+
+// fetchRows is how many events a fetch reads per statement.
+const fetchRows = 1000
+
+// fetch answers a Fetch: each partition's events from the offset asked,
+// up to the request's byte limits; when it has less than MinBytes, it
+// waits until an event is appended to a partition it asked for (the
+// wake-ups of waiters) or MaxWaitMs (at most Options.MaxWait) has passed.
+func (s *Server) fetch(ctx context.Context, r *kmsg.FetchRequest) (kmsg.Response, error) {
+	wait := min(time.Duration(r.MaxWaitMillis)*time.Millisecond, s.opts.MaxWait)
+	deadline := time.Now().Add(wait)
+	for {
+		resp, size, watch, err := s.fetchOnce(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		if size >= int(max(r.MinBytes, 1)) || len(watch) == 0 || !time.Now().Before(deadline) {
+			return resp, nil
+		}
+		if !s.waits.wait(ctx, watch, deadline) {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return resp, nil // deadline
+		}
+	}
+}
+
+// fetchOnce reads what a Fetch asks. watch lists the partitions it may
+// wait for (no error, caught up), with their high watermarks.
+func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.FetchResponse, int, []watchPoint, error) {
+	resp := r.ResponseKind().(*kmsg.FetchResponse)
+	maxBytes := int(r.MaxBytes)
+	if r.Version < 3 || maxBytes <= 0 {
+		maxBytes = 1 << 30
+	}
+	size := 0
+	var watch []watchPoint
+	for _, rt := range r.Topics {
+		ft := kmsg.NewFetchResponseTopic()
+		ft.Topic = rt.Topic
+		t := s.topics[rt.Topic]
+		var (
+			bs  map[int32]bounds
+			n   int
+			err error
+		)
+		if t != nil {
+			if n, err = s.partitions(ctx, t); err != nil {
+				return nil, 0, nil, err
+			}
+			var ps []int32
+			for _, rp := range rt.Partitions {
+				ps = append(ps, rp.Partition)
+			}
+			if bs, err = s.readBounds(ctx, t, ps); err != nil {
+				return nil, 0, nil, err
+			}
+		}
+		for _, rp := range rt.Partitions {
+			fp := kmsg.NewFetchResponseTopicPartition()
+			fp.Partition = rp.Partition
+			fp.HighWatermark, fp.LastStableOffset, fp.LogStartOffset = -1, -1, -1
+			b, ok := bs[rp.Partition]
+			switch {
+			case t == nil || rp.Partition < 0 || int(rp.Partition) >= n || !ok:
+				fp.ErrorCode = kerr.UnknownTopicOrPartition.Code
+			case rp.FetchOffset < b.start || rp.FetchOffset > b.hw:
+				fp.ErrorCode = kerr.OffsetOutOfRange.Code
+				fp.HighWatermark, fp.LastStableOffset, fp.LogStartOffset = b.hw, b.hw, b.start
+			default:
+				fp.HighWatermark, fp.LastStableOffset, fp.LogStartOffset = b.hw, b.hw, b.start
+				if rp.FetchOffset == b.hw {
+					watch = append(watch, watchPoint{topic: t.id, partition: rp.Partition, hw: b.hw})
+					break
+				}
+				limit := min(int(rp.PartitionMaxBytes), maxBytes-size)
+				if size == 0 {
+					limit = max(limit, 1) // the first batch goes whatever its size
+				}
+				if limit <= 0 {
+					break
+				}
+				recs, err := s.readRecords(ctx, t, rp.Partition, rp.FetchOffset, b.hw, limit)
+				if err != nil {
+					return nil, 0, nil, err
+				}
+				fp.RecordBatches = recs
+				size += len(recs)
+			}
+			ft.Partitions = append(ft.Partitions, fp)
+		}
+		resp.Topics = append(resp.Topics, ft)
+	}
+	return resp, size, watch, nil
+}
+
+// readRecords reads partition p's events from offset from, below hw,
+// as record batches of at most fetchRows events each, until they hold
+// limit bytes or more (at least one batch).
+func (s *Server) readRecords(ctx context.Context, t *topic, p int32, from, hw int64, limit int) ([]byte, error) {
+	var out []byte
+	evs := make([]event, 0, 64)
+	for from < hw && len(out) < limit {
+		evs = evs[:0]
+		rows, err := s.pool.Query(ctx, schema.SQL(ctx, fetchSQL), t.id, p, from, fetchRows)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: fetch topic %d partition %d: %w", t.id, p, err)
+		}
+		var ev event
+		bytes := 0
+		if _, err := pgx.ForEachRow(rows, []any{&ev.offset, &ev.eventID, &ev.host, &ev.user, &ev.txid, &ev.eventType, &ev.payload, &ev.metadata, &ev.createdAt},
+			func() error {
+				if len(evs) > 0 && len(out)+bytes >= limit {
+					return nil
+				}
+				evs = append(evs, ev)
+				bytes += 64 + len(ev.host) + len(ev.eventID) + len(ev.eventType) + len(ev.user)
+				if ev.payload != nil {
+					bytes += len(*ev.payload)
+				}
+				if ev.metadata != nil {
+					bytes += len(*ev.metadata)
+				}
+				return nil
+			}); err != nil {
+			return nil, fmt.Errorf("kafka: fetch topic %d partition %d: %w", t.id, p, err)
+		}
+		if len(evs) == 0 {
+			break
+		}
+		out = appendBatch(out, evs)
+		from = evs[len(evs)-1].offset + 1
+		if len(evs) < fetchRows {
+			break
+		}
+	}
+	return out, nil
+}
+
+// produce appends a Produce request's records in one transaction: a
+// record's key is the event's host_id (a record without one is refused
+// with INVALID_RECORD), its value the payload (JSON; anything else is
+// refused), the header event_type its type (default "kafka"), user_id its
+// user; the other headers go into the metadata. The partition an event
+// lands in is pgevents' (hashtext(host_id) % N), whatever partition the
+// client chose: the answer gives the first event's offset when every
+// record landed in the partition asked, else -1. An idempotent producer's
+// records carry idempotency keys of its producer id, the partition asked
+// and their sequence numbers, so a batch sent again appends nothing twice.
+func (s *Server) produce(ctx context.Context, r *kmsg.ProduceRequest) (kmsg.Response, error) {
+	resp := r.ResponseKind().(*kmsg.ProduceResponse)
+	type slot struct {
+		ti, pi int
+		first  int // index in evs
+		n      int
+	}
+	var (
+		evs   []pgevents.Event
+		slots []slot
+	)
+	for ti, rt := range r.Topics {
+		pt := kmsg.NewProduceResponseTopic()
+		pt.Topic = rt.Topic
+		t := s.topics[rt.Topic]
+		n := 0
+		if t != nil {
+			var err error
+			if n, err = s.partitions(ctx, t); err != nil {
+				return nil, err
+			}
+		}
+		for pi, rp := range rt.Partitions {
+			pp := kmsg.NewProduceResponseTopicPartition()
+			pp.Partition = rp.Partition
+			pp.BaseOffset = -1
+			pp.LogAppendTime = -1
+			switch {
+			case t == nil || rp.Partition < 0 || int(rp.Partition) >= n:
+				pp.ErrorCode = kerr.UnknownTopicOrPartition.Code
+			case s.opts.ReadOnly:
+				pp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				pp.ErrorMessage = kmsg.StringPtr("this endpoint is read-only")
+			default:
+				batch, err := parseProduced(rp.Records, int(s.opts.MaxRequestBytes))
+				if err != nil {
+					pp.ErrorCode = kerr.CorruptMessage.Code
+					pp.ErrorMessage = kmsg.StringPtr(err.Error())
+					break
+				}
+				first := len(evs)
+				bad := ""
+				for i, rec := range batch.records {
+					ev, why := toEvent(t, rec)
+					if why != "" {
+						bad = fmt.Sprintf("record %d: %s", i, why)
+						pp.ErrorRecords = append(pp.ErrorRecords, kmsg.ProduceResponseTopicPartitionErrorRecord{RelativeOffset: int32(i), ErrorMessage: kmsg.StringPtr(why)})
+						continue
+					}
+					if rec.seq >= 0 {
+						ev.IdempotencyKey = fmt.Sprintf("kafka/%d/%d/%d", batch.producerID, rp.Partition, rec.seq)
+					}
+					evs = append(evs, ev)
+				}
+				if bad != "" {
+					// The batch is refused whole, as Kafka refuses a batch
+					// with an invalid record.
+					evs = evs[:first]
+					pp.ErrorCode = kerr.InvalidRecord.Code
+					pp.ErrorMessage = kmsg.StringPtr(bad)
+					break
+				}
+				slots = append(slots, slot{ti: ti, pi: pi, first: first, n: len(evs) - first})
+			}
+			pt.Partitions = append(pt.Partitions, pp)
+		}
+		resp.Topics = append(resp.Topics, pt)
+	}
+	if len(evs) > 0 {
+		res, err := s.appendAll(ctx, evs)
+		if err != nil {
+			s.log.Warn().Err(err).Msg("kafka: produce failed")
+			for _, sl := range slots {
+				pp := &resp.Topics[sl.ti].Partitions[sl.pi]
+				pp.ErrorCode = kerr.KafkaStorageError.Code
+				pp.ErrorMessage = kmsg.StringPtr(err.Error())
+			}
+		} else {
+			for _, sl := range slots {
+				pp := &resp.Topics[sl.ti].Partitions[sl.pi]
+				same := true
+				for _, rs := range res[sl.first : sl.first+sl.n] {
+					same = same && !rs.Sequenced && int32(rs.Partition) == pp.Partition
+				}
+				if same && sl.n > 0 {
+					pp.BaseOffset = res[sl.first].Offset
+				}
+			}
+		}
+	}
+	if r.Acks == 0 {
+		return nil, nil
+	}
+	return resp, nil
+}
+
+// appendAll appends evs in one transaction and commits.
+func (s *Server) appendAll(ctx context.Context, evs []pgevents.Event) ([]pgevents.AppendResult, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: produce: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	res, err := pgevents.AppendResults(ctx, tx, evs...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: produce: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("kafka: produce: %w", err)
+	}
+	return res, nil
+}
+
+// toEvent makes an event of a produced record, or says why it cannot.
+func toEvent(t *topic, rec produced) (pgevents.Event, string) {
+	if len(rec.key) == 0 {
+		return pgevents.Event{}, "a record needs a key: it is the event's host_id, which chooses its partition"
+	}
+	ev := pgevents.Event{TopicID: t.id, HostID: string(rec.key), EventType: "kafka"}
+	if rec.value != nil {
+		if !jsonValid(rec.value) {
+			return pgevents.Event{}, "the value is not JSON: a pgevents payload is JSON"
+		}
+		ev.Payload = rec.value
+	}
+	md := map[string]string{}
+	for _, h := range rec.headers {
+		switch h.Key {
+		case HeaderEventType:
+			ev.EventType = string(h.Value)
+		case HeaderUserID:
+			ev.UserID = string(h.Value)
+		case HeaderEventID, HeaderTransactionID:
+			// Assigned by pgevents.
+		default:
+			md[h.Key] = string(h.Value)
+		}
+	}
+	if len(md) > 0 {
+		b, _ := jsonMarshal(md)
+		ev.Metadata = b
+	}
+	return ev, ""
+}
+
+func (s *Server) initProducerID(r *kmsg.InitProducerIDRequest) kmsg.Response {
+	resp := r.ResponseKind().(*kmsg.InitProducerIDResponse)
+	if s.opts.ReadOnly {
+		resp.ErrorCode = kerr.ClusterAuthorizationFailed.Code
+		return resp
+	}
+	if r.TransactionalID != nil {
+		// Transactions are not served: a transactional producer is told so
+		// at once.
+		resp.ErrorCode = kerr.TransactionalIDAuthorizationFailed.Code
+		return resp
+	}
+	resp.ProducerID = newProducerID()
+	resp.ProducerEpoch = 0
+	return resp
+}
+
+func (s *Server) findCoordinator(r *kmsg.FindCoordinatorRequest) kmsg.Response {
+	resp := r.ResponseKind().(*kmsg.FindCoordinatorResponse)
+	if r.CoordinatorType != 0 {
+		resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
+		msg := "only group coordinators are served (no transactions)"
+		resp.ErrorMessage = &msg
+		return resp
+	}
+	resp.NodeID, resp.Host, resp.Port = s.opts.NodeID, s.host, s.port
+	return resp
+}

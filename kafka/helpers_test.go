@@ -1,0 +1,122 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/kafka"
+	"github.com/pgevents/pgevents/schema"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// env is a migrated database with topic 1, a pool with the production
+// settings, and an endpoint serving topic 1 as "events".
+type env struct {
+	t    *testing.T
+	ctx  context.Context
+	pool *pgxpool.Pool
+	srv  *kafka.Server
+	addr string
+}
+
+// newEnv starts an endpoint over a fresh topic of the given partitions
+// and scope ("" for the suite's scope).
+func newEnv(t *testing.T, partitions int, scope string, opts kafka.Options) *env {
+	t.Helper()
+	if scope == "" {
+		scope = pgtest.Scope()
+	}
+	admin := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: partitions, Scope: scope})
+	ctx := pgtest.Context(context.Background())
+	pc, err := pgevents.ParsePoolConfig(admin.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp, ok := admin.Config().ConnConfig.RuntimeParams["search_path"]; ok {
+		pc.ConnConfig.RuntimeParams["search_path"] = sp
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	opts.Listen = "127.0.0.1:0"
+	if opts.Topics == nil {
+		opts.Topics = map[string]int{"events": 1}
+	}
+	srv, err := kafka.New(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("kafka endpoint: %v", err)
+		}
+	})
+	return &env{t: t, ctx: ctx, pool: pool, srv: srv, addr: srv.Addr().String()}
+}
+
+// txEvent is one event a producer transaction appends.
+type txEvent struct {
+	host    string
+	payload string
+}
+
+// produceRandom appends n producer transactions of 1 to 5 events over
+// hosts host-0..host-(hosts-1), a third of them rolled back, drawn from
+// seed; it returns the payloads committed, by host, in append order.
+func (e *env) produceRandom(seed uint64, n, hosts int) map[string][]string {
+	e.t.Helper()
+	r := rand.New(rand.NewPCG(seed, 7))
+	out := map[string][]string{}
+	for i := range n {
+		var evs []pgevents.Event
+		var tx []txEvent
+		for j := range 1 + r.IntN(5) {
+			h := fmt.Sprintf("host-%d", r.IntN(hosts))
+			p := fmt.Sprintf(`{"i": %d, "tx": %d}`, j, i) // jsonb's own text form
+			evs = append(evs, pgevents.Event{TopicID: 1, HostID: h, EventType: "test", Payload: []byte(p)})
+			tx = append(tx, txEvent{h, p})
+		}
+		rollback := r.IntN(3) == 0
+		t, err := e.pool.Begin(e.ctx)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if _, err := pgevents.Append(e.ctx, t, evs...); err != nil {
+			e.t.Fatal(err)
+		}
+		if rollback {
+			_ = t.Rollback(e.ctx)
+			continue
+		}
+		if err := t.Commit(e.ctx); err != nil {
+			e.t.Fatal(err)
+		}
+		for _, ev := range tx {
+			out[ev.host] = append(out[ev.host], ev.payload)
+		}
+	}
+	return out
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	pgtest.WaitFor(t, d, what, cond)
+}

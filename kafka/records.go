@@ -1,0 +1,218 @@
+package kafka
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// event is one event as the endpoint serves it.
+type event struct {
+	offset    int64
+	eventID   string
+	host      string
+	user      string
+	txid      int64
+	eventType string
+	payload   *string
+	metadata  *string
+	createdAt time.Time
+}
+
+// Header keys of a record served from an event, beside the metadata's
+// entries.
+const (
+	HeaderEventType     = "event_type"
+	HeaderEventID       = "event_id"
+	HeaderUserID        = "user_id"
+	HeaderTransactionID = "transaction_id"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// appendBatch appends to dst one record batch (magic 2, uncompressed)
+// holding evs, which are in offset order: record i has offset delta
+// evs[i].offset - evs[0].offset, so that a partition's offsets with gaps
+// (scope topic) are served as a compacted topic's are.
+func appendBatch(dst []byte, evs []event) []byte {
+	first, last := evs[0], evs[len(evs)-1]
+	firstTs := first.createdAt.UnixMilli()
+	maxTs := firstTs
+	var recs []byte
+	var rec []byte
+	for _, ev := range evs {
+		ts := ev.createdAt.UnixMilli()
+		maxTs = max(maxTs, ts)
+		r := kmsg.Record{
+			TimestampDelta64: ts - firstTs,
+			OffsetDelta:      int32(ev.offset - first.offset),
+			Key:              []byte(ev.host),
+			Headers:          headers(ev),
+		}
+		if ev.payload != nil {
+			r.Value = []byte(*ev.payload)
+		}
+		// The record's length is a varint of the bytes after it: encode
+		// with a length of 0 (one byte), then write the real one.
+		rec = r.AppendTo(rec[:0])
+		recs = kbin.AppendVarint(recs, int32(len(rec)-1))
+		recs = append(recs, rec[1:]...)
+	}
+	b := kmsg.RecordBatch{
+		FirstOffset:          first.offset,
+		PartitionLeaderEpoch: 0,
+		Magic:                2,
+		LastOffsetDelta:      int32(last.offset - first.offset),
+		FirstTimestamp:       firstTs,
+		MaxTimestamp:         maxTs,
+		ProducerID:           -1,
+		ProducerEpoch:        -1,
+		FirstSequence:        -1,
+		NumRecords:           int32(len(evs)),
+		Records:              recs,
+	}
+	start := len(dst)
+	dst = b.AppendTo(dst)
+	// Length counts what follows it; the CRC-32C covers the attributes to
+	// the end.
+	binary.BigEndian.PutUint32(dst[start+8:], uint32(len(dst)-start-12))
+	binary.BigEndian.PutUint32(dst[start+17:], crc32.Checksum(dst[start+21:], castagnoli))
+	return dst
+}
+
+// headers returns the record headers of ev: its event_type, event_id,
+// user_id (when set), transaction_id, and the metadata's entries (a string
+// entry as its text, another value as its JSON).
+func headers(ev event) []kmsg.Header {
+	hs := []kmsg.Header{
+		{Key: HeaderEventType, Value: []byte(ev.eventType)},
+		{Key: HeaderEventID, Value: []byte(ev.eventID)},
+	}
+	if ev.user != "" {
+		hs = append(hs, kmsg.Header{Key: HeaderUserID, Value: []byte(ev.user)})
+	}
+	hs = append(hs, kmsg.Header{Key: HeaderTransactionID, Value: strconv.AppendInt(nil, ev.txid, 10)})
+	if ev.metadata == nil {
+		return hs
+	}
+	var md map[string]json.RawMessage
+	if json.Unmarshal([]byte(*ev.metadata), &md) != nil {
+		return append(hs, kmsg.Header{Key: "metadata", Value: []byte(*ev.metadata)})
+	}
+	for k, v := range md {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			hs = append(hs, kmsg.Header{Key: k, Value: []byte(s)})
+		} else {
+			hs = append(hs, kmsg.Header{Key: k, Value: v})
+		}
+	}
+	return hs
+}
+
+// produced is one record of a Produce request.
+type produced struct {
+	key, value []byte
+	headers    []kmsg.Header
+	seq        int32 // the producer's sequence number; -1 when not idempotent
+}
+
+// producerBatch is what a Produce request's records of one partition carry.
+type producerBatch struct {
+	producerID int64
+	epoch      int16
+	records    []produced
+}
+
+var errCorrupt = errors.New("corrupt record batch")
+
+// parseProduced decodes the record batches of one partition of a Produce
+// request, checking each batch's CRC and decompressing it (the codecs
+// franz-go supports). It never panics on bad input: kmsg's readers check
+// each length, and a decompressed batch larger than limit is refused.
+func parseProduced(raw []byte, limit int) (out producerBatch, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", errCorrupt, r)
+		}
+	}()
+	out.producerID = -1
+	for len(raw) > 0 {
+		if len(raw) < 61 {
+			return out, fmt.Errorf("%w: %d bytes left, less than a batch header", errCorrupt, len(raw))
+		}
+		n := int(int32(binary.BigEndian.Uint32(raw[8:]))) + 12
+		if n < 61 || n > len(raw) {
+			return out, fmt.Errorf("%w: batch length %d of %d bytes", errCorrupt, n, len(raw))
+		}
+		var b kmsg.RecordBatch
+		if err := b.ReadFrom(raw[:n]); err != nil {
+			return out, fmt.Errorf("%w: %w", errCorrupt, err)
+		}
+		if b.Magic != 2 {
+			return out, fmt.Errorf("%w: magic %d (only record batches v2 are accepted)", errCorrupt, b.Magic)
+		}
+		if int32(crc32.Checksum(raw[21:n], castagnoli)) != b.CRC {
+			return out, fmt.Errorf("%w: CRC mismatch", errCorrupt)
+		}
+		raw = raw[n:]
+		if b.Attributes&0x20 != 0 {
+			continue // a control batch (transaction marker)
+		}
+		recs := b.Records
+		if codec := kgo.CompressionCodecType(b.Attributes & 0x7); codec != kgo.CodecNone {
+			if recs, err = decompress(recs, codec, limit); err != nil {
+				return out, err
+			}
+		}
+		out.producerID, out.epoch = b.ProducerID, b.ProducerEpoch
+		rd := kbin.Reader{Src: recs}
+		for i := int32(0); i < b.NumRecords; i++ {
+			l := rd.Varint()
+			body := rd.Span(int(l))
+			if !rd.Ok() || l < 0 {
+				return out, fmt.Errorf("%w: record %d truncated", errCorrupt, i)
+			}
+			var r kmsg.Record
+			// ReadFrom reads the length too: give it back its varint.
+			if err := r.ReadFrom(append(kbin.AppendVarint(nil, l), body...)); err != nil {
+				return out, fmt.Errorf("%w: record %d: %w", errCorrupt, i, err)
+			}
+			seq := int32(-1)
+			if b.ProducerID >= 0 && b.FirstSequence >= 0 {
+				seq = b.FirstSequence + r.OffsetDelta
+			}
+			out.records = append(out.records, produced{key: r.Key, value: r.Value, headers: r.Headers, seq: seq})
+		}
+		if len(rd.Src) != 0 {
+			return out, fmt.Errorf("%w: %d bytes after the batch's records", errCorrupt, len(rd.Src))
+		}
+	}
+	return out, nil
+}
+
+var decompressor = kgo.DefaultDecompressor()
+
+// decompress decompresses a batch's records, refusing more than limit
+// bytes out.
+func decompress(src []byte, codec kgo.CompressionCodecType, limit int) ([]byte, error) {
+	if codec > kgo.CodecZstd {
+		return nil, fmt.Errorf("%w: unknown compression codec %d", errCorrupt, codec)
+	}
+	out, err := decompressor.Decompress(src, codec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: decompress: %w", errCorrupt, err)
+	}
+	if len(out) > limit {
+		return nil, fmt.Errorf("%w: decompressed batch of %d bytes, over %d", errCorrupt, len(out), limit)
+	}
+	return out, nil
+}
