@@ -50,5 +50,4 @@ ORDER BY m.c_offset LIMIT 1`
 
 	// partitionsSQL reads the topic's partition count (log_counter).
 	partitionsSQL = `SELECT c.total_partitions FROM {schema}log_counter c WHERE c.topic_id = $1`
-
 )
