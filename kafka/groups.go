@@ -134,6 +134,31 @@ func (c *coordinator) run(ctx context.Context) error {
 	}
 }
 
+// drop forgets groups this gateway no longer coordinates (its session,
+// and their keys with it, was lost): their members' waiting requests end
+// with NOT_COORDINATOR, and their next requests find the new coordinator.
+func (c *coordinator) drop(groups map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id := range groups {
+		g := c.groups[id]
+		if g == nil {
+			continue
+		}
+		for _, m := range g.members {
+			if m.join != nil {
+				close(m.join)
+				m.join = nil
+			}
+		}
+		for sid, ch := range g.syncs {
+			ch <- syncResult{code: kerr.NotCoordinator.Code}
+			delete(g.syncs, sid)
+		}
+		delete(c.groups, id)
+	}
+}
+
 func (c *coordinator) get(id string) *group {
 	g := c.groups[id]
 	if g == nil {
@@ -587,13 +612,22 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-func (c *coordinator) describe(r *kmsg.DescribeGroupsRequest) kmsg.Response {
+func (c *coordinator) describe(ctx context.Context, r *kmsg.DescribeGroupsRequest) kmsg.Response {
 	resp := r.ResponseKind().(*kmsg.DescribeGroupsResponse)
+	owned := map[string]bool{}
+	for _, id := range r.Groups {
+		owned[id] = c.s.leases.owns(ctx, id)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, id := range r.Groups {
 		dg := kmsg.NewDescribeGroupsResponseGroup()
 		dg.Group = id
+		if !owned[id] {
+			dg.ErrorCode = kerr.NotCoordinator.Code
+			resp.Groups = append(resp.Groups, dg)
+			continue
+		}
 		g := c.groups[id]
 		if g == nil {
 			dg.State = "Dead"

@@ -92,7 +92,14 @@ func (cn *conn) handle(ctx context.Context, req kmsg.Request) (kmsg.Response, er
 	case *kmsg.InitProducerIDRequest:
 		return s.initProducerID(r), nil
 	case *kmsg.FindCoordinatorRequest:
-		return s.findCoordinator(r), nil
+		return s.findCoordinator(ctx, r), nil
+	}
+	// A group's requests go to its coordinator; another gateway answers
+	// NOT_COORDINATOR, and the client asks FindCoordinator again.
+	if g, ok := groupOf(req); ok && !s.leases.owns(ctx, g) {
+		return notCoordinator(req), nil
+	}
+	switch r := req.(type) {
 	case *kmsg.JoinGroupRequest:
 		return s.groups.join(ctx, r, cn.client, cn.c.RemoteAddr().String())
 	case *kmsg.SyncGroupRequest:
@@ -106,7 +113,7 @@ func (cn *conn) handle(ctx context.Context, req kmsg.Request) (kmsg.Response, er
 	case *kmsg.OffsetFetchRequest:
 		return s.groups.fetchOffsets(ctx, r)
 	case *kmsg.DescribeGroupsRequest:
-		return s.groups.describe(r), nil
+		return s.groups.describe(ctx, r), nil
 	case *kmsg.ListGroupsRequest:
 		return s.groups.list(r), nil
 	}
@@ -147,7 +154,9 @@ func (s *Server) partitions(ctx context.Context, t *topic) (int, error) {
 
 func (s *Server) metadata(ctx context.Context, r *kmsg.MetadataRequest) (kmsg.Response, error) {
 	resp := r.ResponseKind().(*kmsg.MetadataResponse)
-	resp.Brokers = []kmsg.MetadataResponseBroker{{NodeID: s.opts.NodeID, Host: s.host, Port: s.port}}
+	for _, n := range s.leases.gateways(ctx) {
+		resp.Brokers = append(resp.Brokers, kmsg.MetadataResponseBroker{NodeID: n.id, Host: n.host, Port: n.port})
+	}
 	cluster := "pgevents"
 	resp.ClusterID = &cluster
 	resp.ControllerID = s.opts.NodeID
@@ -583,14 +592,93 @@ func (s *Server) initProducerID(r *kmsg.InitProducerIDRequest) kmsg.Response {
 	return resp
 }
 
-func (s *Server) findCoordinator(r *kmsg.FindCoordinatorRequest) kmsg.Response {
+// findCoordinator answers with the gateway that coordinates the group:
+// this one, when it holds the group's key or takes it now, else the
+// holder (see leases).
+func (s *Server) findCoordinator(ctx context.Context, r *kmsg.FindCoordinatorRequest) kmsg.Response {
 	resp := r.ResponseKind().(*kmsg.FindCoordinatorResponse)
+	resp.NodeID = -1
 	if r.CoordinatorType != 0 {
 		resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
-		msg := "only group coordinators are served (no transactions)"
-		resp.ErrorMessage = &msg
+		resp.ErrorMessage = kmsg.StringPtr("only group coordinators are served (no transactions)")
 		return resp
 	}
-	resp.NodeID, resp.Host, resp.Port = s.opts.NodeID, s.host, s.port
+	n, _, err := s.leases.coordinator(ctx, r.CoordinatorKey)
+	if err != nil {
+		resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
+		resp.ErrorMessage = kmsg.StringPtr(err.Error())
+		return resp
+	}
+	resp.NodeID, resp.Host, resp.Port = n.id, n.host, n.port
 	return resp
+}
+
+// notCoordinator answers a group request with NOT_COORDINATOR.
+func notCoordinator(req kmsg.Request) kmsg.Response {
+	code := kerr.NotCoordinator.Code
+	switch r := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		resp := r.ResponseKind().(*kmsg.JoinGroupResponse)
+		resp.ErrorCode, resp.Generation = code, -1
+		return resp
+	case *kmsg.SyncGroupRequest:
+		resp := r.ResponseKind().(*kmsg.SyncGroupResponse)
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.HeartbeatRequest:
+		resp := r.ResponseKind().(*kmsg.HeartbeatResponse)
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.LeaveGroupRequest:
+		resp := r.ResponseKind().(*kmsg.LeaveGroupResponse)
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.OffsetCommitRequest:
+		resp := r.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, rt := range r.Topics {
+			ct := kmsg.NewOffsetCommitResponseTopic()
+			ct.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				cp := kmsg.NewOffsetCommitResponseTopicPartition()
+				cp.Partition, cp.ErrorCode = rp.Partition, code
+				ct.Partitions = append(ct.Partitions, cp)
+			}
+			resp.Topics = append(resp.Topics, ct)
+		}
+		return resp
+	case *kmsg.OffsetFetchRequest:
+		resp := r.ResponseKind().(*kmsg.OffsetFetchResponse)
+		resp.ErrorCode = code
+		for _, rt := range r.Topics {
+			ft := kmsg.NewOffsetFetchResponseTopic()
+			ft.Topic = rt.Topic
+			for _, p := range rt.Partitions {
+				fp := kmsg.NewOffsetFetchResponseTopicPartition()
+				fp.Partition, fp.Offset, fp.ErrorCode = p, -1, code
+				ft.Partitions = append(ft.Partitions, fp)
+			}
+			resp.Topics = append(resp.Topics, ft)
+		}
+		return resp
+	}
+	panic(fmt.Sprintf("kafka: notCoordinator of request %d", req.Key()))
+}
+
+// groupOf returns the group a request of one group names.
+func groupOf(req kmsg.Request) (string, bool) {
+	switch r := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		return r.Group, true
+	case *kmsg.SyncGroupRequest:
+		return r.Group, true
+	case *kmsg.HeartbeatRequest:
+		return r.Group, true
+	case *kmsg.LeaveGroupRequest:
+		return r.Group, true
+	case *kmsg.OffsetCommitRequest:
+		return r.Group, true
+	case *kmsg.OffsetFetchRequest:
+		return r.Group, true
+	}
+	return "", false
 }

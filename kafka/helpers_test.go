@@ -2,12 +2,19 @@ package kafka_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/pgtest"
@@ -48,6 +55,26 @@ func newEnv(t *testing.T, partitions int, scope string, opts kafka.Options) *env
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	e := &env{t: t, ctx: ctx, pool: pool}
+	e.srv, _ = e.gateway(opts)
+	e.addr = e.srv.Addr().String()
+	return e
+}
+
+// gateway starts another endpoint on the environment's database (its own
+// pool); stop stops it and waits for it.
+func (e *env) gateway(opts kafka.Options) (srv *kafka.Server, stop func()) {
+	t := e.t
+	t.Helper()
+	pool := e.pool
+	if e.srv != nil {
+		pc := e.pool.Config().Copy()
+		var err error
+		if pool, err = pgxpool.NewWithConfig(e.ctx, pc); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+	}
 	opts.Listen = "127.0.0.1:0"
 	if opts.Topics == nil {
 		opts.Topics = map[string]int{"events": 1}
@@ -59,16 +86,20 @@ func newEnv(t *testing.T, partitions int, scope string, opts kafka.Options) *env
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
+	runCtx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("kafka endpoint: %v", err)
-		}
-	})
-	return &env{t: t, ctx: ctx, pool: pool, srv: srv, addr: srv.Addr().String()}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("kafka endpoint: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return srv, stop
 }
 
 // txEvent is one event a producer transaction appends.
@@ -119,4 +150,60 @@ func (e *env) produceRandom(seed uint64, n, hosts int) map[string][]string {
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	pgtest.WaitFor(t, d, what, cond)
+}
+
+// request sends one request to the endpoint at addr on a connection of
+// its own and returns the answer.
+func request(t *testing.T, addr string, req kmsg.Request) kmsg.Response {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	id := "test"
+	buf := kbin.AppendInt16(make([]byte, 4), req.Key())
+	buf = kbin.AppendInt16(buf, req.GetVersion())
+	buf = kbin.AppendInt32(buf, 1)
+	buf = kbin.AppendNullableString(buf, &id)
+	if req.IsFlexible() {
+		buf = append(buf, 0)
+	}
+	buf = req.AppendTo(buf)
+	binary.BigEndian.PutUint32(buf, uint32(len(buf)-4))
+	if _, err := c.Write(buf); err != nil {
+		t.Fatal(err)
+	}
+	size := make([]byte, 4)
+	if _, err := io.ReadFull(c, size); err != nil {
+		t.Fatalf("request %d: %v", req.Key(), err)
+	}
+	body := make([]byte, binary.BigEndian.Uint32(size))
+	if _, err := io.ReadFull(c, body); err != nil {
+		t.Fatal(err)
+	}
+	resp := req.ResponseKind()
+	body = body[4:] // correlation id
+	if resp.IsFlexible() && req.Key() != 18 {
+		body = body[1:] // empty tags
+	}
+	if err := resp.ReadFrom(body); err != nil {
+		t.Fatalf("response %d: %v", req.Key(), err)
+	}
+	return resp
+}
+
+// portOf returns addr's port.
+func portOf(t *testing.T, addr string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

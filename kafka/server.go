@@ -82,6 +82,7 @@ type Server struct {
 	topics map[string]*topic // by Kafka name
 	ids    map[int]*topic    // by pgevents id
 	groups *coordinator
+	leases *leases
 	waits  *waiters
 
 	mu   sync.Mutex
@@ -138,6 +139,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Server, error) {
 		}
 	}
 	s.groups = newCoordinator(s)
+	s.leases = newLeases(s)
 	s.waits = newWaiters(s)
 	return s, nil
 }
@@ -212,6 +214,7 @@ func (s *Server) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.waits.run(gctx) })
 	g.Go(func() error { return s.groups.run(gctx) })
+	g.Go(func() error { return s.leases.run(gctx) })
 	conns := sync.WaitGroup{}
 	g.Go(func() error {
 		<-gctx.Done()
