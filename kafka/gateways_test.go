@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgevents/pgevents/kafka"
+	"github.com/pgevents/pgevents/offsets"
 )
 
 // findCoordinator asks the gateway at addr which node coordinates group.
@@ -87,7 +89,56 @@ func TestGatewaysShareAGroup(t *testing.T) {
 		if r := findCoordinator(t, addr[1], "g"); r.NodeID != 1 {
 			t.Errorf("after gateway 2 stopped, gateway 1 names node %d as the coordinator, want itself", r.NodeID)
 		}
-	} else if r1, r2 := findCoordinator(t, addr[1], "g"), findCoordinator(t, addr[2], "g"); r1.NodeID != r2.NodeID {
-		t.Errorf("after gateway 1's session was ended, gateway 1 names node %d as the coordinator, gateway 2 names %d", r1.NodeID, r2.NodeID)
+	} else {
+		// Gateway 1 notices the loss of its session at its next look
+		// (within a second) or statement on it; its offset commits are
+		// fenced meanwhile, since they run on that session.
+		waitFor(t, 5*time.Second, "the gateways to name one coordinator", func() bool {
+			return findCoordinator(t, addr[1], "g").NodeID == findCoordinator(t, addr[2], "g").NodeID
+		})
+	}
+}
+
+// commitOffset commits offset for partition 0 of "events" in group g
+// through the gateway at addr, as a client outside the group protocol
+// does, and returns the partition's error code.
+func commitOffset(t *testing.T, addr, g string, offset int64) int16 {
+	t.Helper()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.SetVersion(7)
+	req.Group, req.Generation, req.MemberID = g, -1, ""
+	rt := kmsg.NewOffsetCommitRequestTopic()
+	rt.Topic = "events"
+	rp := kmsg.NewOffsetCommitRequestTopicPartition()
+	rp.Partition, rp.Offset = 0, offset
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp := request(t, addr, req).(*kmsg.OffsetCommitResponse)
+	return resp.Topics[0].Partitions[0].ErrorCode
+}
+
+// TestStaleCoordinatorCannotCommit: a gateway whose coordinator session
+// was ended, before it notices, still believes it coordinates the group;
+// a commit it is sent fails (NOT_COORDINATOR), since commits run on that
+// session, and the group's position does not move.
+func TestStaleCoordinatorCannotCommit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2, "", kafka.Options{NodeID: 7})
+	e.produceRandom(1, 10, 3)
+	if code := commitOffset(t, e.addr, "g", 2); code != 0 {
+		t.Fatalf("first commit: error %d", code)
+	}
+	if _, err := e.pool.Exec(e.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgevents kafka 7'`); err != nil {
+		t.Fatal(err)
+	}
+	if code := commitOffset(t, e.addr, "g", 5); code != kerr.NotCoordinator.Code {
+		t.Errorf("a commit through the gateway whose session was ended: error %d, want NOT_COORDINATOR (%d)", code, kerr.NotCoordinator.Code)
+	}
+	pos, err := offsets.Positions(e.ctx, e.pool, "g", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pos[0].Next != 2 {
+		t.Errorf("partition 0's position %d after the refused commit, want 2", pos[0].Next)
 	}
 }

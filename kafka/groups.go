@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgevents/pgevents/offsets"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Group states, as DescribeGroups names them.
@@ -506,7 +508,9 @@ func (c *coordinator) commit(ctx context.Context, r *kmsg.OffsetCommitRequest) (
 			if code != 0 {
 				break
 			}
-			if err := c.commitTopic(ctx, r.Group, t.id, next); err != nil {
+			if err := c.commitTopic(ctx, r.Group, t.id, next); errors.Is(err, errNotCoordinator) {
+				code = kerr.NotCoordinator.Code
+			} else if err != nil {
 				c.s.log.Warn().Err(err).Str("group", r.Group).Msg("kafka: offset commit failed")
 				code = kerr.CoordinatorNotAvailable.Code
 			}
@@ -521,23 +525,29 @@ func (c *coordinator) commit(ctx context.Context, r *kmsg.OffsetCommitRequest) (
 	return resp, nil
 }
 
+// commitTopic commits on the coordinator session (see leases.onSession).
 func (c *coordinator) commitTopic(ctx context.Context, group string, topic int, next map[int]int64) error {
 	c.mu.Lock()
 	known := c.get(group).topics[topic]
 	c.mu.Unlock()
-	if !known {
-		state, err := offsets.Subscribe(ctx, c.s.pool, group, topic, offsets.Start{Kind: offsets.Earliest}, groupDeadAfter)
-		if err != nil {
-			return err
+	err := c.s.leases.onSession(ctx, group, func(db schema.DB) error {
+		if !known {
+			state, err := offsets.Subscribe(ctx, db, group, topic, offsets.Start{Kind: offsets.Earliest}, groupDeadAfter)
+			if err != nil {
+				return err
+			}
+			if state == "CANCELLED" {
+				return fmt.Errorf("group %q is cancelled on topic %d", group, topic)
+			}
 		}
-		if state == "CANCELLED" {
-			return fmt.Errorf("group %q is cancelled on topic %d", group, topic)
-		}
+		return offsets.Commit(ctx, db, group, topic, next)
+	})
+	if err == nil && !known {
 		c.mu.Lock()
 		c.get(group).topics[topic] = true
 		c.mu.Unlock()
 	}
-	return offsets.Commit(ctx, c.s.pool, group, topic, next)
+	return err
 }
 
 // fetchOffsets answers OffsetFetch from the pgevents group's positions: a

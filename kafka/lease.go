@@ -115,6 +115,30 @@ func (l *leases) owns(ctx context.Context, group string) bool {
 	return err == nil && own
 }
 
+// errNotCoordinator is returned by onSession when this gateway does not
+// coordinate the group (any more).
+var errNotCoordinator = errors.New("kafka: not the group's coordinator")
+
+// onSession runs fn on the coordinator session, if this gateway
+// coordinates group: a write of the group's (its committed offsets) made
+// there is fenced, since a session that lost the group's key is gone, and
+// so fn fails.
+func (l *leases) onSession(ctx context.Context, group string, fn func(db schema.DB) error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.owned[group] || l.conn == nil {
+		return errNotCoordinator
+	}
+	if err := fn(l.conn); err != nil {
+		if l.conn.Conn().IsClosed() {
+			l.lost(ctx, err)
+			return errNotCoordinator
+		}
+		return err
+	}
+	return nil
+}
+
 // gateways lists the gateways' nodes (this one at least).
 func (l *leases) gateways(ctx context.Context) []node {
 	self := node{id: l.s.opts.NodeID, host: l.s.host, port: l.s.port}
