@@ -292,9 +292,7 @@ func (w *waiters) look(ctx context.Context, ids []int) {
 		case <-ctx.Done():
 			return
 		case <-w.poke:
-			if !t.Stop() {
-				<-t.C
-			}
+			t.Stop() // Go 1.23's timers: Reset after Stop sends no stale tick
 		case <-t.C:
 		}
 	}

@@ -114,7 +114,9 @@ func benchKafka(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 			newBenchResult("kafka", fmt.Sprintf("no-op handler, same backlog, batchSize %d", b), "events/s", noop[i]).
 				noted("the consumer alone: what the relay's rate is bounded by on the PostgreSQL side"))
 	}
-	return out, nil
+	bl.db.close()
+	gw, err := benchGateway(ctx, e, kc)
+	return append(out, gw...), err
 }
 
 // benchKafkaDrain runs a new group over the whole backlog with handlers hs
