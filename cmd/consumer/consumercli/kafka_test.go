@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -203,5 +204,49 @@ func TestRunServesKafka(t *testing.T) {
 	eventtest.WaitHandled(t, pool, 1, 30*time.Second) // the consumers run beside it
 	if code := p.stop(t, 15*time.Second); code != 0 {
 		t.Fatalf("consumer run exited %d after SIGTERM", code)
+	}
+}
+
+// TestKafkaKcat: the README's kcat session against `consumer kafka`:
+// lines `key:value` produced with kcat -P, read back with kcat -C to the
+// end of the topic, each in its host's partition with the headers. Skipped
+// without kcat on the PATH.
+func TestKafkaKcat(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("kcat"); err != nil {
+		t.Skip("kcat is not installed")
+	}
+	dbURL, _ := migrated(t, 2)
+	p := start(t, dbURL, "kafka", "--config", writeConfig(t, kafkaConfig(2)))
+	addr := kafkaListening(t, p)
+	kcat := func(stdin string, args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "kcat", append([]string{"-b", addr, "-t", "events"}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kcat %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	kcat("host-1:{\"a\":1}\nhost-2:{\"b\":2}\nhost-1:{\"a\":3}\n", "-P", "-K:")
+	out := kcat("", "-C", "-o", "beginning", "-e", "-q", "-f", "%k\t%s\t%h\n")
+	byHost := map[string][]string{}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for _, l := range lines {
+		f := strings.Split(l, "\t")
+		if len(f) != 3 || !strings.Contains(f[2], "event_type=kafka") || !strings.Contains(f[2], "event_id=") || !strings.Contains(f[2], "transaction_id=") {
+			t.Errorf("record %q: want key, value and the event's headers", l)
+			continue
+		}
+		byHost[f[0]] = append(byHost[f[0]], f[1])
+	}
+	if len(lines) != 3 || strings.Join(byHost["host-1"], ",") != `{"a": 1},{"a": 3}` || strings.Join(byHost["host-2"], ",") != `{"b": 2}` {
+		t.Errorf("kcat -C read:\n%s\nwant host-1's two records in order and host-2's", out)
+	}
+	if code := p.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("consumer kafka exited %d after SIGTERM", code)
 	}
 }
