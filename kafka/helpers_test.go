@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -113,10 +112,4 @@ func (e *env) produceRandom(seed uint64, n, hosts int) map[string][]string {
 		}
 	}
 	return out
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	pgtest.WaitFor(t, d, what, cond)
 }
