@@ -237,6 +237,10 @@ type Config struct {
 	// default, serves none. Top level only.
 	Console *Console `yaml:"console"`
 
+	// Kafka configures the Kafka protocol endpoint (see [Kafka]); nil, the
+	// default, serves none. Top level only.
+	Kafka *Kafka `yaml:"kafka"`
+
 	// Tracing makes consumer run export the consumers' spans over
 	// OTLP/HTTP (see [Tracing]); nil, the default, traces nothing. Top
 	// level only: every group of the process exports through it.

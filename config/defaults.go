@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/pgevents/pgevents"
+	endpoint "github.com/pgevents/pgevents/kafka"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -27,6 +28,15 @@ const (
 	// DefaultTracingSampleRatio is tracing.sampleRatio when the file
 	// leaves it out: every batch is traced.
 	DefaultTracingSampleRatio = 1.0
+
+	// DefaultKafkaListen is kafka.listen's default: the kafka package's.
+	DefaultKafkaListen = endpoint.DefaultListen
+	// DefaultKafkaMaxRequestBytes is kafka.maxRequestBytes' default.
+	DefaultKafkaMaxRequestBytes = endpoint.DefaultMaxRequestBytes
+	// DefaultKafkaMaxWaitMs is kafka.maxWaitMs' default.
+	DefaultKafkaMaxWaitMs = int(endpoint.DefaultMaxWait / time.Millisecond)
+	// DefaultKafkaRequestTimeoutMs is kafka.requestTimeoutMs' default.
+	DefaultKafkaRequestTimeoutMs = int(endpoint.DefaultRequestTimeout / time.Millisecond)
 )
 
 // Default returns a Config holding every default. DatabaseURL and GroupID,

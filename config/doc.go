@@ -14,7 +14,9 @@
 //     and headers, integers for deliveryTimeoutMs, maxRecordBytes,
 //     timeoutMs and concurrency; a mapping of addr, token and readOnly for
 //     console; a mapping of endpoint, serviceName, sampleRatio (a number)
-//     and headers for tracing).
+//     and headers for tracing; a mapping for kafka whose topics map names
+//     to integers, users names to passwords, and tls holds certFile and
+//     keyFile).
 //  2. Every key the file leaves out takes its default (see [Default] and
 //     the documentation of each [Config] field). A key that is present
 //     keeps its value even when that value is the zero value, so
@@ -65,7 +67,9 @@
 // section), which may also name environment variables as ${NAME}; the
 // token is checked only where the console is served ([Config.ConsoleError]),
 // so a command that never serves it needs neither the token nor its
-// variables. The tracing section's headers may name environment variables too, and the
+// variables. Likewise the passwords of kafka.users may name environment
+// variables, and they and the files of kafka.tls are checked only where
+// the Kafka endpoint is served ([Config.KafkaError]). The tracing section's headers may name environment variables too, and the
 // OpenTelemetry exporter's own variables (OTEL_EXPORTER_OTLP_*,
 // OTEL_SERVICE_NAME) apply to what it leaves out.
 //

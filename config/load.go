@@ -87,6 +87,7 @@ func Parse(data []byte) (*Config, error) {
 	if p.cfg.Console != nil {
 		p.cfg.Console.tokenLine = p.lineOf(keyConsole + ".token")
 	}
+	p.kafkaLines()
 	c := p.cfg
 	return &c, nil
 }
@@ -429,6 +430,9 @@ func (p *parser) topLevel(m *yaml.Node) *Error {
 		if name == keyTracing {
 			return p.tracing(v)
 		}
+		if name == keyKafka {
+			return p.kafka(v)
+		}
 		if name == keyHandlers {
 			hs, err := p.handlers(v, keyHandlers)
 			p.cfg.Handlers = hs
@@ -468,7 +472,7 @@ func (p *parser) groups(v *yaml.Node) *Error {
 		g.Groups = nil
 		g.GroupID = ""
 		g.DatabaseURL = "" // the top level's after DATABASE_URL, unless the group sets its own
-		g.Console, g.Tracing = nil, nil
+		g.Console, g.Tracing, g.Kafka = nil, nil, nil
 		err := p.mapping(item, path+".", func(name string, k, v *yaml.Node) *Error {
 			key := path + "." + name
 			if !slices.Contains(groupKeys, name) {

@@ -112,6 +112,7 @@ func (c *Config) problems() []*Error {
 		add("pprof", "needs metricsAddr, the server it is served on")
 	}
 	c.consoleProblems(add)
+	c.kafkaProblems(add)
 	c.tracingProblems(add)
 
 	seen := map[string]int{}

@@ -370,6 +370,11 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 				fp.RecordBatches = recs
 				size += len(recs)
 			}
+			if fp.RecordBatches == nil {
+				// No records is an empty record set, as Kafka sends, not a
+				// null one: librdkafka (kcat) refuses a null one.
+				fp.RecordBatches = []byte{}
+			}
 			ft.Partitions = append(ft.Partitions, fp)
 		}
 		resp.Topics = append(resp.Topics, ft)

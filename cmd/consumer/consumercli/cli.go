@@ -1,6 +1,6 @@
 // Package consumercli is the consumer command: its subcommands (run,
 // migrate, status, dlq, offsets, group, repartition, maintain, adopt,
-// version), the exit statuses and the configuration errors that name a
+// console, kafka, version), the exit statuses and the configuration errors that name a
 // key. It is the whole of the production binary, cmd/consumer, whose main
 // is one call, and it is public so that a service builds the same binary
 // around its own Go handlers.
@@ -68,6 +68,8 @@
 //	                                   move a seed-style deployment onto pgevents
 //	consumer console [--config FILE] [--addr HOST:PORT]
 //	                                   the operator console, without consumers
+//	consumer kafka   [--config FILE] [--listen HOST:PORT]
+//	                                   the Kafka protocol endpoint, without consumers
 //	consumer demo    [--duration D]    producers and a consumer on a local PostgreSQL (consumer-dev)
 //	consumer bench   [--quick] [--only CASES] [--json]  the benchmark table (consumer-dev)
 //	consumer version                   the module version and the commit built
@@ -157,6 +159,8 @@ commands:
            move a seed-style deployment (its log and every group's position) onto pgevents
   console  [--addr HOST:PORT]
            serve the operator console (the file's console section), without consumers
+  kafka    [--listen HOST:PORT]
+           serve the Kafka protocol (the file's kafka section) to Kafka clients, without consumers
   demo     run producers and a consumer group against a local PostgreSQL (consumer-dev)
   bench    [--quick] [--only CASES] [--json]  the benchmark table, BENCHMARKS.md (consumer-dev)
   version  print the module version and the commit the binary was built from
@@ -251,6 +255,8 @@ func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer)
 		err = adoptCmd(ctx, args[1:], stdout, stderr)
 	case "console":
 		err = c.consoleCmd(ctx, args[1:], stdout, stderr)
+	case "kafka":
+		err = kafkaCmd(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		err = versionCmd(name, args[1:], stdout, stderr)
 	case "-h", "--help", "help":

@@ -140,7 +140,8 @@ func (gm *groupMetrics) owned() int {
 // runConsumers creates a consumer per configuration in ccfgs (one per group
 // of cfg, in cfg.GroupConfigs() order), each on its group's pool (pools,
 // in the same order: a pool per database), and runs them, with the
-// metrics server when cfg.MetricsAddr is set, until ctx ends or one
+// metrics server when cfg.MetricsAddr is set, the console and the Kafka
+// endpoint when the file has their sections, until ctx ends or one
 // fails; it returns the first error (Run's errors unchanged, in a
 // *groupFailure naming the group when the file lists several), and nil
 // after a shutdown, which stops them all together.
@@ -177,6 +178,13 @@ func runConsumers(ctx context.Context, cfg *config.Config, pools []*pgxpool.Pool
 	}
 	if cfg.Console != nil {
 		if err := serveConsole(gctx, g, cfg, consumers, log); err != nil {
+			cancel()
+			_ = g.Wait()
+			return err
+		}
+	}
+	if cfg.Kafka != nil {
+		if err := serveKafka(gctx, g, cfg, log); err != nil {
 			cancel()
 			_ = g.Wait()
 			return err

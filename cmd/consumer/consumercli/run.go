@@ -26,7 +26,8 @@ const defaultConfigPath = "db-event-consumer.yml"
 // handlers it configures and the Go handlers it names, until ctx ends.
 // Everything the file says is checked before the database is reached: a
 // group's pgevents.Config (pgevents.Config.Validate), the Go handlers it
-// names, and the console's token when the file has a console section.
+// names, the console's token when the file has a console section, and the
+// Kafka endpoint's passwords and TLS files when it has a kafka section.
 func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -39,6 +40,9 @@ func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Write
 		return err
 	}
 	if err := cfg.ConsoleError(); err != nil {
+		return inFile(err, *path)
+	}
+	if err := cfg.KafkaError(); err != nil {
 		return inFile(err, *path)
 	}
 	log := newLogger(cfg, stderr)
