@@ -122,6 +122,7 @@ func headers(ev event) []kmsg.Header {
 type produced struct {
 	key, value []byte
 	headers    []kmsg.Header
+	producerID int64 // its batch's
 	seq        int32 // the producer's sequence number; -1 when not idempotent
 }
 
@@ -186,11 +187,14 @@ func parseProduced(raw []byte, limit int) (out producerBatch, err error) {
 			if err := r.ReadFrom(append(kbin.AppendVarint(nil, l), body...)); err != nil {
 				return out, fmt.Errorf("%w: record %d: %w", errCorrupt, i, err)
 			}
+			// A batch's records have the sequence numbers from its first
+			// on, in order (whatever offset deltas the client wrote); they
+			// wrap to 0 after MaxInt32, as Kafka's do.
 			seq := int32(-1)
 			if b.ProducerID >= 0 && b.FirstSequence >= 0 {
-				seq = b.FirstSequence + r.OffsetDelta
+				seq = int32((int64(b.FirstSequence) + int64(i)) % (1 << 31))
 			}
-			out.records = append(out.records, produced{key: r.Key, value: r.Value, headers: r.Headers, seq: seq})
+			out.records = append(out.records, produced{key: r.Key, value: r.Value, headers: r.Headers, producerID: b.ProducerID, seq: seq})
 		}
 		if len(rd.Src) != 0 {
 			return out, fmt.Errorf("%w: %d bytes after the batch's records", errCorrupt, len(rd.Src))
