@@ -287,21 +287,24 @@ func TestProduceDecompresses(t *testing.T) {
 // answerDropper is a TCP proxy in front of the endpoint that loses the
 // answers of the first drops Produce requests: it forwards such a request,
 // waits for its answer and, instead of passing it on, closes both sides.
-// The request was served; the client cannot know it.
+// The request was served; the client cannot know it. With atOnce, it
+// closes both sides as soon as it has forwarded the request: the endpoint
+// serves it while the client sends it again on another connection.
 type answerDropper struct {
 	ln      net.Listener
 	target  string
+	atOnce  bool
 	drops   atomic.Int32 // Produce answers still to lose
 	dropped atomic.Int32
 }
 
-func startDropper(t *testing.T, target string, drops int) *answerDropper {
+func startDropper(t *testing.T, target string, drops int, atOnce bool) *answerDropper {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &answerDropper{ln: ln, target: target}
+	d := &answerDropper{ln: ln, target: target, atOnce: atOnce}
 	d.drops.Store(int32(drops))
 	var wg sync.WaitGroup
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
@@ -343,13 +346,19 @@ func (d *answerDropper) serve(c net.Conn) {
 			}
 			key := int16(binary.BigEndian.Uint16(frame[4:]))
 			corr := int32(binary.BigEndian.Uint32(frame[8:]))
-			if key == 0 && d.drops.Add(-1) >= 0 {
+			lose := key == 0 && d.drops.Add(-1) >= 0
+			if lose {
 				// Marked before it is forwarded: its answer comes after.
 				mu.Lock()
 				doomed[corr] = true
 				mu.Unlock()
 			}
 			if _, err := s.Write(frame); err != nil {
+				return
+			}
+			if lose && d.atOnce {
+				d.dropped.Add(1)
+				c.Close()
 				return
 			}
 		}
@@ -391,119 +400,60 @@ func readFrame(r io.Reader) ([]byte, error) {
 
 // TestKgoProduceRetriedAfterLostAnswer: the answers of the first Produce
 // requests are lost after the endpoint appended their records (a proxy
-// closes the connection instead of passing them on). kgo sends the
-// batches again, with the same producer id and sequence numbers; the
-// idempotency keys make the second append a no-op. kgo reports success,
-// and every record is in the log exactly once, in the order produced.
+// closes the connection instead of passing them on), or the connection is
+// closed as soon as a request is forwarded, so that the batch sent again
+// races with the first one. kgo sends the batches again, with the same
+// producer id and sequence numbers; the idempotency keys make the second
+// append a no-op. kgo reports success, and every record is in the log
+// exactly once, in the order produced; also to a sequenced topic, whose
+// appends take no lock.
 func TestKgoProduceRetriedAfterLostAnswer(t *testing.T) {
 	t.Parallel()
-	seed := uint64(time.Now().UnixNano())
-	e := newEnv(t, 4, "", kafka.Options{})
-	const rounds, drops = 3, 3
-	d := startDropper(t, e.addr, drops)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(d.ln.Addr().String()),
-		kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var nd net.Dialer
-			return nd.DialContext(ctx, network, d.ln.Addr().String()) // every broker through the proxy
-		}),
-		kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(e.ctx, 60*time.Second)
-	defer cancel()
-	want := randomRecords(seed, 300, 7)
-	// A batch sent again is a Produce request too: the first batch and
-	// its retries may take every lost answer, and the later rounds none.
-	for r := range rounds {
-		produceAll(ctx, t, cl, want[r*100:(r+1)*100], seed)
-	}
-	if n := d.dropped.Load(); n != drops {
-		t.Fatalf("the proxy lost %d answers, want %d: the test did not exercise a retry", n, drops)
-	}
-	e.checkLanded(want, 4, seed)
-}
-
-// TestProduceRefusesInvalidRecords: a batch holding a record the endpoint
-// cannot append (no key, a value that is not JSON, or what the database
-// cannot store) is refused whole with INVALID_RECORD, naming the record;
-// nothing of it is appended, and the batch of another partition in the
-// same request is appended.
-func TestProduceRefusesInvalidRecords(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 2, "", kafka.Options{})
-	rc := dialRaw(t, e.addr)
-	// Valid values hold what jsonb takes: a surrogate pair, an escaped
-	// backslash before "u0000".
-	good := func(i int) rec {
-		return rec{key: []byte("k"), value: fmt.Appendf(nil, `{"i": %d, "s": "\ud83d\ude00 \\u0000 \"q\""}`, i)}
-	}
-	hdr := func(k, v string) []kmsg.Header { return []kmsg.Header{{Key: k, Value: []byte(v)}} }
-	next := 0
 	for _, tc := range []struct {
-		name string
-		bad  rec
-		db   bool // refused by the database: the answer names no record
+		name   string
+		scope  string
+		atOnce bool
 	}{
-		{"no key", rec{value: []byte(`{}`)}, false},
-		{"empty key", rec{key: []byte{}, value: []byte(`{}`)}, false},
-		{"value not JSON", rec{key: []byte("k"), value: []byte(`{"a": `)}, false},
-		{"NUL in the key", rec{key: []byte("a\x00b"), value: []byte(`{}`)}, false},
-		{"key not UTF-8", rec{key: []byte("a\xffb"), value: []byte(`{}`)}, false},
-		{"value not UTF-8", rec{key: []byte("k"), value: []byte("\"a\xffb\"")}, false},
-		{"value with a \\u0000", rec{key: []byte("k"), value: []byte(`{"a": "x\u0000y"}`)}, false},
-		{"value with a lone surrogate", rec{key: []byte("k"), value: []byte(`["\udc00"]`)}, false},
-		{"value with a number jsonb cannot hold", rec{key: []byte("k"), value: []byte(`{"a": 0e-20000}`)}, true},
-		{"empty event_type", rec{key: []byte("k"), value: []byte(`{}`), headers: hdr(kafka.HeaderEventType, "")}, false},
-		{"NUL in event_type", rec{key: []byte("k"), value: []byte(`{}`), headers: hdr(kafka.HeaderEventType, "a\x00")}, false},
-		{"NUL in user_id", rec{key: []byte("k"), value: []byte(`{}`), headers: hdr(kafka.HeaderUserID, "a\x00")}, false},
-		{"NUL in a header", rec{key: []byte("k"), value: []byte(`{}`), headers: hdr("x", "a\x00")}, false},
-		{"header not UTF-8", rec{key: []byte("k"), value: []byte(`{}`), headers: hdr("x", "a\xff")}, false},
+		{"answer lost", "", false},
+		{"connection cut", "", true},
+		{"sequenced, answer lost", schema.ScopeSequenced, false},
+		{"sequenced, connection cut", schema.ScopeSequenced, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := e.countLog()
-			ok := []rec{good(next), good(next + 1)}
-			next += 2
-			batches := map[int32][]byte{
-				0: encodeBatch(t, -1, 0, nil, good(-1), tc.bad, good(-2)),
-				1: encodeBatch(t, -1, 0, nil, ok...),
+			t.Parallel()
+			seed := uint64(time.Now().UnixNano())
+			e := newEnv(t, 4, tc.scope, kafka.Options{})
+			ctx, cancel := context.WithTimeout(e.ctx, 60*time.Second)
+			defer cancel()
+			if tc.scope == schema.ScopeSequenced {
+				e.sequence(ctx)
 			}
-			resp, err := rc.do(produceRequest(9, "events", batches))
+			const rounds, drops = 3, 3
+			d := startDropper(t, e.addr, drops, tc.atOnce)
+			cl, err := kgo.NewClient(kgo.SeedBrokers(d.ln.Addr().String()),
+				kgo.Dialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
+					var nd net.Dialer
+					return nd.DialContext(ctx, network, d.ln.Addr().String()) // every broker through the proxy
+				}),
+				kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }),
+				kgo.MetadataMinAge(50*time.Millisecond)) // a retry waits for a metadata refresh
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, p := range resp.(*kmsg.ProduceResponse).Topics[0].Partitions {
-				switch p.Partition {
-				case 0:
-					if p.ErrorCode != kerr.InvalidRecord.Code {
-						t.Errorf("partition 0: %v, want INVALID_RECORD", kerr.ErrorForCode(p.ErrorCode))
-					}
-					if !tc.db && (len(p.ErrorRecords) != 1 || p.ErrorRecords[0].RelativeOffset != 1) {
-						t.Errorf("partition 0: error records %+v, want record 1", p.ErrorRecords)
-					}
-				case 1:
-					if p.ErrorCode != 0 {
-						t.Errorf("partition 1: %v, want success", kerr.ErrorForCode(p.ErrorCode))
-					}
-				}
+			defer cl.Close()
+			want := randomRecords(seed, 300, 7)
+			// A batch sent again is a Produce request too: the first batch
+			// and its retries may take every lost answer, and the later
+			// rounds none.
+			for r := range rounds {
+				produceAll(ctx, t, cl, want[r*100:(r+1)*100], seed)
 			}
-			// The valid batch is appended; nothing of the refused one.
-			if n := e.countLog(); n != before+2 {
-				t.Errorf("the log grew by %d events, want 2 (the valid batch only)", n-before)
+			if n := d.dropped.Load(); n != drops {
+				t.Fatalf("the proxy lost %d answers, want %d: the test did not exercise a retry", n, drops)
 			}
-			for _, r := range e.readLog() {
-				if r.payload == `{"i": -1}` || r.payload == `{"i": -2}` {
-					t.Errorf("a record of the refused batch was appended at %d", r.offset)
-				}
-			}
+			waitFor(t, 30*time.Second, "every record in the log", func() bool { return e.countLog() >= len(want) })
+			e.checkLanded(want, 4, seed)
 		})
-	}
-	// The connection still serves after the refusals.
-	req := kmsg.NewPtrApiVersionsRequest()
-	req.SetVersion(3)
-	if _, err := rc.do(req); err != nil {
-		t.Fatalf("ApiVersions after the refusals: %v", err)
 	}
 }
 
@@ -679,6 +629,20 @@ func TestProduceAcksZero(t *testing.T) {
 	waitFor(t, 30*time.Second, "the raw record produced with acks 0 appended", func() bool { return e.countLog() == len(want)+1 })
 }
 
+// sequence runs topic 1's sequencer until the test ends.
+func (e *env) sequence(ctx context.Context) {
+	ctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	log := zerolog.Nop()
+	go func() { done <- pgevents.Sequence(ctx, e.pool, 1, "kafka-test", &log) }()
+	e.t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			e.t.Errorf("sequencer: %v", err)
+		}
+	})
+}
+
 // TestKgoProduceSequenced: to a sequenced topic, produced records are
 // staged; once the topic's sequencer has moved them into the log, a kgo
 // consumer reads every one of them exactly once, each key's in the order
@@ -689,16 +653,7 @@ func TestKgoProduceSequenced(t *testing.T) {
 	e := newEnv(t, 4, schema.ScopeSequenced, kafka.Options{})
 	ctx, cancel := context.WithTimeout(e.ctx, 90*time.Second)
 	defer cancel()
-	seqCtx, stopSeq := context.WithCancel(ctx)
-	seqDone := make(chan error, 1)
-	log := zerolog.Nop()
-	go func() { seqDone <- pgevents.Sequence(seqCtx, e.pool, 1, "kafka-test", &log) }()
-	defer func() {
-		stopSeq()
-		if err := <-seqDone; err != nil {
-			t.Errorf("sequencer: %v", err)
-		}
-	}()
+	e.sequence(ctx)
 	prod, err := kgo.NewClient(kgo.SeedBrokers(e.addr))
 	if err != nil {
 		t.Fatal(err)
