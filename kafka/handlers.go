@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -429,8 +431,13 @@ func (s *Server) readRecords(ctx context.Context, t *topic, p int32, from, hw in
 // record's key is the event's host_id (a record without one is refused
 // with INVALID_RECORD), its value the payload (JSON; anything else is
 // refused), the header event_type its type (default "kafka"), user_id its
-// user; the other headers go into the metadata. The partition an event
-// lands in is pgevents' (hashtext(host_id) % N), whatever partition the
+// user; the other headers go into the metadata. Keys and headers must be
+// UTF-8 text without NUL, as the columns they go to are (toEvent). A batch
+// holding a record that cannot be appended is refused whole, with
+// INVALID_RECORD, and the request's other batches are appended: what
+// toEvent refuses, and what the database refuses (appendAll). The
+// partition an event lands in is pgevents' (hashtext(host_id) % N),
+// whatever partition the
 // client chose: the answer gives the first event's offset when every
 // record landed in the partition asked, else -1. An idempotent producer's
 // records carry idempotency keys of its producer id, the partition asked
@@ -485,7 +492,7 @@ func (s *Server) produce(ctx context.Context, r *kmsg.ProduceRequest) (kmsg.Resp
 						continue
 					}
 					if rec.seq >= 0 {
-						ev.IdempotencyKey = fmt.Sprintf("kafka/%d/%d/%d", batch.producerID, rp.Partition, rec.seq)
+						ev.IdempotencyKey = fmt.Sprintf("kafka/%d/%d/%d", rec.producerID, rp.Partition, rec.seq)
 					}
 					evs = append(evs, ev)
 				}
@@ -504,17 +511,24 @@ func (s *Server) produce(ctx context.Context, r *kmsg.ProduceRequest) (kmsg.Resp
 		resp.Topics = append(resp.Topics, pt)
 	}
 	if len(evs) > 0 {
-		res, err := s.appendAll(ctx, evs)
+		spans := make([][2]int, len(slots))
+		for i, sl := range slots {
+			spans[i] = [2]int{sl.first, sl.first + sl.n}
+		}
+		res, refused, err := s.appendAll(ctx, evs, spans)
 		if err != nil {
 			s.log.Warn().Err(err).Msg("kafka: produce failed")
-			for _, sl := range slots {
-				pp := &resp.Topics[sl.ti].Partitions[sl.pi]
+		}
+		for i, sl := range slots {
+			pp := &resp.Topics[sl.ti].Partitions[sl.pi]
+			switch why, bad := refused[i]; {
+			case err != nil:
 				pp.ErrorCode = kerr.KafkaStorageError.Code
 				pp.ErrorMessage = kmsg.StringPtr(err.Error())
-			}
-		} else {
-			for _, sl := range slots {
-				pp := &resp.Topics[sl.ti].Partitions[sl.pi]
+			case bad:
+				pp.ErrorCode = kerr.InvalidRecord.Code
+				pp.ErrorMessage = kmsg.StringPtr(why)
+			default:
 				same := true
 				for _, rs := range res[sl.first : sl.first+sl.n] {
 					same = same && !rs.Sequenced && int32(rs.Partition) == pp.Partition
@@ -531,14 +545,55 @@ func (s *Server) produce(ctx context.Context, r *kmsg.ProduceRequest) (kmsg.Resp
 	return resp, nil
 }
 
-// appendAll appends evs in one transaction and commits.
-func (s *Server) appendAll(ctx context.Context, evs []pgevents.Event) ([]pgevents.AppendResult, error) {
+// appendAll appends evs in one transaction and commits. spans are the
+// [first, end) ranges of evs of the request's partitions. When the
+// database refuses an event's data (SQLSTATE class 22, such as a number
+// beyond numeric's range in a payload), it appends again, in one
+// transaction, each span in a savepoint: refused names the spans it
+// refused, with the database's reason, and their events are not appended;
+// the others are, in the same order.
+func (s *Server) appendAll(ctx context.Context, evs []pgevents.Event, spans [][2]int) ([]pgevents.AppendResult, map[int]string, error) {
+	res, err := s.appendTx(ctx, func(tx pgx.Tx) ([]pgevents.AppendResult, error) {
+		return pgevents.AppendResults(ctx, tx, evs...)
+	})
+	if err == nil || !dataError(err) {
+		return res, nil, err
+	}
+	refused := map[int]string{}
+	res, err = s.appendTx(ctx, func(tx pgx.Tx) ([]pgevents.AppendResult, error) {
+		clear(refused)
+		out := make([]pgevents.AppendResult, len(evs))
+		for i, sp := range spans {
+			sav, err := tx.Begin(ctx) // a savepoint
+			if err != nil {
+				return nil, err
+			}
+			r, err := pgevents.AppendResults(ctx, sav, evs[sp[0]:sp[1]]...)
+			if err != nil {
+				if rerr := sav.Rollback(ctx); rerr != nil || !dataError(err) {
+					return nil, errors.Join(err, rerr)
+				}
+				refused[i] = "the database refused the batch: " + err.Error()
+				continue
+			}
+			if err := sav.Commit(ctx); err != nil {
+				return nil, err
+			}
+			copy(out[sp[0]:], r)
+		}
+		return out, nil
+	})
+	return res, refused, err
+}
+
+// appendTx runs do in a transaction and commits.
+func (s *Server) appendTx(ctx context.Context, do func(pgx.Tx) ([]pgevents.AppendResult, error)) ([]pgevents.AppendResult, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: produce: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	res, err := pgevents.AppendResults(ctx, tx, evs...)
+	res, err := do(tx)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: produce: %w", err)
 	}
@@ -548,22 +603,46 @@ func (s *Server) appendAll(ctx context.Context, evs []pgevents.Event) ([]pgevent
 	return res, nil
 }
 
-// toEvent makes an event of a produced record, or says why it cannot.
+// dataError reports whether err is the refusal of an event's data rather
+// than a failure of the database: pgevents' own checks, or SQLSTATE class
+// 22 (data exception).
+func dataError(err error) bool {
+	var pe *pgconn.PgError
+	return errors.Is(err, pgevents.ErrInvalidEvent) || errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22")
+}
+
+// toEvent makes an event of a produced record, or says why it cannot:
+// the database stores host_id, event_type and user_id as text, metadata
+// and payload as jsonb, which hold neither a NUL character nor bytes that
+// are not UTF-8 (a key such as "a\xff" would otherwise be stored altered,
+// or fail the whole request's transaction).
 func toEvent(t *topic, rec produced) (pgevents.Event, string) {
 	if len(rec.key) == 0 {
 		return pgevents.Event{}, "a record needs a key: it is the event's host_id, which chooses its partition"
+	}
+	if !isText(rec.key) {
+		return pgevents.Event{}, "the key is not UTF-8 text without NUL: it is the event's host_id, a text"
 	}
 	ev := pgevents.Event{TopicID: t.id, HostID: string(rec.key), EventType: "kafka"}
 	if rec.value != nil {
 		if !jsonValid(rec.value) {
 			return pgevents.Event{}, "the value is not JSON: a pgevents payload is JSON"
 		}
+		if !isJSONBText(rec.value) {
+			return pgevents.Event{}, "the value is JSON that jsonb cannot hold (bytes that are not UTF-8, \\u0000, or a lone surrogate)"
+		}
 		ev.Payload = rec.value
 	}
 	md := map[string]string{}
 	for _, h := range rec.headers {
+		if !isText([]byte(h.Key)) || !isText(h.Value) {
+			return pgevents.Event{}, fmt.Sprintf("header %q: not UTF-8 text without NUL: the headers go into the event's text columns and JSON metadata", h.Key)
+		}
 		switch h.Key {
 		case HeaderEventType:
+			if len(h.Value) == 0 {
+				return pgevents.Event{}, "the header event_type is empty: an event's type is required"
+			}
 			ev.EventType = string(h.Value)
 		case HeaderUserID:
 			ev.UserID = string(h.Value)

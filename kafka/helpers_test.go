@@ -3,10 +3,12 @@ package kafka_test
 import (
 	"context"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -22,7 +24,16 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	// A fuzzing worker runs the fuzz targets only, which need no database:
+	// it starts none (the fuzzer restarts its workers, and a server start
+	// each time would stall them).
+	flag.Parse()
+	if f := flag.Lookup("test.fuzzworker"); f != nil && f.Value.String() == "true" {
+		os.Exit(m.Run())
+	}
+	pgtest.Main(m)
+}
 
 // env is a migrated database with topic 1, a pool with the production
 // settings, and an endpoint serving topic 1 as "events".

@@ -1,13 +1,21 @@
 package kafka
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"strconv"
+	"sync"
 	"time"
+
+	"github.com/klauspost/compress/s2"
+	"github.com/klauspost/compress/zstd"
+	"github.com/pierrec/lz4/v4"
 
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -122,6 +130,7 @@ func headers(ev event) []kmsg.Header {
 type produced struct {
 	key, value []byte
 	headers    []kmsg.Header
+	producerID int64 // its batch's
 	seq        int32 // the producer's sequence number; -1 when not idempotent
 }
 
@@ -141,7 +150,7 @@ var errCorrupt = errors.New("corrupt record batch")
 func parseProduced(raw []byte, limit int) (out producerBatch, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", errCorrupt, r)
+			err = fmt.Errorf("%w: decoding panicked: %v", errCorrupt, r)
 		}
 	}()
 	out.producerID = -1
@@ -186,11 +195,14 @@ func parseProduced(raw []byte, limit int) (out producerBatch, err error) {
 			if err := r.ReadFrom(append(kbin.AppendVarint(nil, l), body...)); err != nil {
 				return out, fmt.Errorf("%w: record %d: %w", errCorrupt, i, err)
 			}
+			// A batch's records have the sequence numbers from its first
+			// on, in order (whatever offset deltas the client wrote); they
+			// wrap to 0 after MaxInt32, as Kafka's do.
 			seq := int32(-1)
 			if b.ProducerID >= 0 && b.FirstSequence >= 0 {
-				seq = b.FirstSequence + r.OffsetDelta
+				seq = int32((int64(b.FirstSequence) + int64(i)) % (1 << 31))
 			}
-			out.records = append(out.records, produced{key: r.Key, value: r.Value, headers: r.Headers, seq: seq})
+			out.records = append(out.records, produced{key: r.Key, value: r.Value, headers: r.Headers, producerID: b.ProducerID, seq: seq})
 		}
 		if len(rd.Src) != 0 {
 			return out, fmt.Errorf("%w: %d bytes after the batch's records", errCorrupt, len(rd.Src))
@@ -199,20 +211,135 @@ func parseProduced(raw []byte, limit int) (out producerBatch, err error) {
 	return out, nil
 }
 
-var decompressor = kgo.DefaultDecompressor()
-
 // decompress decompresses a batch's records, refusing more than limit
-// bytes out.
+// bytes out before it has allocated much more than that: a batch of a few
+// kilobytes may claim, or decompress to, gigabytes. (kgo's decompressor
+// is bounded at 2 GiB only.)
 func decompress(src []byte, codec kgo.CompressionCodecType, limit int) ([]byte, error) {
-	if codec > kgo.CodecZstd {
+	var (
+		out []byte
+		err error
+	)
+	switch codec {
+	case kgo.CodecGzip:
+		var zr *gzip.Reader
+		if zr, err = gzip.NewReader(bytes.NewReader(src)); err == nil {
+			out, err = readAtMost(zr, limit)
+		}
+	case kgo.CodecSnappy:
+		out, err = unsnappy(src, limit)
+	case kgo.CodecLz4:
+		out, err = readAtMost(lz4.NewReader(bytes.NewReader(src)), limit)
+	case kgo.CodecZstd:
+		mem := max(limit, zstdWindow)
+		dec := zstdDecoders.get(mem)
+		if err = dec.Reset(bytes.NewReader(src)); err == nil {
+			out, err = readAtMost(dec, limit)
+		}
+		_ = dec.Reset(nil)
+		zstdDecoders.put(mem, dec)
+	default:
 		return nil, fmt.Errorf("%w: unknown compression codec %d", errCorrupt, codec)
 	}
-	out, err := decompressor.Decompress(src, codec)
 	if err != nil {
 		return nil, fmt.Errorf("%w: decompress: %w", errCorrupt, err)
 	}
+	return out, nil
+}
+
+var errTooLarge = errors.New("the batch decompresses to more than the request size limit")
+
+// readAtMost reads r to its end, refusing more than limit bytes.
+func readAtMost(r io.Reader, limit int) ([]byte, error) {
+	out, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err != nil {
+		return nil, err
+	}
 	if len(out) > limit {
-		return nil, fmt.Errorf("%w: decompressed batch of %d bytes, over %d", errCorrupt, len(out), limit)
+		return nil, errTooLarge
 	}
 	return out, nil
 }
+
+// xerialHeader starts snappy in the framing of the Java client (then
+// version fields, then blocks of a big-endian length and a snappy block);
+// without it, the batch is one snappy block.
+var xerialHeader = []byte{130, 'S', 'N', 'A', 'P', 'P', 'Y', 0}
+
+// unsnappy decodes Kafka's snappy, checking the lengths its blocks claim
+// against limit before it allocates.
+func unsnappy(src []byte, limit int) ([]byte, error) {
+	if len(src) < 16 || !bytes.HasPrefix(src, xerialHeader) {
+		n, err := s2.DecodedLen(src)
+		if err != nil {
+			return nil, err
+		}
+		if n > limit {
+			return nil, errTooLarge
+		}
+		return s2.Decode(nil, src)
+	}
+	var blocks [][]byte
+	total := 0
+	for rest := src[16:]; len(rest) > 0; {
+		if len(rest) < 4 {
+			return nil, errors.New("xerial framing: truncated block length")
+		}
+		size := binary.BigEndian.Uint32(rest)
+		rest = rest[4:]
+		if uint64(size) > uint64(len(rest)) {
+			return nil, errors.New("xerial framing: block beyond the data")
+		}
+		n, err := s2.DecodedLen(rest[:size])
+		if err != nil {
+			return nil, err
+		}
+		if total += n; total > limit {
+			return nil, errTooLarge
+		}
+		blocks, rest = append(blocks, rest[:size]), rest[size:]
+	}
+	out := make([]byte, 0, total)
+	for _, b := range blocks {
+		d, err := s2.Decode(out[len(out):cap(out)], b) // in place: the room is there
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d...)
+	}
+	return out, nil
+}
+
+// zstdWindow is the least a zstd decoder accepts as a frame's window and
+// decoded size: what streaming encoders declare at their usual levels (8
+// MiB), so that a small MaxRequestBytes does not refuse their frames.
+const zstdWindow = 8 << 20
+
+// zstdDecoders keeps zstd decoders by the memory bound they were made
+// with: a decoder refuses a frame whose window or decoded size is above
+// it, before it allocates that much.
+var zstdDecoders = decoderPools{pools: map[int]*sync.Pool{}}
+
+type decoderPools struct {
+	mu    sync.Mutex
+	pools map[int]*sync.Pool
+}
+
+func (d *decoderPools) pool(mem int) *sync.Pool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pools[mem]
+	if p == nil {
+		p = &sync.Pool{New: func() any {
+			dec, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+				zstd.WithDecoderMaxMemory(uint64(mem)))
+			return dec
+		}}
+		d.pools[mem] = p
+	}
+	return p
+}
+
+func (d *decoderPools) get(mem int) *zstd.Decoder { return d.pool(mem).Get().(*zstd.Decoder) }
+
+func (d *decoderPools) put(mem int, dec *zstd.Decoder) { d.pool(mem).Put(dec) }
