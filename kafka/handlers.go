@@ -361,6 +361,12 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 				fp.RecordBatches = recs
 				size += len(recs)
 			}
+			if fp.RecordBatches == nil {
+				// Empty, not null, as a Kafka broker answers: librdkafka
+				// refuses a partition whose records are null, and so never
+				// sees the end of a caught-up partition.
+				fp.RecordBatches = []byte{}
+			}
 			ft.Partitions = append(ft.Partitions, fp)
 		}
 		resp.Topics = append(resp.Topics, ft)
