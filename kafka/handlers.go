@@ -373,8 +373,9 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 				size += len(recs)
 			}
 			if fp.RecordBatches == nil {
-				// No records is an empty record set, as Kafka sends, not a
-				// null one: librdkafka (kcat) refuses a null one.
+				// Empty, not null, as a Kafka broker answers: librdkafka
+				// refuses a partition whose records are null, and so never
+				// sees the end of a caught-up partition.
 				fp.RecordBatches = []byte{}
 			}
 			ft.Partitions = append(ft.Partitions, fp)
