@@ -163,34 +163,12 @@ func (p *kcatProc) wait() {
 	}
 }
 
-// logRow is one event of topic 1 as the database holds it.
-type logRow struct {
-	host, payload, eventType, eventID string
-	txid                              int64
-}
-
 // logRows reads topic 1's events by partition and offset.
 func (e *env) logRows() map[[2]int64]logRow {
 	e.t.Helper()
-	rows, err := e.pool.Query(e.ctx, schema.SQL(e.ctx, `SELECT partition_id, c_offset, host_id, payload::text, event_type, event_id::text, transaction_id
-FROM {schema}outbox_message_t WHERE topic_id = 1`))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer rows.Close()
 	out := map[[2]int64]logRow{}
-	for rows.Next() {
-		var (
-			p, o int64
-			r    logRow
-		)
-		if err := rows.Scan(&p, &o, &r.host, &r.payload, &r.eventType, &r.eventID, &r.txid); err != nil {
-			e.t.Fatal(err)
-		}
-		out[[2]int64{p, o}] = r
-	}
-	if err := rows.Err(); err != nil {
-		e.t.Fatal(err)
+	for _, r := range e.readLog() {
+		out[[2]int64{int64(r.partition), r.offset}] = r
 	}
 	return out
 }

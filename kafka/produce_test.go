@@ -33,6 +33,8 @@ type logRow struct {
 	host      string
 	user      string
 	eventType string
+	eventID   string
+	txid      int64
 	payload   string // "" for none
 	metadata  string // "" for none
 }
@@ -40,9 +42,9 @@ type logRow struct {
 // readLog reads topic 1's events in offset order.
 func (e *env) readLog() []logRow {
 	e.t.Helper()
-	rows, err := e.pool.Query(e.ctx, `SELECT c_offset, partition_id, host_id, user_id, event_type,
-       coalesce(payload::text, ''), coalesce(metadata::text, '')
-FROM outbox_message_t WHERE topic_id = 1 ORDER BY c_offset`)
+	rows, err := e.pool.Query(e.ctx, schema.SQL(e.ctx, `SELECT c_offset, partition_id, host_id, user_id, event_type, event_id::text,
+       transaction_id, coalesce(payload::text, ''), coalesce(metadata::text, '')
+FROM {schema}outbox_message_t WHERE topic_id = 1 ORDER BY c_offset, partition_id`))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -50,7 +52,7 @@ FROM outbox_message_t WHERE topic_id = 1 ORDER BY c_offset`)
 	var out []logRow
 	for rows.Next() {
 		var r logRow
-		if err := rows.Scan(&r.offset, &r.partition, &r.host, &r.user, &r.eventType, &r.payload, &r.metadata); err != nil {
+		if err := rows.Scan(&r.offset, &r.partition, &r.host, &r.user, &r.eventType, &r.eventID, &r.txid, &r.payload, &r.metadata); err != nil {
 			e.t.Fatal(err)
 		}
 		out = append(out, r)
