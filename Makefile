@@ -43,7 +43,7 @@ staticcheck:
 # pgeventstest.NewDB, in
 # the offset scope PGEVENTS_TEST_OFFSET_SCOPE names: make test runs them a
 # second time in scope 'partition'.
-SCOPED_PKGS := . ./cmd/consumer/consumercli ./metrics ./offsets ./partition ./internal/lease ./console
+SCOPED_PKGS := . ./cmd/consumer/consumercli ./metrics ./offsets ./partition ./internal/lease ./console ./kafka
 
 # go vet, staticcheck (pinned in go.mod as a tool) and the race-enabled tests
 # against a real PostgreSQL, then the scoped suites again with partition-scoped
