@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/schema"
@@ -139,18 +141,34 @@ func apiVersions(resp *kmsg.ApiVersionsResponse) *kmsg.ApiVersionsResponse {
 type topic struct {
 	name string
 	id   int
+
+	mu sync.Mutex
+	n  int       // partition count
+	at time.Time // when n was read; zero: never
 }
 
-// partitions returns the topic's partition count as the database records
-// it now.
+// partitionsFresh is how long a topic's partition count, once read, is
+// taken as it is: a repartition shows within that time.
+const partitionsFresh = time.Second
+
+// partitions returns the topic's partition count as the database recorded
+// it at most partitionsFresh ago.
 func (s *Server) partitions(ctx context.Context, t *topic) (int, error) {
-	var n int
+	t.mu.Lock()
+	n, at := t.n, t.at
+	t.mu.Unlock()
+	if !at.IsZero() && time.Since(at) < partitionsFresh {
+		return n, nil
+	}
 	if err := s.pool.QueryRow(ctx, schema.SQL(ctx, partitionsSQL), t.id).Scan(&n); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, nil
 		}
 		return 0, fmt.Errorf("kafka: partitions of topic %d: %w", t.id, err)
 	}
+	t.mu.Lock()
+	t.n, t.at = n, time.Now()
+	t.mu.Unlock()
 	return n, nil
 }
 
@@ -283,8 +301,12 @@ func (s *Server) listOffsets(ctx context.Context, r *kmsg.ListOffsetsRequest) (k
 	return resp, nil
 }
 
-// fetchRows is how many events a fetch reads per statement.
-const fetchRows = 1000
+// fetchRows is how many events a fetch reads per statement, and
+// fetchParallel how many partitions of a fetch are read at once.
+const (
+	fetchRows     = 1000
+	fetchParallel = 4
+)
 
 // fetch answers a Fetch: each partition's events from the offset asked,
 // up to the request's byte limits; when it has less than MinBytes, it
@@ -314,12 +336,24 @@ func (s *Server) fetch(ctx context.Context, r *kmsg.FetchRequest) (kmsg.Response
 // wait for (no error, caught up), with their high watermarks.
 func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.FetchResponse, int, []watchPoint, error) {
 	resp := r.ResponseKind().(*kmsg.FetchResponse)
-	maxBytes := int(r.MaxBytes)
-	if r.Version < 3 || maxBytes <= 0 {
-		maxBytes = 1 << 30
+	budget := int(r.MaxBytes)
+	if r.Version < 3 || budget <= 0 {
+		budget = 1 << 30
 	}
-	size := 0
-	var watch []watchPoint
+	// The reads to make, each with its share of the request's byte budget:
+	// a partition may take its PartitionMaxBytes while the budget lasts
+	// (the first one whatever its size, as Kafka does).
+	type read struct {
+		fp          *kmsg.FetchResponseTopicPartition
+		t           *topic
+		from, hw    int64
+		limit, size int
+	}
+	var (
+		reads []*read
+		watch []watchPoint
+		first = true
+	)
 	for _, rt := range r.Topics {
 		ft := kmsg.NewFetchResponseTopic()
 		ft.Topic = rt.Topic
@@ -341,10 +375,16 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 				return nil, 0, nil, err
 			}
 		}
-		for _, rp := range rt.Partitions {
-			fp := kmsg.NewFetchResponseTopicPartition()
+		ft.Partitions = make([]kmsg.FetchResponseTopicPartition, len(rt.Partitions))
+		for i, rp := range rt.Partitions {
+			fp := &ft.Partitions[i]
+			fp.Default()
 			fp.Partition = rp.Partition
 			fp.HighWatermark, fp.LastStableOffset, fp.LogStartOffset = -1, -1, -1
+			// Empty, not null, as a Kafka broker answers: librdkafka refuses
+			// a partition whose records are null, and so never sees the end
+			// of a caught-up partition.
+			fp.RecordBatches = []byte{}
 			b, ok := bs[rp.Partition]
 			switch {
 			case t == nil || rp.Partition < 0 || int(rp.Partition) >= n || !ok:
@@ -358,29 +398,42 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 					watch = append(watch, watchPoint{topic: t.id, partition: rp.Partition, hw: b.hw})
 					break
 				}
-				limit := min(int(rp.PartitionMaxBytes), maxBytes-size)
-				if size == 0 {
-					limit = max(limit, 1) // the first batch goes whatever its size
+				limit := min(int(rp.PartitionMaxBytes), budget)
+				if first {
+					limit = max(limit, 1)
 				}
 				if limit <= 0 {
 					break
 				}
-				recs, err := s.readRecords(ctx, t, rp.Partition, rp.FetchOffset, b.hw, limit)
-				if err != nil {
-					return nil, 0, nil, err
-				}
-				fp.RecordBatches = recs
-				size += len(recs)
+				first = false
+				budget -= limit
+				reads = append(reads, &read{fp: fp, t: t, from: rp.FetchOffset, hw: b.hw, limit: limit})
 			}
-			if fp.RecordBatches == nil {
-				// Empty, not null, as a Kafka broker answers: librdkafka
-				// refuses a partition whose records are null, and so never
-				// sees the end of a caught-up partition.
-				fp.RecordBatches = []byte{}
-			}
-			ft.Partitions = append(ft.Partitions, fp)
 		}
 		resp.Topics = append(resp.Topics, ft)
+	}
+	// The partitions are read concurrently, on fetchParallel connections
+	// at most: the server and the encoding share the machine's cores.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(fetchParallel)
+	for _, rd := range reads {
+		g.Go(func() error {
+			recs, err := s.readRecords(gctx, rd.t, rd.fp.Partition, rd.from, rd.hw, rd.limit)
+			if err != nil {
+				return err
+			}
+			if recs != nil {
+				rd.fp.RecordBatches, rd.size = recs, len(recs)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, 0, nil, err
+	}
+	size := 0
+	for _, rd := range reads {
+		size += rd.size
 	}
 	return resp, size, watch, nil
 }
