@@ -3,7 +3,6 @@ package kafka
 import (
 	"bytes"
 	"crypto/subtle"
-	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -45,5 +44,3 @@ func (cn *conn) saslAuthenticate(r *kmsg.SASLAuthenticateRequest) (kmsg.Response
 	cn.authed = true
 	return resp, nil
 }
-
-var _ = fmt.Sprintf

@@ -36,6 +36,9 @@ const (
 	// DefaultSessionTimeout bounds the session timeout a group member may
 	// ask for (Kafka's group.max.session.timeout.ms is 30 minutes).
 	DefaultSessionTimeout = 5 * time.Minute
+	// idleTimeout is how long a connection may stay without a request
+	// (Kafka's connections.max.idle.ms).
+	idleTimeout = 10 * time.Minute
 )
 
 // Options configure a Server. Only Topics is required.
@@ -272,6 +275,10 @@ func (s *Server) serve(ctx context.Context, nc net.Conn) {
 	size := make([]byte, 4)
 	var out []byte
 	for {
+		// A connection idle for idleTimeout is closed, as Kafka closes one
+		// after connections.max.idle.ms; a request's body must follow its
+		// size within RequestTimeout.
+		_ = nc.SetReadDeadline(time.Now().Add(idleTimeout))
 		if _, err := io.ReadFull(nc, size); err != nil {
 			return
 		}
@@ -280,6 +287,7 @@ func (s *Server) serve(ctx context.Context, nc net.Conn) {
 			s.log.Warn().Str("client", nc.RemoteAddr().String()).Int32("size", n).Msg("kafka: request size out of bounds; closing the connection")
 			return
 		}
+		_ = nc.SetReadDeadline(time.Now().Add(s.opts.RequestTimeout))
 		body := make([]byte, n)
 		if _, err := io.ReadFull(nc, body); err != nil {
 			return
