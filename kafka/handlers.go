@@ -181,7 +181,7 @@ func (s *Server) metadata(ctx context.Context, r *kmsg.MetadataRequest) (kmsg.Re
 	resp.ClusterID = &cluster
 	resp.ControllerID = s.opts.NodeID
 	var names []string
-	if r.Topics == nil {
+	if r.Topics == nil || r.Version == 0 && len(r.Topics) == 0 { // every topic
 		for name := range s.topics {
 			names = append(names, name)
 		}

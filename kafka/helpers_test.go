@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 // env is a migrated database with topic 1, a pool with the production
 // settings, and an endpoint serving topic 1 as "events".
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	ctx  context.Context
 	pool *pgxpool.Pool
 	srv  *kafka.Server
@@ -47,7 +47,7 @@ type env struct {
 
 // newEnv starts an endpoint over a fresh topic of the given partitions
 // and scope ("" for the suite's scope).
-func newEnv(t *testing.T, partitions int, scope string, opts kafka.Options) *env {
+func newEnv(t testing.TB, partitions int, scope string, opts kafka.Options) *env {
 	t.Helper()
 	if scope == "" {
 		scope = pgtest.Scope()
