@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/kafka"
+	"github.com/pgevents/pgevents/schema"
 	sinkkafka "github.com/pgevents/pgevents/sink/kafka"
 )
 
@@ -31,7 +32,8 @@ import (
 //     the end): from the producer's call, and from its COMMIT returned, to
 //     the record's arrival from PollFetches.
 //   - Produce: 16 producers of single-event transactions for 10 s (5 s
-//     quick), a pgevents consumer group attached and caught up: from Go
+//     quick) to a topic of 8 partitions in scope partition, a pgevents
+//     consumer group attached and caught up: from Go
 //     (pgevents.Append, a transaction each) against one kgo client
 //     producing through the endpoint (16 goroutines, ProduceSync each,
 //     idempotent, acks all): the ratio.
@@ -310,8 +312,12 @@ func gatewayLatencyRun(ctx context.Context, db *benchDB, d time.Duration) (call,
 func gatewayProduce(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	d := benchPick(e, 10*time.Second, 5*time.Second)
 	var goRates, kRates, ratio []float64
+	// Scope partition: under scope topic every producer of the topic holds
+	// one lock through its commit's flush, and both sides would measure the
+	// disk's flushes only.
+	mode := benchProducerMode{benchTopic, "partition scope", schema.ScopePartition, schema.AllocationCounter, schema.WakeWaiting}
 	for rep := range e.reps {
-		db, err := e.newDB(ctx, 8)
+		db, err := e.newModeDB(ctx, 8, mode)
 		if err != nil {
 			return nil, err
 		}
@@ -323,7 +329,7 @@ func gatewayProduce(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		goRates, kRates, ratio = append(goRates, g), append(kRates, k), append(ratio, k/g)
 		e.logf("kafka endpoint: 16 producers, rep %d: Go %.0f events/s, through the endpoint %.0f events/s", rep+1, g, k)
 	}
-	note := "single-event transactions, 8 partitions, a pgevents consumer group attached"
+	note := "single-event transactions, 8 partitions in scope partition, a pgevents consumer group attached"
 	return []benchResult{
 		newBenchResult("kafka", "16 producers from Go (pgevents.Append, a transaction each)", "events/s", goRates).noted("%s", note),
 		newBenchResult("kafka", "16 producers through the endpoint (kgo ProduceSync, idempotent, acks all)", "events/s", kRates).noted("%s", note),
