@@ -442,7 +442,7 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 // as record batches of at most fetchRows events each, until they hold
 // limit bytes or more (at least one batch).
 func (s *Server) readRecords(ctx context.Context, t *topic, p int32, from, hw int64, limit int) ([]byte, error) {
-	var out []byte
+	out := make([]byte, 0, min(limit, 8<<20)+4096)
 	evs := make([]event, 0, 64)
 	for from < hw && len(out) < limit {
 		evs = evs[:0]
@@ -458,13 +458,7 @@ func (s *Server) readRecords(ctx context.Context, t *topic, p int32, from, hw in
 					return nil
 				}
 				evs = append(evs, ev)
-				bytes += 64 + len(ev.host) + len(ev.eventID) + len(ev.eventType) + len(ev.user)
-				if ev.payload != nil {
-					bytes += len(*ev.payload)
-				}
-				if ev.metadata != nil {
-					bytes += len(*ev.metadata)
-				}
+				bytes += 64 + len(ev.host) + len(ev.eventID) + len(ev.eventType) + len(ev.user) + len(ev.payload) + len(ev.metadata)
 				return nil
 			}); err != nil {
 			return nil, fmt.Errorf("kafka: fetch topic %d partition %d: %w", t.id, p, err)

@@ -30,8 +30,8 @@ type event struct {
 	user      string
 	txid      int64
 	eventType string
-	payload   *string
-	metadata  *string
+	payload   []byte // nil: none
+	metadata  []byte // nil: none
 	createdAt time.Time
 }
 
@@ -49,51 +49,85 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // appendBatch appends to dst one record batch (magic 2, uncompressed)
 // holding evs, which are in offset order: record i has offset delta
 // evs[i].offset - evs[0].offset, so that a partition's offsets with gaps
-// (scope topic) are served as a compacted topic's are.
+// (scope topic) are served as a compacted topic's are. It writes the
+// records in place, after the batch's header, and fills in the header's
+// length, maximum timestamp and CRC-32C last: no record is copied twice.
 func appendBatch(dst []byte, evs []event) []byte {
 	first, last := evs[0], evs[len(evs)-1]
 	firstTs := first.createdAt.UnixMilli()
 	maxTs := firstTs
-	var recs []byte
-	var rec []byte
+	start := len(dst)
+	dst = kbin.AppendInt64(dst, first.offset)
+	dst = kbin.AppendInt32(dst, 0) // length, below
+	dst = kbin.AppendInt32(dst, 0) // partition leader epoch
+	dst = kbin.AppendInt8(dst, 2)  // magic
+	dst = kbin.AppendInt32(dst, 0) // CRC, below
+	dst = kbin.AppendInt16(dst, 0) // attributes: no compression, create time
+	dst = kbin.AppendInt32(dst, int32(last.offset-first.offset))
+	dst = kbin.AppendInt64(dst, firstTs)
+	dst = kbin.AppendInt64(dst, firstTs) // max timestamp, below
+	dst = kbin.AppendInt64(dst, -1)      // producer id
+	dst = kbin.AppendInt16(dst, -1)      // producer epoch
+	dst = kbin.AppendInt32(dst, -1)      // first sequence
+	dst = kbin.AppendInt32(dst, int32(len(evs)))
 	for _, ev := range evs {
 		ts := ev.createdAt.UnixMilli()
 		maxTs = max(maxTs, ts)
-		r := kmsg.Record{
-			TimestampDelta64: ts - firstTs,
-			OffsetDelta:      int32(ev.offset - first.offset),
-			Key:              []byte(ev.host),
-			Headers:          headers(ev),
-		}
+		hs := headers(ev)
+		var value []byte
 		if ev.payload != nil {
-			r.Value = []byte(*ev.payload)
+			value = ev.payload
 		}
-		// The record's length is a varint of the bytes after it: encode
-		// with a length of 0 (one byte), then write the real one.
-		rec = r.AppendTo(rec[:0])
-		recs = kbin.AppendVarint(recs, int32(len(rec)-1))
-		recs = append(recs, rec[1:]...)
+		dst = appendRecord(dst, ts-firstTs, int32(ev.offset-first.offset), []byte(ev.host), value, hs)
 	}
-	b := kmsg.RecordBatch{
-		FirstOffset:          first.offset,
-		PartitionLeaderEpoch: 0,
-		Magic:                2,
-		LastOffsetDelta:      int32(last.offset - first.offset),
-		FirstTimestamp:       firstTs,
-		MaxTimestamp:         maxTs,
-		ProducerID:           -1,
-		ProducerEpoch:        -1,
-		FirstSequence:        -1,
-		NumRecords:           int32(len(evs)),
-		Records:              recs,
-	}
-	start := len(dst)
-	dst = b.AppendTo(dst)
-	// Length counts what follows it; the CRC-32C covers the attributes to
-	// the end.
 	binary.BigEndian.PutUint32(dst[start+8:], uint32(len(dst)-start-12))
+	binary.BigEndian.PutUint64(dst[start+35:], uint64(maxTs))
 	binary.BigEndian.PutUint32(dst[start+17:], crc32.Checksum(dst[start+21:], castagnoli))
 	return dst
+}
+
+// appendRecord appends one record: its length (a varint of the bytes
+// after it, computed first), attributes, timestamp and offset deltas, key,
+// value (nil: null) and headers.
+func appendRecord(dst []byte, tsDelta int64, offDelta int32, key, value []byte, hs []kmsg.Header) []byte {
+	n := 1 + varlongSize(tsDelta) + varintSize(int64(offDelta)) + bytesSize(key) + bytesSize(value) + varintSize(int64(len(hs)))
+	for _, h := range hs {
+		n += varintSize(int64(len(h.Key))) + len(h.Key) + bytesSize(h.Value)
+	}
+	dst = kbin.AppendVarint(dst, int32(n))
+	dst = append(dst, 0)
+	dst = kbin.AppendVarlong(dst, tsDelta)
+	dst = kbin.AppendVarint(dst, offDelta)
+	dst = kbin.AppendVarintBytes(dst, key)
+	dst = kbin.AppendVarintBytes(dst, value)
+	dst = kbin.AppendVarint(dst, int32(len(hs)))
+	for _, h := range hs {
+		dst = kbin.AppendVarintString(dst, h.Key)
+		dst = kbin.AppendVarintBytes(dst, h.Value)
+	}
+	return dst
+}
+
+// varintSize is the size of v as a zigzag varint.
+func varintSize(v int64) int {
+	u := uint64(v<<1) ^ uint64(v>>63)
+	n := 1
+	for u >= 0x80 {
+		u >>= 7
+		n++
+	}
+	return n
+}
+
+func varlongSize(v int64) int { return varintSize(v) }
+
+// bytesSize is the size of b as varint-prefixed bytes (nil: the length
+// -1 alone).
+func bytesSize(b []byte) int {
+	if b == nil {
+		return varintSize(-1)
+	}
+	return varintSize(int64(len(b))) + len(b)
 }
 
 // headers returns the record headers of ev: its event_type, event_id,
@@ -112,8 +146,8 @@ func headers(ev event) []kmsg.Header {
 		return hs
 	}
 	var md map[string]json.RawMessage
-	if json.Unmarshal([]byte(*ev.metadata), &md) != nil {
-		return append(hs, kmsg.Header{Key: "metadata", Value: []byte(*ev.metadata)})
+	if json.Unmarshal(ev.metadata, &md) != nil {
+		return append(hs, kmsg.Header{Key: "metadata", Value: ev.metadata})
 	}
 	for k, v := range md {
 		var s string

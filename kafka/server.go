@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -308,7 +309,7 @@ func (s *Server) serve(ctx context.Context, nc net.Conn) {
 		if resp == nil { // Produce with acks=0
 			continue
 		}
-		out = appendResponse(out[:0], corr, resp)
+		out = appendResponse(slices.Grow(out[:0], responseSize(resp)), corr, resp)
 		_ = nc.SetWriteDeadline(time.Now().Add(s.opts.RequestTimeout))
 		if _, err := nc.Write(out); err != nil {
 			return
@@ -358,6 +359,20 @@ func parseRequest(body []byte) (req kmsg.Request, corr int32, client string, err
 		return nil, corr, client, fmt.Errorf("kafka: api key %d version %d: %w", key, version, err)
 	}
 	return req, corr, client, nil
+}
+
+// responseSize estimates the size of resp's frame: a fetch's record
+// batches and a margin, so that its buffer grows once, not by doubling.
+func responseSize(resp kmsg.Response) int {
+	n := 4096
+	if f, ok := resp.(*kmsg.FetchResponse); ok {
+		for _, t := range f.Topics {
+			for _, p := range t.Partitions {
+				n += len(p.RecordBatches) + 64
+			}
+		}
+	}
+	return n
 }
 
 // appendResponse appends resp's frame: size, correlation id, the header's
