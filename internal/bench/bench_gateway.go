@@ -221,44 +221,63 @@ func gatewayFetch(ctx context.Context, addr, group string, n int64) (float64, er
 }
 
 // gatewayLatency measures append → delivered to a waiting kgo consumer at
-// 1,000 single-event transactions a second.
+// 1,000 single-event transactions a second: with no pgevents consumer of
+// the topic (the endpoint reads the tails itself), and with one attached
+// (its elected watcher announces what moved, and the endpoint follows).
 func gatewayLatency(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	d := benchPick(e, 10*time.Second, 5*time.Second)
-	var fromCall, fromCommit [][]float64
-	for rep := range e.reps {
-		db, err := e.newDB(ctx, 8)
-		if err != nil {
-			return nil, err
+	var out []benchResult
+	for _, attached := range []bool{false, true} {
+		var fromCall, fromCommit [][]float64
+		for rep := range e.reps {
+			db, err := e.newDB(ctx, 8)
+			if err != nil {
+				return nil, err
+			}
+			call, commit, err := gatewayLatencyRun(ctx, db, d, attached)
+			db.close()
+			if err != nil {
+				return nil, err
+			}
+			fromCall, fromCommit = append(fromCall, call), append(fromCommit, commit)
+			e.logf("kafka endpoint: latency at 1000/s (consumer group attached: %v), rep %d: from the call p50 %.2f p99 %.2f ms, from COMMIT p50 %.2f p99 %.2f ms",
+				attached, rep+1, call[0], call[1], commit[0], commit[1])
 		}
-		call, commit, err := gatewayLatencyRun(ctx, db, d)
-		db.close()
-		if err != nil {
-			return nil, err
+		col := func(v [][]float64, i int) []float64 {
+			out := make([]float64, len(v))
+			for k := range v {
+				out[k] = v[k][i]
+			}
+			return out
 		}
-		fromCall, fromCommit = append(fromCall, call), append(fromCommit, commit)
-		e.logf("kafka endpoint: latency at 1000/s, rep %d: from the call p50 %.2f p99 %.2f ms, from COMMIT p50 %.2f p99 %.2f ms",
-			rep+1, call[0], call[1], commit[0], commit[1])
+		what, note := "no pgevents consumer", "single-event transactions at 1,000/s, 8 partitions; a kgo client waiting on every partition from the end; the endpoint reads the tails every millisecond"
+		if attached {
+			what, note = "a pgevents consumer attached", "the same with a pgevents consumer group of the topic running: the endpoint follows its elected watcher's announcements"
+		}
+		out = append(out,
+			newBenchResult("kafka", "endpoint, "+what+": append call → record at kgo, p50", "ms", col(fromCall, 0)).atMost(2).noted("%s", note),
+			newBenchResult("kafka", "endpoint, "+what+": append call → record at kgo, p99", "ms", col(fromCall, 1)).atMost(10),
+			newBenchResult("kafka", "endpoint, "+what+": COMMIT returned → record at kgo, p50", "ms", col(fromCommit, 0)),
+			newBenchResult("kafka", "endpoint, "+what+": COMMIT returned → record at kgo, p99", "ms", col(fromCommit, 1)))
 	}
-	col := func(v [][]float64, i int) []float64 {
-		out := make([]float64, len(v))
-		for k := range v {
-			out[k] = v[k][i]
-		}
-		return out
-	}
-	note := "single-event transactions at 1,000/s, 8 partitions; a kgo client waiting on every partition from the end"
-	return []benchResult{
-		newBenchResult("kafka", "endpoint: append call → record delivered to kgo, p50", "ms", col(fromCall, 0)).atMost(2).noted("%s", note),
-		newBenchResult("kafka", "endpoint: append call → record delivered to kgo, p99", "ms", col(fromCall, 1)).atMost(10),
-		newBenchResult("kafka", "endpoint: COMMIT returned → record delivered to kgo, p50", "ms", col(fromCommit, 0)),
-		newBenchResult("kafka", "endpoint: COMMIT returned → record delivered to kgo, p99", "ms", col(fromCommit, 1)),
-	}, nil
+	return out, nil
 }
 
-func gatewayLatencyRun(ctx context.Context, db *benchDB, d time.Duration) (call, commit []float64, err error) {
+func gatewayLatencyRun(ctx context.Context, db *benchDB, d time.Duration, attached bool) (call, commit []float64, err error) {
 	pool, err := db.openConsumerPool(ctx, 8)
 	if err != nil {
 		return nil, nil, err
+	}
+	if attached {
+		cpool, err := db.openConsumerPool(ctx, 8)
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := startBenchConsumer(ctx, cpool, pgevents.Config{GroupID: "attached", TotalPartitions: 8})
+		if err != nil {
+			return nil, nil, err
+		}
+		defer func() { _ = c.stop() }()
 	}
 	addr, stop, err := gatewayStart(ctx, pool)
 	if err != nil {
