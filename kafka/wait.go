@@ -26,13 +26,18 @@ import (
 //
 // When no consumer of the topic runs (nobody holds its watch key: looked
 // at every electedCheck), nobody announces anything, and the endpoint
-// reads the tails of the partitions its fetches wait on itself, every
-// lookAlone while some fetch waits (one statement for every waiting
-// fetch of the gateway, one index lookup per partition). While a watcher
-// is elected it reads them every lookFollowing only, the safety net for a
-// lost notification.
+// reads the tails of the partitions its fetches wait on itself while some
+// fetch waits (one statement for every waiting fetch of the gateway, one
+// index lookup per partition): every lookAlone while events flow, and,
+// once no partition moved for lookQuiet, twice as late each time up to
+// lookAloneMax (an idle endpoint runs 40 statements a second, not 1,000;
+// the first event after a quiet spell waits up to lookAloneMax). A fetch
+// that starts looks at once. While a watcher is elected it reads them
+// every lookFollowing only, the safety net for a lost notification.
 const (
 	lookAlone     = time.Millisecond
+	lookAloneMax  = 25 * time.Millisecond
+	lookQuiet     = time.Second
 	lookFollowing = 100 * time.Millisecond
 	electedCheck  = time.Second
 )
@@ -81,6 +86,8 @@ type waiters struct {
 	poke chan struct{}
 	// elected, per topic id: a watcher announces its partitions.
 	elected map[int]bool
+	// moved is when a wake-up last woke a fetch.
+	moved time.Time
 }
 
 func newWaiters(s *Server) *waiters {
@@ -125,6 +132,7 @@ func (w *waiters) wake(topic int, partition int32, tail int64) {
 			if pt.topic == topic && (partition < 0 || pt.partition == partition) && (tail == 0 || tail >= pt.hw) {
 				close(wt.woken)
 				delete(w.set, wt)
+				w.moved = time.Now()
 				break
 			}
 		}
@@ -247,12 +255,14 @@ func (w *waiters) checkElected(ctx context.Context, conn *pgxpool.Conn, ids []in
 func (w *waiters) look(ctx context.Context, ids []int) {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	interval := lookAlone
 	for {
 		w.mu.Lock()
 		var (
 			ts, ps []int32
 			alone  bool
 		)
+		quiet := time.Since(w.moved) > lookQuiet
 		seen := map[watchPoint]bool{}
 		for wt := range w.set {
 			for _, pt := range wt.points {
@@ -282,8 +292,12 @@ func (w *waiters) look(ctx context.Context, ids []int) {
 		next := time.Hour
 		switch {
 		case len(ts) == 0:
+		case alone && quiet:
+			interval = min(2*interval, lookAloneMax)
+			next = interval
 		case alone:
-			next = lookAlone
+			interval = lookAlone
+			next = interval
 		default:
 			next = lookFollowing
 		}
