@@ -191,6 +191,15 @@
 //     sink/webhook), pgeventstest, the console, and the CLI
 //     (cmd/consumer/consumercli), which reaches the engine only through the
 //     public layers (a test checks it), and cmd/consumer last.
+//  6. cmd/consumer-dev: cmd/consumer plus the development commands, demo
+//     and bench, whose packages live under it (cmd/consumer-dev/internal)
+//     and are linked by no other binary.
+//
+// Besides the engine and its helpers (internal/backoff, internal/finetimer,
+// internal/netconn, internal/tmpl), internal/ holds only the test harness:
+// internal/pgtest and internal/pgcluster (throwaway PostgreSQL databases and
+// clusters, which pgeventstest and consumer-dev use too), internal/eventtest
+// and internal/sinktest.
 //
 // This package links no Kafka client: Kafka's error codes are classified in
 // sink/kafka.

@@ -17,8 +17,12 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
-// Tests of the failure paths a review found broken (issue 10): each names
-// the defect it guards and fails without its fix.
+// Tests of the consumer's failure paths: a halt behind a healthy unit,
+// handlers idle past the session's idle timeout, a swallowed SQL error,
+// hosts parked behind dead letters, a replay after repartitioning,
+// maintenance without a consumer, the topic's channel, a unit's time
+// budget, a lost lease, and AppendCommit's failures. Each fails if the path
+// it names goes wrong.
 
 // callCounter counts handler calls, for asserting that no failure path
 // spins.
@@ -31,7 +35,7 @@ func (c *callCounter) wrap(h Handler) Handler {
 	})
 }
 
-// TestHaltBeforeUnitWhosePoisonIsNotFirst (defect 1): under halt, a unit
+// TestHaltBeforeUnitWhosePoisonIsNotFirst: under halt, a unit
 // {ok, poison} after a healthy unit: the healthy unit commits, the
 // partition halts at the failing unit's first offset with a
 // partition_halts row, and the handler is not called over and over.
@@ -83,7 +87,7 @@ func TestHaltBeforeUnitWhosePoisonIsNotFirst(t *testing.T) {
 	}
 }
 
-// TestIdleHandlersDoNotLivelock (defect 2): handlers that only call out,
+// TestIdleHandlersDoNotLivelock: handlers that only call out,
 // slowly, with no SQL, on the production pool settings with a short
 // idle_in_transaction_session_timeout: batches commit before the server
 // ends their session, so every event is handled, and each outside call is
@@ -137,7 +141,7 @@ func TestIdleHandlersDoNotLivelock(t *testing.T) {
 	}
 }
 
-// TestRefusesHandlerTimeoutBeyondIdleTimeout (defect 2): a handler timeout
+// TestRefusesHandlerTimeoutBeyondIdleTimeout: a handler timeout
 // the session's idle timeout cannot accommodate is refused at start.
 func TestRefusesHandlerTimeoutBeyondIdleTimeout(t *testing.T) {
 	t.Parallel()
@@ -155,7 +159,7 @@ func TestRefusesHandlerTimeoutBeyondIdleTimeout(t *testing.T) {
 	}
 }
 
-// TestSessionEndedMidBatchNarrows (defect 2): a unit whose handler keeps
+// TestSessionEndedMidBatchNarrows: a unit whose handler keeps
 // its batch idle until the server ends the session (SQLSTATE 25P03): the
 // batch shrinks until the unit is alone, the other units are handled, and
 // that unit is dead-lettered after MaxAttempts instead of being retried
@@ -209,7 +213,7 @@ func TestSessionEndedMidBatchNarrows(t *testing.T) {
 	}
 }
 
-// TestSwallowedSQLErrorBlamesItsUnit (defect 3): a handler that ignores a
+// TestSwallowedSQLErrorBlamesItsUnit: a handler that ignores a
 // duplicate-key error and returns nil leaves the transaction aborted: its
 // unit is dead-lettered with a reason saying so, the unit after it is
 // handled, and a swallowing unit that is last does not stall the
@@ -260,7 +264,7 @@ func TestSwallowedSQLErrorBlamesItsUnit(t *testing.T) {
 	}
 }
 
-// TestParkedBehindTwoDeadLetters (defect 4): a unit touching hosts parked
+// TestParkedBehindTwoDeadLetters: a unit touching hosts parked
 // behind two dead letters stays parked until both are resolved, whatever
 // the order of resolution; and within one batch, a host that a parked unit
 // touches is parked for the rest of the batch.
@@ -309,7 +313,7 @@ func TestParkedBehindTwoDeadLetters(t *testing.T) {
 	checkHandledOrderOnly(t, pool)
 }
 
-// TestParkedUnitParksItsHostsWithinTheBatch (defect 4): in one batch, a
+// TestParkedUnitParksItsHostsWithinTheBatch: in one batch, a
 // unit parked because it touches a parked host parks its other hosts for
 // the rest of the batch.
 func TestParkedUnitParksItsHostsWithinTheBatch(t *testing.T) {
@@ -375,7 +379,7 @@ func TestPoisonUnitTouchingAParkedHostIsParked(t *testing.T) {
 	checkHandledOrderOnly(t, pool)
 }
 
-// TestParkedReplayAfterRepartition (defect 6): a dead letter with events
+// TestParkedReplayAfterRepartition: a dead letter with events
 // parked behind it, then the topic goes from 2 partitions to 1: the switch
 // moves the dead letter and its parked events with their host, and the
 // replay, under the group's locks in the new layout, handles them in order.
@@ -421,7 +425,7 @@ func TestParkedReplayAfterRepartition(t *testing.T) {
 	checkHandledOrderOnly(t, pool)
 }
 
-// TestMaintainWithoutConsumer (defect 7): producers outrun the segments
+// TestMaintainWithoutConsumer: producers outrun the segments
 // while no consumer runs, so events land in the DEFAULT partition; one
 // maintenance pass moves them into their segment, after which retention
 // can remove them like any other.
@@ -458,7 +462,7 @@ func TestMaintainWithoutConsumer(t *testing.T) {
 	}
 }
 
-// TestTopicChannel (defect 9): the channel is the topic's: appends notify
+// TestTopicChannel: the channel is the topic's: appends notify
 // it, a consumer without a channel configured listens there and is woken at
 // once, and a consumer configured with another one refuses to start.
 func TestTopicChannel(t *testing.T) {
@@ -493,7 +497,7 @@ func TestTopicChannel(t *testing.T) {
 	waitHandled(t, pool, 2, 5*time.Second)
 }
 
-// TestUnitBudgetEndsWithTheUnit (defect 10): a unit that finishes just
+// TestUnitBudgetEndsWithTheUnit: a unit that finishes just
 // inside its budget, followed by a slow dead-letter write, does not get the
 // next unit blamed for a timeout.
 func TestUnitBudgetEndsWithTheUnit(t *testing.T) {
@@ -547,7 +551,7 @@ func TestUnitBudgetEndsWithTheUnit(t *testing.T) {
 	}
 }
 
-// TestLostLeaseCancelsHandlers (defect 10): when another replica takes the
+// TestLostLeaseCancelsHandlers: when another replica takes the
 // partition over, the in-flight handler's context is cancelled at once,
 // with ErrLeaseLost as its cause, instead of running on under a stale
 // epoch until its own timeout.

@@ -40,9 +40,9 @@ func hostPartition(t *testing.T, pool *pgxpool.Pool, host string) int {
 // TestNotificationAboveTheLog: anyone who can connect may NOTIFY the
 // topic's channel with an offset the log does not hold. The worker claims
 // once, finds nothing, and must stay where the database says it is: the
-// events appended later are handled at once, not after a restart (before
-// the fix the worker set its position past the named offset and dropped
-// every hint below it, the poll's included).
+// events appended later are handled at once, not after a restart (a worker
+// that set its position past the named offset would drop every hint below
+// it, the poll's included).
 func TestNotificationAboveTheLog(t *testing.T) {
 	t.Parallel()
 	for _, scope := range []string{schema.ScopeTopic, schema.ScopePartition} {
@@ -71,10 +71,10 @@ func TestNotificationAboveTheLog(t *testing.T) {
 }
 
 // TestTwoInstallationsInOneDatabase: two pgevents installations in one
-// database (the schema key), each with its own topic 1 and consumer. Before
-// the fix both notified event_channel, and installation A's consumer read
-// B's payloads as its own: offsets above A's log, which stalled A. Now each
-// installation's topics get a channel of their own by default, and A's
+// database (the schema key), each with its own topic 1 and consumer. Were
+// both to notify one channel, installation A's consumer would read B's
+// payloads as its own: offsets above A's log, which stall A. Each
+// installation's topics get a channel of their own by default, so A's
 // consumer neither claims for B's appends nor misses its own.
 func TestTwoInstallationsInOneDatabase(t *testing.T) {
 	t.Parallel()

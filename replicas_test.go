@@ -296,11 +296,11 @@ func TestSequenceTopic(t *testing.T) {
 // TestConsumerTakesUpALostAcquisition: the statement that acquires a
 // replica's leases commits, but its answer never reaches the replica (a
 // deadline passed under load, a connection died). The database says the
-// replica owns the partitions; before the fix the replica renewed them at
-// every heartbeat without serving them, and nobody else could take them:
-// found by TestFailureModel as a group stuck with every partition at epoch
-// 0 (seed 1795521792761953940) and a partition nobody served (seed
-// 1795521797056921243). The interleaving is pinned with a proxy that lets
+// replica owns the partitions, so the replica must take them up: a replica
+// that renewed them at every heartbeat without serving them would leave
+// them to nobody, which TestFailureModel shows as a group stuck with every
+// partition at epoch 0 (seed 1795521792761953940) and a partition nobody
+// served (seed 1795521797056921243). The interleaving is pinned with a proxy that lets
 // the acquisition through and drops its answer.
 func TestConsumerTakesUpALostAcquisition(t *testing.T) {
 	t.Parallel()

@@ -26,10 +26,12 @@ var tables = []string{"log_counter", "outbox_message_t", "consumer_offsets", "de
 // or none. (The benchmark's statements run on a database of their own with
 // pgevents in the search_path, and the test helpers are not pgevents'
 // statements: testHelpers.)
-// testHelpers are the directories whose statements are not pgevents' own.
+// testHelpers are the directories whose statements are not pgevents' own:
+// the test harness under internal/, and consumer-dev's demo and benchmark
+// under cmd/consumer-dev/internal.
 var testHelpers = map[string]bool{
 	"internal/pgtest": true, "internal/pgcluster": true, "internal/eventtest": true, "internal/sinktest": true,
-	"internal/bench": true, "internal/demo": true,
+	"cmd/consumer-dev/internal": true,
 }
 
 func TestStatementsNameTheSchema(t *testing.T) {

@@ -591,7 +591,7 @@ func queryInt(t *testing.T, db interface {
 	return n
 }
 
-// TestNextOffsetLeavesNoLock (issue 10, defect 10): reading a sequence
+// TestNextOffsetLeavesNoLock: reading a sequence
 // topic's next offset takes the append lock only for the reading
 // transaction: a call that fails half-way leaves nothing held on the
 // connection (a pooled connection would otherwise block every producer of

@@ -7,9 +7,9 @@
 package main
 
 import (
+	"github.com/pgevents/pgevents/cmd/consumer-dev/internal/bench"
+	"github.com/pgevents/pgevents/cmd/consumer-dev/internal/demo"
 	"github.com/pgevents/pgevents/cmd/consumer/consumercli"
-	"github.com/pgevents/pgevents/internal/bench"
-	"github.com/pgevents/pgevents/internal/demo"
 )
 
 func main() {

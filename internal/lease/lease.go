@@ -214,8 +214,8 @@ func NewLeaser(cfg LeaserConfig) (*Leaser, error) {
 
 // NewReplicaID returns an id for a replica: host name, process id and a
 // random suffix, so that a restarted process is a new replica, and so are
-// two consumers of one group in one process (the suffix has 32 random bits;
-// the clock's low bits it used to take repeat).
+// two consumers of one group in one process (the suffix is 32 random bits,
+// not the clock's low bits, which repeat).
 func NewReplicaID() string {
 	host, _ := os.Hostname()
 	var b [4]byte

@@ -47,7 +47,7 @@ func (o *owner) Acquired(p int, epoch int64) { o.acquired <- p }
 func (o *owner) Lost(int)                    {}
 func (o *owner) Release(int)                 {}
 
-// TestAcquireCommitsSynchronously (issue 10, defect 8): on a connection
+// TestAcquireCommitsSynchronously: on a connection
 // that commits asynchronously, as consumer connections do, the statement
 // that bumps a lease's epoch makes its own transaction commit
 // synchronously, so a server crash cannot hand the same epoch out twice.
@@ -85,7 +85,7 @@ func TestAcquireCommitsSynchronously(t *testing.T) {
 	}
 }
 
-// TestFenceSparesOtherLockers (issue 10, defect 10): taking a partition
+// TestFenceSparesOtherLockers: taking a partition
 // over from an owner that is no longer live ends that owner's batch, and
 // only that: a backend holding the partition's position lock for something
 // else (a dead-letter replay, an offsets reset) is left alone.

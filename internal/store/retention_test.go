@@ -47,7 +47,7 @@ func retentionSetup(t *testing.T) (context.Context, *pgxpool.Pool) {
 	return ctx, pool
 }
 
-// TestRetentionSeesAGroupThatCameBack (issue 10, defect 5): a DEAD group
+// TestRetentionSeesAGroupThatCameBack: a DEAD group
 // whose replica returns while a segment is being decided holds the
 // watermark again, and the segment stays.
 func TestRetentionSeesAGroupThatCameBack(t *testing.T) {
@@ -75,7 +75,7 @@ func TestRetentionSeesAGroupThatCameBack(t *testing.T) {
 	}
 }
 
-// TestRetentionCountsEveryGroupBehind (issue 10, defect 5): skips are
+// TestRetentionCountsEveryGroupBehind: skips are
 // recorded for every group whose position is below a dropped segment's
 // end, whatever its state; a group placed at "earliest" while segments go
 // starts after them, or is told.

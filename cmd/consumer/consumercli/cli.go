@@ -45,12 +45,12 @@
 //
 // # Development commands
 //
-// The development commands, demo and bench, live in packages of their own
-// (internal/demo, internal/bench) and in a binary of their own,
-// cmd/consumer-dev, which is this command plus them: they start throwaway
-// PostgreSQL clusters and in-process Kafka brokers, which have no place in
-// what runs in production. The production binary hands them to
-// consumer-dev (see Delegate).
+// The development commands, demo and bench, live in a binary of their own,
+// cmd/consumer-dev, which is this command plus them, and in packages under
+// it (cmd/consumer-dev/internal/demo, cmd/consumer-dev/internal/bench) that
+// no other command can import: they start throwaway PostgreSQL clusters and
+// in-process Kafka brokers, which have no place in what runs in production.
+// The production binary hands them to consumer-dev (see Delegate).
 //
 // # Usage
 //

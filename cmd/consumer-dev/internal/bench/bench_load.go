@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/internal/latency"
+	"github.com/pgevents/pgevents/cmd/consumer-dev/internal/latency"
 )
 
 // benchHostCount is how many hosts (partition keys) the producers spread

@@ -45,7 +45,7 @@ var benchCases = []benchCase{
 	{"processes", "the deployments users run: 1, 8 and 16 consumer processes under 1,000 tx/s: schedule, latency, CPU per event, idle", benchProcesses, 6 * time.Minute},
 	{"pgq", "producers of single-event transactions: plain insert, pgevents with and without a consumer, PgQ", benchPgq, 4 * time.Minute},
 	{"retention", "removing old events: segment drop vs DELETE, under producers", benchRetention, 3 * time.Minute},
-	{"console", "every console page on a 10-million-event log with 10,000 dead letters (issue 20)", benchConsole, 45 * time.Minute},
+	{"console", "every console page on a 10-million-event log with 10,000 dead letters", benchConsole, 45 * time.Minute},
 	{"kafka", "relay into Kafka (in-process kfake) vs a bare franz-go producer; Kafka clients through the endpoint (consumer kafka): fetch, latency, produce", benchKafka, 10 * time.Minute},
 	{"idempotency", "keyed appends (idempotency keys: new ones, and duplicates) vs unkeyed", benchIdempotency, 3 * time.Minute},
 	{"tracing", "tracing on vs off: appends inside a span vs outside, and a drain with a TracerProvider vs without", benchTracing, 4 * time.Minute},

@@ -253,7 +253,7 @@ func (t *benchTracer) task() string {
 	first := ""
 	for {
 		f, more := frames.Next()
-		if first == "" && strings.Contains(f.Function, "pgevents/pgevents") && !strings.Contains(f.Function, "internal/bench") {
+		if first == "" && strings.Contains(f.Function, "pgevents/pgevents") && !strings.Contains(f.Function, "cmd/consumer-dev/internal/bench") {
 			first = f.Function
 		}
 		for _, k := range benchTasks {

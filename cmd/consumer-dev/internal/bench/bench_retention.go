@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pgevents/pgevents/internal/latency"
+	"github.com/pgevents/pgevents/cmd/consumer-dev/internal/latency"
 	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )

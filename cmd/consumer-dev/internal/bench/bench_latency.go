@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/internal/latency"
+	"github.com/pgevents/pgevents/cmd/consumer-dev/internal/latency"
 	"github.com/pgevents/pgevents/schema"
 )
 

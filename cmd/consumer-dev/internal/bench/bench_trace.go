@@ -14,9 +14,9 @@ import (
 	"github.com/pgevents/pgevents"
 )
 
-// This file: the cost of the two options of issue 21, each measured next
-// to the plain path on the same database and pool, in turns
-// (benchCompare): appends with an idempotency key, and tracing.
+// This file: the cost of two optional features, each measured next to the
+// plain path on the same database and pool, in turns (benchCompare):
+// appends with an idempotency key, and tracing.
 
 // benchKeySeq numbers the idempotency keys of the keyed appends, so that
 // every key is new (the common case: a retry is rare).

@@ -24,8 +24,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/cmd/consumer-dev/internal/latency"
 	"github.com/pgevents/pgevents/cmd/consumer/consumercli"
-	"github.com/pgevents/pgevents/internal/latency"
 	"github.com/pgevents/pgevents/internal/pgcluster"
 	"github.com/pgevents/pgevents/schema"
 )
