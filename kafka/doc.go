@@ -34,7 +34,8 @@
 // the topic's channel and holds the topic's follow key, so the elected
 // watcher of a running consumer announces what moved), and, while no
 // consumer of the topic runs, it reads the tails of the partitions its
-// fetches wait on every millisecond (see wait.go).
+// fetches wait on itself, every millisecond while events flow and up to
+// every 25 ms once they stop (see wait.go).
 //
 // # Consumer groups
 //
@@ -45,7 +46,10 @@
 // earliest retained event), and its committed offsets are the group's
 // positions, so `consumer status`, the console, metrics and retention see
 // it, and `consumer offsets reset` moves it. A commit takes each
-// partition's position lock, as a worker's batch does.
+// partition's position lock, as a worker's batch does. A partition the
+// group never committed in is read from where the subscription placed it;
+// while the group has members its subscription is kept live, and a minute
+// after the last one left it is DEAD (it no longer holds retention back).
 //
 // Each group has one coordinator among the gateways that serve the
 // database: the one whose coordinator session holds the group's key, an
