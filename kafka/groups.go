@@ -50,6 +50,7 @@ type group struct {
 	deadline     time.Time // of the rebalance in progress
 	syncs        map[string]chan syncResult
 	topics       map[int]bool // pgevents topics the group committed on (subscribed, kept live)
+	live         time.Time    // when a commit last subscribed the group (renewed it)
 }
 
 type member struct {
@@ -528,7 +529,11 @@ func (c *coordinator) commit(ctx context.Context, r *kmsg.OffsetCommitRequest) (
 // commitTopic commits on the coordinator session (see leases.onSession).
 func (c *coordinator) commitTopic(ctx context.Context, group string, topic int, next map[int]int64) error {
 	c.mu.Lock()
-	known := c.get(group).topics[topic]
+	g := c.get(group)
+	// A commit subscribes the group, and renews its subscription as a
+	// heartbeat does: a client that commits without joining (no members
+	// to keep it live) keeps holding retention back.
+	known := g.topics[topic] && time.Since(g.live) < groupDeadAfter/4
 	c.mu.Unlock()
 	err := c.s.leases.onSession(ctx, group, func(db schema.DB) error {
 		if !known {
@@ -544,7 +549,8 @@ func (c *coordinator) commitTopic(ctx context.Context, group string, topic int, 
 	})
 	if err == nil && !known {
 		c.mu.Lock()
-		c.get(group).topics[topic] = true
+		g := c.get(group)
+		g.topics[topic], g.live = true, time.Now()
 		c.mu.Unlock()
 	}
 	return err
