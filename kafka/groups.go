@@ -49,8 +49,9 @@ type group struct {
 	order        []string  // member ids in join order
 	deadline     time.Time // of the rebalance in progress
 	syncs        map[string]chan syncResult
-	topics       map[int]bool // pgevents topics the group committed on (subscribed, kept live)
-	live         time.Time    // when a commit last subscribed the group (renewed it)
+	// topics are the pgevents topics the group committed on, each with
+	// when a commit last subscribed it there (renewed its subscription).
+	topics map[int]time.Time
 }
 
 type member struct {
@@ -165,7 +166,7 @@ func (c *coordinator) drop(groups map[string]bool) {
 func (c *coordinator) get(id string) *group {
 	g := c.groups[id]
 	if g == nil {
-		g = &group{id: id, state: stateEmpty, members: map[string]*member{}, syncs: map[string]chan syncResult{}, topics: map[int]bool{}}
+		g = &group{id: id, state: stateEmpty, members: map[string]*member{}, syncs: map[string]chan syncResult{}, topics: map[int]time.Time{}}
 		c.groups[id] = g
 	}
 	return g
@@ -533,7 +534,8 @@ func (c *coordinator) commitTopic(ctx context.Context, group string, topic int, 
 	// A commit subscribes the group, and renews its subscription as a
 	// heartbeat does: a client that commits without joining (no members
 	// to keep it live) keeps holding retention back.
-	known := g.topics[topic] && time.Since(g.live) < groupDeadAfter/4
+	live, known := g.topics[topic]
+	known = known && time.Since(live) < groupDeadAfter/4
 	c.mu.Unlock()
 	err := c.s.leases.onSession(ctx, group, func(db schema.DB) error {
 		if !known {
@@ -550,7 +552,7 @@ func (c *coordinator) commitTopic(ctx context.Context, group string, topic int, 
 	if err == nil && !known {
 		c.mu.Lock()
 		g := c.get(group)
-		g.topics[topic], g.live = true, time.Now()
+		g.topics[topic] = time.Now()
 		c.mu.Unlock()
 	}
 	return err
