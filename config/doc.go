@@ -38,7 +38,8 @@
 // Go (leave the key out for the default).
 //
 // Keys use camelCase, exactly as spelled in the yaml tags documented on
-// [Config] and [Handler]. A typical file:
+// [Config] and [Handler]; docs/reference.md#configuration lists every key
+// with its type, default and environment override. A typical file:
 //
 //	databaseUrl: postgres://pgevents@localhost:5432/app
 //	groupId: billing

@@ -36,6 +36,11 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 		return usagef("dlq: a subcommand is required")
 	}
 	sub := args[0]
+	if !slices.Contains([]string{"list", "replay", "discard"}, sub) {
+		// Before the file is read: `dlq -h` prints the usage.
+		fmt.Fprint(stderr, named(ctx, dlqUsage))
+		return usagef("dlq: unknown subcommand %q", sub)
+	}
 	fs := flag.NewFlagSet("dlq "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", defaultConfigPath, "configuration file: the database (the group's, with --group) and, for replay and discard, the group's handlers")
@@ -66,8 +71,7 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	defer pool.Close()
 
-	switch sub {
-	case "list":
+	if sub == "list" {
 		dls, err := pgevents.ListDeadLetters(ctx, pool, *group)
 		if err != nil {
 			return err
@@ -88,10 +92,6 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 				d.LastFailedAt.Format("2006-01-02 15:04:05Z07:00"), shorten(d.Error, 80))
 		}
 		return tw.Flush()
-	case "replay", "discard":
-	default:
-		fmt.Fprint(stderr, named(ctx, dlqUsage))
-		return usagef("dlq: unknown subcommand %q", sub)
 	}
 
 	// The handlers that run are those of the group in the configuration.
