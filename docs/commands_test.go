@@ -1,32 +1,47 @@
 package docs_test
 
 import (
-	"bytes"
-	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
-
-	"github.com/pgevents/pgevents/cmd/consumer/consumercli"
-	"github.com/pgevents/pgevents/internal/bench"
-	"github.com/pgevents/pgevents/internal/demo"
 )
 
 // reference is the document whose section "## Commands" documents the
 // consumer command.
 const reference = "docs/reference.md"
 
-// cli is the consumer command with every command: consumer-dev's, which
-// has demo and bench in-process.
-var cli = &consumercli.CLI{Name: "consumer", Commands: []consumercli.Command{demo.Command, bench.Command}}
+// binary is consumer-dev, the consumer command with every command (demo
+// and bench in-process), built once for the test; its development
+// packages live under cmd/consumer-dev/internal, out of this package's
+// reach, so it is run, not linked.
+var binary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "pgevents-docs-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "consumer")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/consumer-dev").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build ../cmd/consumer-dev: %v\n%s", err, out)
+	}
+	return bin, nil
+})
 
-// run runs the command line args in-process and returns what it printed.
+// run runs the command line args and returns what it printed (its exit
+// status does not matter: -h exits 2).
 func run(args ...string) string {
-	var out bytes.Buffer
-	cli.Main(context.Background(), args, &out, &out)
-	return out.String()
+	bin, err := binary()
+	if err != nil {
+		panic(err)
+	}
+	out, _ := exec.Command(bin, args...).CombinedOutput()
+	return string(out)
 }
 
 var (
