@@ -145,42 +145,6 @@ type topic struct {
 	mu sync.Mutex
 	n  int       // partition count
 	at time.Time // when n was read; zero: never
-	// The statements of its partitions, made once (see sql.go): bounds by
-	// the list of partitions asked, fetches by partition.
-	bounds  map[string]string
-	fetches map[int32]string
-}
-
-// boundsSQL returns the statement reading the bounds of partitions ps.
-func (t *topic) boundsSQL(ctx context.Context, ps []int32) string {
-	key := fmt.Sprint(ps)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if q, ok := t.bounds[key]; ok {
-		return q
-	}
-	parts := make([]string, len(ps))
-	for i, p := range ps {
-		parts[i] = fmt.Sprintf(boundsPartSQL, t.id, p, schema.PartitionTable(t.id, int(p)))
-	}
-	q := schema.SQL(ctx, strings.Join(parts, "\nUNION ALL\n"))
-	if len(t.bounds) >= 256 { // the lists clients ask are few; bound them anyway
-		clear(t.bounds)
-	}
-	t.bounds[key] = q
-	return q
-}
-
-// fetchSQL returns the statement reading partition p's events.
-func (t *topic) fetchSQL(ctx context.Context, p int32) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if q, ok := t.fetches[p]; ok {
-		return q
-	}
-	q := schema.SQL(ctx, fmt.Sprintf(fetchSQL, schema.PartitionTable(t.id, int(p))))
-	t.fetches[p] = q
-	return q
 }
 
 // partitionsFresh is how long a topic's partition count, once read, is
@@ -261,19 +225,9 @@ func (s *Server) metadata(ctx context.Context, r *kmsg.MetadataRequest) (kmsg.Re
 // bounds are a partition's log start offset and high watermark.
 type bounds struct{ start, hw int64 }
 
-// readBounds reads the bounds of topic t's partitions ps that are below
-// its partition count n (the others have no table), in one statement.
-func (s *Server) readBounds(ctx context.Context, t *topic, ps []int32, n int) (map[int32]bounds, error) {
-	var valid []int32
-	for _, p := range ps {
-		if p >= 0 && int(p) < n && !slices.Contains(valid, p) {
-			valid = append(valid, p)
-		}
-	}
-	if len(valid) == 0 {
-		return nil, nil
-	}
-	rows, err := s.pool.Query(ctx, t.boundsSQL(ctx, valid))
+// readBounds reads the bounds of topic t's partitions ps.
+func (s *Server) readBounds(ctx context.Context, t *topic, ps []int32) (map[int32]bounds, error) {
+	rows, err := s.pool.Query(ctx, schema.SQL(ctx, boundsSQL), t.id, ps)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: bounds of topic %d: %w", t.id, err)
 	}
@@ -308,7 +262,7 @@ func (s *Server) listOffsets(ctx context.Context, r *kmsg.ListOffsetsRequest) (k
 			for _, rp := range rt.Partitions {
 				ps = append(ps, rp.Partition)
 			}
-			if bs, err = s.readBounds(ctx, t, ps, n); err != nil {
+			if bs, err = s.readBounds(ctx, t, ps); err != nil {
 				return nil, err
 			}
 		}
@@ -417,7 +371,7 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 			for _, rp := range rt.Partitions {
 				ps = append(ps, rp.Partition)
 			}
-			if bs, err = s.readBounds(ctx, t, ps, n); err != nil {
+			if bs, err = s.readBounds(ctx, t, ps); err != nil {
 				return nil, 0, nil, err
 			}
 		}
@@ -492,7 +446,7 @@ func (s *Server) readRecords(ctx context.Context, t *topic, p int32, from, hw in
 	evs := make([]event, 0, 64)
 	for from < hw && len(out) < limit {
 		evs = evs[:0]
-		rows, err := s.pool.Query(ctx, t.fetchSQL(ctx, p), from, fetchRows)
+		rows, err := s.pool.Query(ctx, schema.SQL(ctx, fetchSQL), t.id, p, from, fetchRows)
 		if err != nil {
 			return nil, fmt.Errorf("kafka: fetch topic %d partition %d: %w", t.id, p, err)
 		}

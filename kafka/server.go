@@ -134,7 +134,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Server, error) {
 		if other := s.ids[id]; other != nil {
 			return nil, fmt.Errorf("%w: Topics: %q and %q both name topic %d", ErrInvalidOptions, other.name, name, id)
 		}
-		t := &topic{name: name, id: id, bounds: map[string]string{}, fetches: map[int32]string{}}
+		t := &topic{name: name, id: id}
 		s.topics[name], s.ids[id] = t, t
 	}
 	if opts.AdvertisedAddr != "" {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -533,13 +532,4 @@ ON CONFLICT (topic_id) DO UPDATE SET retention = excluded.retention, max_retenti
 		return fmt.Errorf("schema: set retention of topic %d: %w", topicID, err)
 	}
 	return nil
-}
-
-// PartitionTable returns the name (unqualified) of the table that holds a
-// partition of a topic (migration 0008: outbox_message_t is partitioned by
-// topic and partition, each partition's table by offset segments): a
-// statement that reads one partition's events names it, so that it locks
-// and plans only that partition's tables.
-func PartitionTable(topic, partition int) string {
-	return "outbox_message_t_" + strconv.Itoa(topic) + "_p" + strconv.Itoa(partition)
 }

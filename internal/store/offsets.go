@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -213,10 +214,12 @@ ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
 const LeaseLostCode = "PGL01"
 
 // PartitionTable returns the name of the table that holds a partition of a
-// topic (schema.PartitionTable): every statement that reads one
-// partition's events in a batch transaction names it, so that it locks
-// and plans only that partition's tables.
-func PartitionTable(topic, partition int) string { return schema.PartitionTable(topic, partition) }
+// topic (see migration 0008): every statement that reads one partition's
+// events in a batch transaction names it, so that it locks and plans only
+// that partition's tables.
+func PartitionTable(topic, partition int) string {
+	return "outbox_message_t_" + strconv.Itoa(topic) + "_p" + strconv.Itoa(partition)
+}
 
 // PartitionSQL holds the statements of one partition, with its table's
 // name in them; make them once per partition with ForPartition.
