@@ -225,6 +225,20 @@ func (s *Server) metadata(ctx context.Context, r *kmsg.MetadataRequest) (kmsg.Re
 // bounds are a partition's log start offset and high watermark.
 type bounds struct{ start, hw int64 }
 
+// topicBounds returns topic t's partition count and the bounds of its
+// partitions ps (nothing for an unknown topic, t nil).
+func (s *Server) topicBounds(ctx context.Context, t *topic, ps []int32) (int, map[int32]bounds, error) {
+	if t == nil {
+		return 0, nil, nil
+	}
+	n, err := s.partitions(ctx, t)
+	if err != nil {
+		return 0, nil, err
+	}
+	bs, err := s.readBounds(ctx, t, ps)
+	return n, bs, err
+}
+
 // readBounds reads the bounds of topic t's partitions ps.
 func (s *Server) readBounds(ctx context.Context, t *topic, ps []int32) (map[int32]bounds, error) {
 	rows, err := s.pool.Query(ctx, schema.SQL(ctx, boundsSQL), t.id, ps)
@@ -249,22 +263,13 @@ func (s *Server) listOffsets(ctx context.Context, r *kmsg.ListOffsetsRequest) (k
 		ot := kmsg.NewListOffsetsResponseTopic()
 		ot.Topic = rt.Topic
 		t := s.topics[rt.Topic]
-		var (
-			bs  map[int32]bounds
-			n   int
-			err error
-		)
-		if t != nil {
-			if n, err = s.partitions(ctx, t); err != nil {
-				return nil, err
-			}
-			var ps []int32
-			for _, rp := range rt.Partitions {
-				ps = append(ps, rp.Partition)
-			}
-			if bs, err = s.readBounds(ctx, t, ps); err != nil {
-				return nil, err
-			}
+		ps := make([]int32, len(rt.Partitions))
+		for i, rp := range rt.Partitions {
+			ps[i] = rp.Partition
+		}
+		n, bs, err := s.topicBounds(ctx, t, ps)
+		if err != nil {
+			return nil, err
 		}
 		for _, rp := range rt.Partitions {
 			op := kmsg.NewListOffsetsResponseTopicPartition()
@@ -358,22 +363,13 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 		ft := kmsg.NewFetchResponseTopic()
 		ft.Topic = rt.Topic
 		t := s.topics[rt.Topic]
-		var (
-			bs  map[int32]bounds
-			n   int
-			err error
-		)
-		if t != nil {
-			if n, err = s.partitions(ctx, t); err != nil {
-				return nil, 0, nil, err
-			}
-			var ps []int32
-			for _, rp := range rt.Partitions {
-				ps = append(ps, rp.Partition)
-			}
-			if bs, err = s.readBounds(ctx, t, ps); err != nil {
-				return nil, 0, nil, err
-			}
+		ps := make([]int32, len(rt.Partitions))
+		for i, rp := range rt.Partitions {
+			ps[i] = rp.Partition
+		}
+		n, bs, err := s.topicBounds(ctx, t, ps)
+		if err != nil {
+			return nil, 0, nil, err
 		}
 		ft.Partitions = make([]kmsg.FetchResponseTopicPartition, len(rt.Partitions))
 		for i, rp := range rt.Partitions {
