@@ -17,8 +17,9 @@ import (
 
 // kafkaPoolSize is the Kafka endpoint's own pool: a session that holds the
 // topics' follow keys, and the requests' statements (each a few
-// statements, or one transaction for a produce).
-const kafkaPoolSize = 8
+// statements, or one transaction for a produce; a fetch reads four
+// partitions at once).
+const kafkaPoolSize = 16
 
 const kafkaUsage = `usage: {cmd} kafka [--config FILE] [--listen HOST:PORT]
 
