@@ -188,7 +188,8 @@
 //     package.
 //  4. This package: events, appends, consumers, handlers, dead letters.
 //  5. Above it: metrics, config, sink and the relays (sink/kafka,
-//     sink/webhook), pgeventstest, the console, and the CLI
+//     sink/webhook), the Kafka protocol endpoint (kafka, on the public
+//     layers only), pgeventstest, the console, and the CLI
 //     (cmd/consumer/consumercli), which reaches the engine only through the
 //     public layers (a test checks it), and cmd/consumer last.
 //  6. cmd/consumer-dev: cmd/consumer plus the development commands, demo
