@@ -61,11 +61,12 @@ func TestProductionDependencies(t *testing.T) {
 	}
 }
 
-// TestUsesOnlyPublicLayers: the CLI, the binary and the console reach the
-// engine (internal/store, internal/lease) only through public packages
-// (offsets, partition, the root package), as a service's own tools would.
+// TestUsesOnlyPublicLayers: the CLI, the binary, the console and the Kafka
+// endpoint reach the engine (internal/store, internal/lease) only through
+// public packages (offsets, partition, the root package), as a service's
+// own tools would.
 func TestUsesOnlyPublicLayers(t *testing.T) {
-	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}: {{join .Imports \" \"}}", ".", "..", "../../../console").CombinedOutput()
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}: {{join .Imports \" \"}}", ".", "..", "../../../console", "../../../kafka").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
