@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -572,7 +573,7 @@ func (c *coordinator) fetchOffsets(ctx context.Context, r *kmsg.OffsetFetchReque
 		for name := range c.s.topics {
 			asks = append(asks, ask{name: name})
 		}
-		slices.SortFunc(asks, func(a, b ask) int { return cmpString(a.name, b.name) })
+		slices.SortFunc(asks, func(a, b ask) int { return strings.Compare(a.name, b.name) })
 	}
 	for _, rt := range r.Topics {
 		asks = append(asks, ask{name: rt.Topic, ps: rt.Partitions})
@@ -618,16 +619,6 @@ func (c *coordinator) fetchOffsets(ctx context.Context, r *kmsg.OffsetFetchReque
 		resp.Topics = append(resp.Topics, ft)
 	}
 	return resp, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (c *coordinator) describe(ctx context.Context, r *kmsg.DescribeGroupsRequest) kmsg.Response {

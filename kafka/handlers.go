@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -669,7 +670,7 @@ func toEvent(t *topic, rec produced) (pgevents.Event, string) {
 	}
 	ev := pgevents.Event{TopicID: t.id, HostID: string(rec.key), EventType: "kafka"}
 	if rec.value != nil {
-		if !jsonValid(rec.value) {
+		if !json.Valid(rec.value) {
 			return pgevents.Event{}, "the value is not JSON: a pgevents payload is JSON"
 		}
 		if !isJSONBText(rec.value) {
@@ -697,7 +698,7 @@ func toEvent(t *topic, rec produced) (pgevents.Event, string) {
 		}
 	}
 	if len(md) > 0 {
-		b, _ := jsonMarshal(md)
+		b, _ := json.Marshal(md)
 		ev.Metadata = b
 	}
 	return ev, ""

@@ -4,13 +4,8 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/json"
 	"unicode/utf8"
 )
-
-func jsonValid(b []byte) bool { return json.Valid(b) }
-
-func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 
 // newProducerID draws a producer id: 62 random bits, so that the ids of
 // gateways that share nothing but the database do not meet (one pair in

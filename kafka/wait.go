@@ -192,7 +192,7 @@ func (w *waiters) run(ctx context.Context) error {
 		g.Go(func() error { return ln.Run(gctx) })
 	}
 	g.Go(func() error { w.follow(gctx, ids); return nil })
-	g.Go(func() error { w.look(gctx, ids); return nil })
+	g.Go(func() error { w.look(gctx); return nil })
 	return g.Wait()
 }
 
@@ -256,7 +256,7 @@ func (w *waiters) checkElected(ctx context.Context, conn *pgxpool.Conn, ids []in
 // look reads the tails of the partitions fetches wait on, every lookAlone
 // when one of their topics has no elected watcher, else every
 // lookFollowing, and wakes the fetches whose partitions moved.
-func (w *waiters) look(ctx context.Context, ids []int) {
+func (w *waiters) look(ctx context.Context) {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	interval := lookAlone

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -140,40 +141,28 @@ func gatewayStart(ctx context.Context, pool *pgxpool.Pool) (string, func(), erro
 }
 
 // gatewayPreload appends n events of gatewayPayload bytes, 100 per
-// transaction, from 4 producers.
+// transaction, from 4 producers (the drain case's preload, with the
+// payloads padded).
 func gatewayPreload(ctx context.Context, db *benchDB, n int64) error {
 	pool, err := db.openPool(ctx, "bench-producer", 4, nil)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	var next atomic.Int64
-	g, gctx := errgroup.WithContext(ctx)
-	for p := range 4 {
-		g.Go(func() error {
-			m := newBenchEvents(p)
-			for {
-				k := next.Add(100)
-				if k-100 >= n {
-					return nil
-				}
-				evs := m.next(int(min(100, n-(k-100))))
-				for i := range evs {
-					evs[i].Payload = gatewayPad(evs[i].Payload)
-				}
-				tx, err := pool.Begin(gctx)
-				if err != nil {
-					return err
-				}
-				_, err = pgevents.AppendCommit(gctx, tx, evs...)
-				_ = tx.Rollback(gctx) // gives the pooled connection back (see AppendCommit)
-				if err != nil {
-					return err
-				}
-			}
-		})
+	pad := func(ctx context.Context, tx pgx.Tx, evs []pgevents.Event) error {
+		for i := range evs {
+			evs[i].Payload = gatewayPad(evs[i].Payload)
+		}
+		return benchAppendPgevents(ctx, tx, evs)
 	}
-	return g.Wait()
+	lr, err := (benchLoad{producers: 4, txSize: 100, limit: n, appendFn: pad}).run(ctx, pool, 10*time.Minute, nil)
+	if err != nil {
+		return err
+	}
+	if lr.events != n {
+		return fmt.Errorf("preload: appended %d events, want %d", lr.events, n)
+	}
+	return nil
 }
 
 // gatewayPad pads a bench payload to gatewayPayload bytes with a "pad"
