@@ -34,6 +34,14 @@ var ErrSubscriptionCancelled = store.ErrCancelled
 // outside PostgreSQL should stop rather than go on under a stale epoch.
 var ErrLeaseLost = store.ErrLeaseLost
 
+// GroupInUseError is returned by Run when a consumer of another kind (the
+// Kafka endpoint's members of a Kafka group of the same name) holds the
+// group's name: at start, or later when it took the name while this
+// replica was not live (frozen or cut off). A group's name belongs to one
+// kind of consumer at a time; stop the other one, or choose another
+// groupId. It is offsets.GroupInUseError.
+type GroupInUseError = store.GroupInUseError
+
 // PartitionMismatchError is returned by Run when the configured partition
 // count differs from the one the topic records.
 type PartitionMismatchError struct {
@@ -245,8 +253,9 @@ func (c *Consumer) ReplicaID() string { return c.replicaID }
 // and runs the listener, the poller and one worker per partition until ctx
 // is cancelled. Then each worker finishes (commits or rolls back) its
 // in-flight batch within ShutdownTimeout, and Run returns nil. It returns an
-// error when the consumer cannot start, or when the topic's partition count
-// differs from the configuration (*PartitionMismatchError). A Consumer
+// error when the consumer cannot start, when the topic's partition count
+// differs from the configuration (*PartitionMismatchError), or when a
+// consumer of another kind holds the group's name (*GroupInUseError). A Consumer
 // runs once: a second call returns ErrAlreadyStarted.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
@@ -288,6 +297,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.Info().Str("start_from", c.start.String()).Msg("new group: subscribed to the topic")
 	}
 	c.setState(state)
+	// A group's name belongs to one kind of consumer at a time: a Kafka
+	// group of the same name with members refuses this one (the
+	// replica's registration refuses it too, when the name is taken
+	// between this look and the first heartbeat).
+	if by, err := store.GroupHolder(ctx, c.pool, c.cfg.GroupID); err != nil {
+		return fmt.Errorf("pgevents: %w", err)
+	} else if by != "" {
+		return &GroupInUseError{Group: c.cfg.GroupID, By: by}
+	}
 	c.reportSkips(ctx)
 	// Groups from before subscriptions and layouts existed.
 	if err := store.InitGroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID); err != nil {

@@ -2,6 +2,7 @@ package pgevents
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,10 @@ func (c *Consumer) consume(ctx, bctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			return nil
+		}
+		if inUse := (*GroupInUseError)(nil); errors.As(err, &inUse) {
+			c.log.Error().Err(err).Msg("the group's name was taken by another kind of consumer while this replica was not live: stopping")
+			return err
 		}
 		backoff.Sleep(ctx, c.layouts.Fail(err, "could not start consuming the group's layout"))
 	}

@@ -161,6 +161,7 @@ $lock$;
     SELECT g.group_id, %[2]s, g.partition_id, g.next_offset FROM %[3]s g WHERE g.topic_id = %[4]d;
     IF v_lo > 1 THEN
         UPDATE %[1]stopic_retention SET removed_below = v_lo WHERE topic_id = %[2]s;
+        UPDATE %[1]spartition_counters SET log_start = v_lo WHERE topic_id = %[2]s;
     END IF;
     IF v_alloc <> 'counter' THEN
         PERFORM %[1]sset_offset_allocation(%[2]s, v_alloc);

@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -50,6 +53,10 @@ type group struct {
 	order        []string  // member ids in join order
 	deadline     time.Time // of the rebalance in progress
 	syncs        map[string]chan syncResult
+	// pending counts the joins and commits without membership that are
+	// taking the group's name for the session (leases.hold): the name is
+	// not given back while one is.
+	pending int
 	// topics are the pgevents topics the group committed on, each with
 	// when a commit last subscribed it there (renewed its subscription).
 	topics map[int]time.Time
@@ -127,6 +134,7 @@ func (c *coordinator) run(ctx context.Context) error {
 				}
 			}
 			c.mu.Unlock()
+			c.holds(ctx)
 			if len(keep) > 0 {
 				live = now
 				for _, k := range keep {
@@ -285,7 +293,8 @@ func (c *coordinator) complete(g *group) {
 	}
 }
 
-func (c *coordinator) join(ctx context.Context, r *kmsg.JoinGroupRequest, clientID, host string) (kmsg.Response, error) {
+func (c *coordinator) join(ctx context.Context, cn *conn, r *kmsg.JoinGroupRequest) (kmsg.Response, error) {
+	clientID, host := cn.client, cn.c.RemoteAddr().String()
 	resp := r.ResponseKind().(*kmsg.JoinGroupResponse)
 	resp.Generation = -1
 	fail := func(e *kerr.Error) (kmsg.Response, error) { resp.ErrorCode = e.Code; return resp, nil }
@@ -300,8 +309,32 @@ func (c *coordinator) join(ctx context.Context, r *kmsg.JoinGroupRequest, client
 	if r.Version >= 1 {
 		rebalance = time.Duration(r.RebalanceTimeoutMillis) * time.Millisecond
 	}
+	// The group's name, for this gateway's session, before a member is
+	// let in: pgevents replicas of the group refuse to run while it is
+	// held, and it is refused while one of them is live (a group's name
+	// belongs to one kind of consumer at a time). They are members of
+	// another protocol, as far as a Kafka client can tell.
 	c.mu.Lock()
 	g := c.get(r.Group)
+	g.pending++
+	detail := c.detail(g, clientID, host)
+	c.mu.Unlock()
+	err := c.s.leases.hold(ctx, r.Group, detail)
+	c.mu.Lock()
+	g = c.get(r.Group)
+	g.pending--
+	if err != nil {
+		c.mu.Unlock()
+		code := c.refusal(err)
+		if code == kerr.UnknownMemberID {
+			// The group's members are pgevents replicas: for a member
+			// joining, a group of another protocol, as Kafka answers a
+			// consumer joining a group of another protocol type.
+			code = kerr.InconsistentGroupProtocol
+		}
+		cn.refuse("join", code.Code, err.Error(), r.Group, "", 0)
+		return fail(code)
+	}
 	if g.protocolType != "" && len(g.members) > 0 && g.protocolType != r.ProtocolType {
 		c.mu.Unlock()
 		return fail(kerr.InconsistentGroupProtocol)
@@ -410,14 +443,22 @@ func (c *coordinator) sync(ctx context.Context, r *kmsg.SyncGroupRequest) (kmsg.
 	}
 }
 
-// check validates a member and generation of a request (-1 and "" stand
-// for a client outside the group protocol, which may commit). As Kafka's
-// coordinator does, a commit of the current generation is taken while
-// the group prepares a rebalance (the heartbeat tells the member to join
+// check validates a member and generation of a request. As Kafka's
+// coordinator does, a commit from outside the group protocol (generation
+// -1: a tool, a client that assigns itself partitions) is taken while the
+// group has no member, and refused with UNKNOWN_MEMBER_ID while it has
+// some; a member's commit of the current generation is taken while the
+// group prepares a rebalance (the heartbeat tells the member to join
 // again), and refused while it completes one; a heartbeat is told of the
 // rebalance while it is prepared.
 func (c *coordinator) check(g *group, memberID string, generation int32, commit bool) *kerr.Error {
-	if generation < 0 && memberID == "" {
+	empty := g == nil || len(g.members) == 0
+	switch {
+	case commit && empty && generation < 0:
+		return nil
+	case commit && empty:
+		return kerr.IllegalGeneration
+	case generation < 0 && memberID == "" && !commit:
 		return nil
 	}
 	if g == nil || g.members[memberID] == nil {
@@ -479,12 +520,42 @@ func (c *coordinator) leave(r *kmsg.LeaveGroupRequest) kmsg.Response {
 // commit writes a group's offsets as its pgevents positions: the group is
 // subscribed to each topic first (from the earliest retained event, so a
 // partition it never committed in is read from the start, as a pgevents
-// group's is), then the offsets of each topic are set in one transaction.
-func (c *coordinator) commit(ctx context.Context, r *kmsg.OffsetCommitRequest) (kmsg.Response, error) {
+// group's is), then the offsets of each topic are set in one transaction
+// (offsets.Commit: a negative offset leaves the partition without a
+// committed offset, as Kafka stores it).
+//
+// A commit from outside the group protocol (a tool's reset) takes the
+// group's name for its duration, as a join does: it is refused with
+// UNKNOWN_MEMBER_ID while pgevents replicas of the group are live, as
+// Kafka refuses a non-member's commit to a group with members. It is an
+// operator's action: it goes to the audit (console_audit, origin kafka),
+// with the SASL user (or the client id) and the positions it moved, in
+// its own transaction.
+func (c *coordinator) commit(ctx context.Context, cn *conn, r *kmsg.OffsetCommitRequest) (kmsg.Response, error) {
 	resp := r.ResponseKind().(*kmsg.OffsetCommitResponse)
 	c.mu.Lock()
-	e := c.check(c.groups[r.Group], r.MemberID, r.Generation, true)
+	g := c.groups[r.Group]
+	e := c.check(g, r.MemberID, r.Generation, true)
+	bare := e == nil && (g == nil || len(g.members) == 0)
+	var detail string
+	if bare {
+		g = c.get(r.Group)
+		g.pending++
+		detail = fmt.Sprintf("a commit without membership from %s", cn.who())
+	}
 	c.mu.Unlock()
+	if bare {
+		defer func() {
+			c.mu.Lock()
+			c.get(r.Group).pending--
+			c.mu.Unlock()
+			c.s.leases.releaseIf(ctx, r.Group, func() bool { return c.idle(r.Group) })
+		}()
+		if err := c.s.leases.hold(ctx, r.Group, detail); err != nil {
+			e = c.refusal(err)
+			cn.refuse("commit", e.Code, err.Error(), r.Group, "", 0)
+		}
+	}
 	for _, rt := range r.Topics {
 		ct := kmsg.NewOffsetCommitResponseTopic()
 		ct.Topic = rt.Topic
@@ -495,6 +566,7 @@ func (c *coordinator) commit(ctx context.Context, r *kmsg.OffsetCommitRequest) (
 			code = e.Code
 		case t == nil:
 			code = kerr.UnknownTopicOrPartition.Code
+			cn.refuse("commit", code, "no such topic", r.Group, rt.Topic, 0)
 		default:
 			n, err := c.s.partitions(ctx, t)
 			if err != nil {
@@ -504,6 +576,7 @@ func (c *coordinator) commit(ctx context.Context, r *kmsg.OffsetCommitRequest) (
 			for _, rp := range rt.Partitions {
 				if rp.Partition < 0 || int(rp.Partition) >= n {
 					code = kerr.UnknownTopicOrPartition.Code
+					cn.refuse("commit", code, "no such partition", r.Group, rt.Topic, rp.Partition)
 				} else {
 					next[int(rp.Partition)] = rp.Offset
 				}
@@ -511,11 +584,14 @@ func (c *coordinator) commit(ctx context.Context, r *kmsg.OffsetCommitRequest) (
 			if code != 0 {
 				break
 			}
-			if err := c.commitTopic(ctx, r.Group, t.id, next); errors.Is(err, errNotCoordinator) {
-				code = kerr.NotCoordinator.Code
-			} else if err != nil {
-				c.s.log.Warn().Err(err).Str("group", r.Group).Msg("kafka: offset commit failed")
-				code = kerr.CoordinatorNotAvailable.Code
+			var audit *offsets.AuditEntry
+			if bare {
+				audit = &offsets.AuditEntry{Origin: offsets.OriginKafka, Actor: cn.who(), Remote: cn.c.RemoteAddr().String(),
+					Action: "reset", Topic: &t.id, Group: &r.Group, Outcome: "ok"}
+			}
+			if err := c.commitTopic(ctx, r.Group, t.id, next, audit); err != nil {
+				code = c.refusal(err).Code
+				cn.refuse("commit", code, err.Error(), r.Group, rt.Topic, 0)
 			}
 		}
 		for _, rp := range rt.Partitions {
@@ -528,35 +604,192 @@ func (c *coordinator) commit(ctx context.Context, r *kmsg.OffsetCommitRequest) (
 	return resp, nil
 }
 
-// commitTopic commits on the coordinator session (see leases.onSession).
-func (c *coordinator) commitTopic(ctx context.Context, group string, topic int, next map[int]int64) error {
+// refusal is the Kafka error answered for err, a failure to take a
+// group's name or to commit its offsets, as a broker answers the same
+// case: the name in use by pgevents replicas is UNKNOWN_MEMBER_ID (they
+// are the group's members, of another protocol); this gateway no longer
+// coordinating, NOT_COORDINATOR; a cancelled pgevents group,
+// GROUP_ID_NOT_FOUND; a failure of the database that may pass,
+// COORDINATOR_NOT_AVAILABLE (retriable); anything else
+// UNKNOWN_SERVER_ERROR, which clients do not retry, since it would fail
+// the same way again.
+func (c *coordinator) refusal(err error) *kerr.Error {
+	var inUse *offsets.GroupInUseError
+	switch {
+	case errors.As(err, &inUse):
+		return kerr.UnknownMemberID
+	case errors.Is(err, errNotCoordinator), errors.Is(err, errNoSession):
+		return kerr.NotCoordinator
+	case errors.Is(err, errCancelled):
+		return kerr.GroupIDNotFound
+	case pgevents.Classify(err) == pgevents.ClassTransient:
+		return kerr.CoordinatorNotAvailable
+	}
+	return kerr.UnknownServerError
+}
+
+// errCancelled is returned by commitTopic for a group whose subscription
+// to the topic was cancelled (`consumer group cancel`), a terminal state.
+var errCancelled = errors.New("the group's subscription is cancelled")
+
+// commitTopic commits on the coordinator session (see leases.onSession),
+// subscribing the group first when it has no subscription; audit, when
+// set, is recorded in the same transaction, with the positions moved.
+func (c *coordinator) commitTopic(ctx context.Context, group string, topic int, next map[int]int64, audit *offsets.AuditEntry) error {
 	c.mu.Lock()
 	g := c.get(group)
-	// A commit subscribes the group, and renews its subscription as a
-	// heartbeat does: a client that commits without joining (no members
-	// to keep it live) keeps holding retention back.
+	// A member's commit subscribes the group, and renews its subscription
+	// as a heartbeat does: a client that commits without joining (no
+	// members to keep it live) keeps holding retention back. A commit
+	// from outside the group protocol subscribes a group that has no
+	// subscription, and leaves the others as they are (a stopped pgevents
+	// group keeps its settings).
 	live, known := g.topics[topic]
 	known = known && time.Since(live) < groupDeadAfter/4
 	c.mu.Unlock()
+	renewed := false
 	err := c.s.leases.onSession(ctx, group, func(db schema.DB) error {
-		if !known {
-			state, err := offsets.Subscribe(ctx, db, group, topic, offsets.Start{Kind: offsets.Earliest}, groupDeadAfter)
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+		if !known || audit != nil {
+			state, err := offsets.State(ctx, tx, group, topic)
 			if err != nil {
 				return err
 			}
-			if state == "CANCELLED" {
-				return fmt.Errorf("group %q is cancelled on topic %d", group, topic)
+			switch {
+			case state == offsets.Cancelled:
+				return fmt.Errorf("group %q on topic %d: %w", group, topic, errCancelled)
+			case state == "" || audit == nil:
+				if _, err := offsets.Subscribe(ctx, tx, group, topic, offsets.Start{Kind: offsets.Earliest}, groupDeadAfter); err != nil {
+					return err
+				}
+				renewed = audit == nil
 			}
 		}
-		return offsets.Commit(ctx, db, group, topic, next)
+		var before []offsets.Position
+		if audit != nil {
+			if before, err = offsets.Positions(ctx, tx, group, topic, 1); err != nil {
+				return err
+			}
+		}
+		if err := offsets.Commit(ctx, tx, group, topic, next); err != nil {
+			return err
+		}
+		if audit != nil {
+			audit.Detail = moved(before, next)
+			if err := offsets.Audit(ctx, tx, *audit); err != nil {
+				return err
+			}
+		}
+		return tx.Commit(ctx)
 	})
-	if err == nil && !known {
+	if err == nil && renewed {
 		c.mu.Lock()
 		g := c.get(group)
 		g.topics[topic] = time.Now()
 		c.mu.Unlock()
 	}
 	return err
+}
+
+// moved says what a commit moves, for the audit: "partition 0: 113 -> 1,
+// partition 1: none -> 5, partition 2: 7 -> none".
+func moved(before []offsets.Position, next map[int]int64) string {
+	was := map[int]int64{}
+	for _, p := range before {
+		was[p.Partition] = p.Next
+	}
+	ps := make([]int, 0, len(next))
+	for p := range next {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	show := func(n int64, ok bool) string {
+		if !ok || n < 0 {
+			return "none"
+		}
+		return strconv.FormatInt(max(n, 1), 10)
+	}
+	var b strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		w, ok := was[p]
+		fmt.Fprintf(&b, "partition %d: %s -> %s", p, show(w, ok), show(next[p], true))
+	}
+	return b.String()
+}
+
+// detail describes group g's members and a joining one, for its holder
+// row (what `consumer run` names when it refuses the group). c.mu is
+// held.
+func (c *coordinator) detail(g *group, clientID, host string) string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(client, host string) {
+		h, _, err := net.SplitHostPort(host)
+		if err != nil {
+			h = host
+		}
+		m := client + "@" + h
+		if !seen[m] {
+			seen[m] = true
+			out = append(out, m)
+		}
+	}
+	for _, id := range g.order {
+		if m := g.members[id]; m != nil {
+			add(m.clientID, m.host)
+		}
+	}
+	if clientID != "" || host != "" {
+		add(clientID, host)
+	}
+	slices.Sort(out)
+	const most = 8
+	if len(out) > most {
+		out = append(out[:most], fmt.Sprintf("and %d more", len(out)-most))
+	}
+	return "members " + strings.Join(out, ", ")
+}
+
+// idle reports whether group has no member and nothing taking its name.
+func (c *coordinator) idle(group string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g := c.groups[group]
+	return g == nil || len(g.members) == 0 && g.pending == 0
+}
+
+// holds keeps the groups' names held as their membership says: the
+// description of a group with members follows them, and a group left with
+// none gives its name back, so that its pgevents replicas may run.
+func (c *coordinator) holds(ctx context.Context) {
+	held := c.s.leases.heldGroups()
+	want := map[string]string{}
+	c.mu.Lock()
+	for id, g := range c.groups {
+		if len(g.members) > 0 {
+			want[id] = c.detail(g, "", "")
+		}
+	}
+	c.mu.Unlock()
+	for id, d := range want {
+		if held[id] != d {
+			if err := c.s.leases.hold(ctx, id, d); err != nil && ctx.Err() == nil && !errors.Is(err, errNotCoordinator) {
+				c.s.log.Warn().Err(err).Str("kafka_group", id).Msg("kafka: updating the group's holder")
+			}
+		}
+	}
+	for id := range held {
+		if _, ok := want[id]; !ok {
+			c.s.leases.releaseIf(ctx, id, func() bool { return c.idle(id) })
+		}
+	}
 }
 
 // fetchOffsets answers OffsetFetch from the pgevents group's positions: a

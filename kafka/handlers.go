@@ -93,7 +93,7 @@ func (cn *conn) handle(ctx context.Context, req kmsg.Request) (kmsg.Response, er
 	case *kmsg.FetchRequest:
 		return s.fetch(ctx, r)
 	case *kmsg.ProduceRequest:
-		return s.produce(ctx, r)
+		return s.produce(ctx, cn, r)
 	case *kmsg.InitProducerIDRequest:
 		return s.initProducerID(r), nil
 	case *kmsg.FindCoordinatorRequest:
@@ -106,7 +106,7 @@ func (cn *conn) handle(ctx context.Context, req kmsg.Request) (kmsg.Response, er
 	}
 	switch r := req.(type) {
 	case *kmsg.JoinGroupRequest:
-		return s.groups.join(ctx, r, cn.client, cn.c.RemoteAddr().String())
+		return s.groups.join(ctx, cn, r)
 	case *kmsg.SyncGroupRequest:
 		return s.groups.sync(ctx, r)
 	case *kmsg.HeartbeatRequest:
@@ -114,7 +114,7 @@ func (cn *conn) handle(ctx context.Context, req kmsg.Request) (kmsg.Response, er
 	case *kmsg.LeaveGroupRequest:
 		return s.groups.leave(r), nil
 	case *kmsg.OffsetCommitRequest:
-		return s.groups.commit(ctx, r)
+		return s.groups.commit(ctx, cn, r)
 	case *kmsg.OffsetFetchRequest:
 		return s.groups.fetchOffsets(ctx, r)
 	case *kmsg.DescribeGroupsRequest:
@@ -431,6 +431,12 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 	size := 0
 	for _, rd := range reads {
 		size += rd.size
+		if rd.size == 0 {
+			// Nothing between the offset asked and the high watermark (a
+			// gap retention left at the end of the partition): caught up,
+			// as at the high watermark.
+			watch = append(watch, watchPoint{topic: rd.t.id, partition: rd.fp.Partition, hw: rd.hw})
+		}
 	}
 	return resp, size, watch, nil
 }
@@ -487,7 +493,7 @@ func (s *Server) readRecords(ctx context.Context, t *topic, p int32, from, hw in
 // record landed in the partition asked, else -1. An idempotent producer's
 // records carry idempotency keys of its producer id, the partition asked
 // and their sequence numbers, so a batch sent again appends nothing twice.
-func (s *Server) produce(ctx context.Context, r *kmsg.ProduceRequest) (kmsg.Response, error) {
+func (s *Server) produce(ctx context.Context, cn *conn, r *kmsg.ProduceRequest) (kmsg.Response, error) {
 	resp := r.ResponseKind().(*kmsg.ProduceResponse)
 	type slot struct {
 		ti, pi int
@@ -520,11 +526,13 @@ func (s *Server) produce(ctx context.Context, r *kmsg.ProduceRequest) (kmsg.Resp
 			case s.opts.ReadOnly:
 				pp.ErrorCode = kerr.TopicAuthorizationFailed.Code
 				pp.ErrorMessage = kmsg.StringPtr("this endpoint is read-only")
+				cn.refuse("produce", pp.ErrorCode, *pp.ErrorMessage, "", rt.Topic, rp.Partition)
 			default:
 				batch, err := parseProduced(rp.Records, int(s.opts.MaxRequestBytes))
 				if err != nil {
 					pp.ErrorCode = kerr.CorruptMessage.Code
 					pp.ErrorMessage = kmsg.StringPtr(err.Error())
+					cn.refuse("produce", pp.ErrorCode, err.Error(), "", rt.Topic, rp.Partition)
 					break
 				}
 				first := len(evs)
@@ -547,6 +555,7 @@ func (s *Server) produce(ctx context.Context, r *kmsg.ProduceRequest) (kmsg.Resp
 					evs = evs[:first]
 					pp.ErrorCode = kerr.InvalidRecord.Code
 					pp.ErrorMessage = kmsg.StringPtr(bad)
+					cn.refuse("produce", pp.ErrorCode, bad, "", rt.Topic, rp.Partition)
 					break
 				}
 				slots = append(slots, slot{ti: ti, pi: pi, first: first, n: len(evs) - first})
@@ -561,18 +570,25 @@ func (s *Server) produce(ctx context.Context, r *kmsg.ProduceRequest) (kmsg.Resp
 			spans[i] = [2]int{sl.first, sl.first + sl.n}
 		}
 		res, refused, err := s.appendAll(ctx, evs, spans)
-		if err != nil {
-			s.log.Warn().Err(err).Msg("kafka: produce failed")
+		// A failure of the database that may pass (an outage, a
+		// timeout, a conflict) is KAFKA_STORAGE_ERROR, which clients
+		// retry; any other would fail the same way again, and is
+		// answered UNKNOWN_SERVER_ERROR, which they do not.
+		failed := kerr.KafkaStorageError
+		if err != nil && pgevents.Classify(err) != pgevents.ClassTransient {
+			failed = kerr.UnknownServerError
 		}
 		for i, sl := range slots {
 			pp := &resp.Topics[sl.ti].Partitions[sl.pi]
 			switch why, bad := refused[i]; {
 			case err != nil:
-				pp.ErrorCode = kerr.KafkaStorageError.Code
+				pp.ErrorCode = failed.Code
 				pp.ErrorMessage = kmsg.StringPtr(err.Error())
+				cn.refuse("produce", pp.ErrorCode, err.Error(), "", r.Topics[sl.ti].Topic, pp.Partition)
 			case bad:
 				pp.ErrorCode = kerr.InvalidRecord.Code
 				pp.ErrorMessage = kmsg.StringPtr(why)
+				cn.refuse("produce", pp.ErrorCode, why, "", r.Topics[sl.ti].Topic, pp.Partition)
 			default:
 				same := true
 				for _, rs := range res[sl.first : sl.first+sl.n] {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -65,10 +66,75 @@ type leases struct {
 	mu    sync.Mutex
 	conn  *pgxpool.Conn // nil while no session
 	owned map[string]bool
+	// held are the groups whose name the session holds (offsets.HoldGroup:
+	// pgevents replicas of the group refuse to run), with the description
+	// it holds them under.
+	held map[string]string
 }
 
 func newLeases(s *Server) *leases {
-	return &leases{s: s, owned: map[string]bool{}}
+	return &leases{s: s, owned: map[string]bool{}, held: map[string]string{}}
+}
+
+// holderName is how a gateway describes itself as a group's holder: what
+// `consumer run` prints when it refuses to start a group of that name.
+func (l *leases) holderName() string {
+	return fmt.Sprintf("Kafka group members (Kafka endpoint node %d at %s:%d)", l.s.opts.NodeID, l.s.host, l.s.port)
+}
+
+// hold takes group's name on the coordinator session (offsets.HoldGroup),
+// or updates its description: the group's pgevents replicas refuse to run
+// while it is held. It returns a *offsets.GroupInUseError while a replica
+// of the group is live, errNotCoordinator when this gateway does not
+// coordinate the group.
+func (l *leases) hold(ctx context.Context, group, detail string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.owned[group] || l.conn == nil {
+		return errNotCoordinator
+	}
+	if d, ok := l.held[group]; ok && d == detail {
+		return nil
+	}
+	if err := offsets.HoldGroup(ctx, l.conn, group, l.holderName(), detail); err != nil {
+		if l.conn.Conn().IsClosed() {
+			l.lost(ctx, err)
+			return errNotCoordinator
+		}
+		return err
+	}
+	l.held[group] = detail
+	return nil
+}
+
+// releaseIf gives group's name back when the session holds it and idle
+// says, under the lock that hold takes, that the group has no member and
+// none joining: its pgevents replicas may run again.
+func (l *leases) releaseIf(ctx context.Context, group string, idle func() bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.held[group]; !ok || l.conn == nil || !idle() {
+		return
+	}
+	if err := offsets.ReleaseGroup(ctx, l.conn, group); err != nil {
+		if l.conn.Conn().IsClosed() {
+			l.lost(ctx, err)
+		}
+		return
+	}
+	delete(l.held, group)
+}
+
+// heldGroups returns the groups whose name the session holds, with their
+// descriptions.
+func (l *leases) heldGroups() map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]string, len(l.held))
+	for g, d := range l.held {
+		out[g] = d
+	}
+	return out
 }
 
 // errNoSession is returned while the gateway has no coordinator session.
@@ -172,6 +238,7 @@ func (l *leases) lost(ctx context.Context, err error) {
 	l.conn = nil
 	groups := l.owned
 	l.owned = map[string]bool{}
+	l.held = map[string]string{} // the holds went with the session
 	l.s.groups.drop(groups)
 }
 

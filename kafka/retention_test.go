@@ -32,10 +32,12 @@ func (e *env) offsetsByPartition() map[int32][]int64 {
 // TestRetentionUnderAKafkaConsumer: retention removes the oldest segments
 // of a topic while a kgo consumer (no group) is part-way through. A fetch
 // at the consumer's next offset, now below the log start, is answered
-// OFFSET_OUT_OF_RANGE with the new log start; ListOffsets' earliest is the
-// first retained offset of each partition; a kgo consumer that resumes at
-// its position with reset "start" goes on from the first retained event
-// of each partition and reads every retained event once, in order.
+// OFFSET_OUT_OF_RANGE with the new log start, the end of the last segment
+// removed (at or below the first retained event: a broker's log start is
+// where deletion stopped); ListOffsets' earliest is that log start; a kgo
+// consumer that resumes at its position with reset "start" goes on from
+// the first retained event of each partition and reads every retained
+// event once, in order.
 func TestRetentionUnderAKafkaConsumer(t *testing.T) {
 	t.Parallel()
 	const parts = 2
@@ -101,12 +103,18 @@ func TestRetentionUnderAKafkaConsumer(t *testing.T) {
 			!strings.Contains(m.Retention.Blocked, "lock was busy")
 	})
 	after := e.offsetsByPartition()
-	first := map[int32]int64{}
+	first := map[int32]int64{} // the first retained event's offset
+	logStart := map[int32]int64{} // the log start: the end of the last segment removed
 	for p := range int32(parts) {
 		if len(after[p]) == 0 {
 			t.Fatalf("partition %d: retention removed every event", p)
 		}
 		first[p] = after[p][0]
+		lastRemoved := before[p][len(before[p])-len(after[p])-1]
+		logStart[p] = (lastRemoved-1)/schema.MinSegmentSize*schema.MinSegmentSize + schema.MinSegmentSize + 1
+		if logStart[p] > first[p] {
+			t.Fatalf("partition %d: the last offset removed is %d, so the log starts at %d, beyond the first retained event %d", p, lastRemoved, logStart[p], first[p])
+		}
 		if first[p] <= next[p] {
 			t.Fatalf("partition %d: the log starts at %d after retention (%d segments removed), the consumer's position is %d: the test needs the position removed",
 				p, first[p], removed, next[p])
@@ -118,7 +126,7 @@ func TestRetentionUnderAKafkaConsumer(t *testing.T) {
 		}
 	}
 
-	t.Logf("%d segments removed; log start %v, the consumer's position %v", removed, first, next)
+	t.Logf("%d segments removed; log start %v, first retained %v, the consumer's position %v", removed, logStart, first, next)
 
 	// Raw: Fetch at the old position, ListOffsets earliest and latest.
 	rc := dialRaw(t, e.addr)
@@ -148,9 +156,9 @@ func TestRetentionUnderAKafkaConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, fp := range resp.(*kmsg.FetchResponse).Topics[0].Partitions {
-		if fp.ErrorCode != kerr.OffsetOutOfRange.Code || fp.LogStartOffset != first[fp.Partition] || len(fp.RecordBatches) != 0 {
+		if fp.ErrorCode != kerr.OffsetOutOfRange.Code || fp.LogStartOffset != logStart[fp.Partition] || len(fp.RecordBatches) != 0 {
 			t.Errorf("partition %d: fetch at %d below the log start %d: %v, log start %d, %d bytes of records",
-				fp.Partition, next[fp.Partition], first[fp.Partition], kerr.ErrorForCode(fp.ErrorCode), fp.LogStartOffset, len(fp.RecordBatches))
+				fp.Partition, next[fp.Partition], logStart[fp.Partition], kerr.ErrorForCode(fp.ErrorCode), fp.LogStartOffset, len(fp.RecordBatches))
 		}
 	}
 	resp, err = rc.do(lo)
@@ -158,7 +166,7 @@ func TestRetentionUnderAKafkaConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, lp := range resp.(*kmsg.ListOffsetsResponse).Topics[0].Partitions {
-		want := first[lp.Partition]
+		want := logStart[lp.Partition]
 		if i%2 == 1 {
 			want = slices.Max(after[lp.Partition]) + 1
 		}

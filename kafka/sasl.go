@@ -21,7 +21,9 @@ func (cn *conn) saslHandshake(r *kmsg.SASLHandshakeRequest) kmsg.Response {
 }
 
 // saslAuthenticate checks a PLAIN token ("authzid\x00user\x00password");
-// a wrong one closes the connection after the answer.
+// a wrong one closes the connection after the answer. As Kafka's PLAIN
+// server, it refuses an authorization id other than the user's own (empty
+// means the user's): a user cannot act as another.
 func (cn *conn) saslAuthenticate(r *kmsg.SASLAuthenticateRequest) (kmsg.Response, error) {
 	resp := r.ResponseKind().(*kmsg.SASLAuthenticateResponse)
 	if !cn.mech {
@@ -30,17 +32,22 @@ func (cn *conn) saslAuthenticate(r *kmsg.SASLAuthenticateRequest) (kmsg.Response
 	}
 	parts := bytes.Split(r.SASLAuthBytes, []byte{0})
 	ok := false
+	msg := "authentication failed: unknown user or wrong password"
 	if len(parts) == 3 {
 		want, known := cn.s.opts.Users[string(parts[1])]
 		ok = known && subtle.ConstantTimeCompare([]byte(want), parts[2]) == 1
+		if ok && len(parts[0]) > 0 && !bytes.Equal(parts[0], parts[1]) {
+			ok = false
+			msg = "authentication failed: the authorization id is not the user's own"
+		}
 	}
 	if !ok {
 		resp.ErrorCode = kerr.SaslAuthenticationFailed.Code
-		msg := "authentication failed: unknown user or wrong password"
 		resp.ErrorMessage = &msg
-		cn.s.log.Warn().Str("client", cn.c.RemoteAddr().String()).Msg("kafka: SASL/PLAIN authentication failed")
+		cn.s.log.Warn().Str("client", cn.c.RemoteAddr().String()).Str("reason", msg).Msg("kafka: SASL/PLAIN authentication failed")
 		return resp, nil
 	}
 	cn.authed = true
+	cn.user = string(parts[1])
 	return resp, nil
 }

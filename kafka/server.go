@@ -88,6 +88,9 @@ type Server struct {
 	groups *coordinator
 	leases *leases
 	waits  *waiters
+	// refusals logs what the endpoint refuses, a line per client and
+	// kind per interval.
+	refusals refusals
 
 	mu   sync.Mutex
 	addr net.Addr // the listener's, once Run listens
@@ -260,7 +263,8 @@ type conn struct {
 	s      *Server
 	c      net.Conn
 	client string
-	authed bool // SASL done, or not required
+	user   string // the SASL user; "" without SASL
+	authed bool   // SASL done, or not required
 	mech   bool // a SaslHandshake chose PLAIN
 }
 

@@ -24,20 +24,25 @@ WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset >= $3
 ORDER BY m.c_offset
 LIMIT $4`
 
-	// boundsSQL reads, for each partition in $2, its log start offset (the
-	// first retained event's; the high watermark when none is retained)
-	// and its high watermark (the offset after the highest committed, from
-	// partition_tails, which every append writes and retention keeps; or
-	// from the log itself). Two index lookups per partition.
-	boundsSQL = `SELECT u.p,
-       coalesce((SELECT m.c_offset FROM {schema}outbox_message_t m
-                  WHERE m.topic_id = $1 AND m.partition_id = u.p ORDER BY m.c_offset LIMIT 1), h.hw),
-       h.hw
+	// boundsSQL reads, for each partition in $2, its log start offset and
+	// its high watermark. The log start is the first offset retention has
+	// not removed from the partition (partition_counters.log_start,
+	// migration 0018), which moves only when retention drops one of the
+	// partition's segments: a broker's log start moves only when records
+	// are deleted, so a partition whose first event lands at offset 57
+	// (offsets are topic-wide under scope topic) still starts at 1, and a
+	// fetch at 1 serves that event. The high watermark is the offset after
+	// the highest committed (from partition_tails, which every append
+	// writes and retention keeps; or from the log itself), never below the
+	// log start. One index lookup per partition for the start, two for the
+	// high watermark.
+	boundsSQL = `SELECT u.p, least(coalesce(pc.log_start, 1), h.hw), h.hw
 FROM unnest($2::integer[]) AS u(p)
+LEFT JOIN {schema}partition_counters pc ON pc.topic_id = $1 AND pc.partition_id = u.p
 CROSS JOIN LATERAL (SELECT greatest(
     (SELECT t.c_offset FROM {schema}partition_tails t WHERE t.topic_id = $1 AND t.partition_id = u.p ORDER BY t.c_offset DESC LIMIT 1),
     (SELECT m.c_offset FROM {schema}outbox_message_t m WHERE m.topic_id = $1 AND m.partition_id = u.p ORDER BY m.c_offset DESC LIMIT 1),
-    0) + 1 AS hw) h`
+    coalesce(pc.log_start, 1) - 1) + 1 AS hw) h`
 
 	// byTimeSQL finds the first offset of partition $2 whose event was
 	// appended at or after $3 (NULL: none). created_at grows with offsets

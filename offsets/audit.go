@@ -13,6 +13,11 @@ const (
 	OriginConsole = "console"
 	// OriginCLI is the consumer command's operator commands.
 	OriginCLI = "cli"
+	// OriginKafka is the Kafka endpoint (package kafka): a Kafka tool's
+	// offset commit from outside a group's membership, such as
+	// kafka-consumer-groups --reset-offsets. Its actor is the SASL user,
+	// or the client id without SASL.
+	OriginKafka = "kafka"
 )
 
 // AuditEntry is an operator's action as the audit (the console_audit

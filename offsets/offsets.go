@@ -363,8 +363,15 @@ func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start
 // (partition to offset), in one transaction, as a worker's batch commits a
 // position: each partition's position lock is taken (in ascending order),
 // so a commit waits for a batch of the group in flight and never runs
-// beside one. The group must be subscribed (Subscribe). It is how a Kafka
-// client's OffsetCommit moves a group.
+// beside one. A negative offset removes the partition's position (the
+// group has none there, as a Kafka group that committed -1 has no
+// committed offset: a reader starts it where its own reset policy says;
+// a pgevents replica, from the partition's first offset), and offset 0 is
+// stored as 1, the first offset a partition can have. The group must be
+// subscribed (Subscribe). It is how a Kafka client's OffsetCommit moves a
+// group: it returns a *GroupInUseError, and changes nothing, while a
+// pgevents replica of the group is live (a group's name belongs to one
+// kind of consumer at a time; see HoldGroup).
 func Commit(ctx context.Context, db schema.DB, group string, topic int, next map[int]int64) error {
 	if len(next) == 0 {
 		return nil
@@ -374,20 +381,75 @@ func Commit(ctx context.Context, db schema.DB, group string, topic int, next map
 		ps = append(ps, int32(p))
 	}
 	slices.Sort(ps)
-	ns := make([]int64, len(ps))
-	for i, p := range ps {
-		ns[i] = next[int(p)]
+	var (
+		set     []int32
+		ns      []int64
+		removed []int32
+	)
+	for _, p := range ps {
+		switch n := next[int(p)]; {
+		case n < 0:
+			removed = append(removed, p)
+		default:
+			set, ns = append(set, p), append(ns, max(n, 1))
+		}
 	}
 	tx, err := store.Begin(ctx, db)
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
-	if _, err := tx.Exec(ctx, schema.SQL(ctx, commitPositionsSQL), group, topic, ps, ns); err != nil {
+	if err := store.HoldGroup(ctx, tx, group, false, "", ""); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic, ps); err != nil {
 		return fmt.Errorf("commit: %w", err)
+	}
+	if len(removed) > 0 {
+		if _, err := tx.Exec(ctx, schema.SQL(ctx, removePositionsSQL), group, topic, removed); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+	}
+	if len(set) > 0 {
+		if _, err := tx.Exec(ctx, schema.SQL(ctx, commitPositionsSQL), group, topic, set, ns); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// GroupInUseError says that a group's name is in use by consumers of
+// another kind (pgevents.GroupInUseError is the same type): HoldGroup and
+// Commit return it while pgevents replicas of the group are live, a
+// replica's start while a holder holds the group.
+type GroupInUseError = store.GroupInUseError
+
+// HoldGroup takes group's name, for db's session, for a consumer that is
+// not a pgevents replica (the Kafka endpoint holds a Kafka group's name
+// while the group has members), described by holder and detail: from then
+// until ReleaseGroup or the session's end, the group's pgevents replicas
+// refuse to start (`consumer run` exits 2, naming holder and detail) and a
+// running one that was not live meanwhile (frozen, cut off) stops at its
+// next heartbeat; its leases are freed at once, and a batch it still ran is
+// ended. db must be one session (a *pgx.Conn or *pgxpool.Conn), not a pool.
+// It returns a *GroupInUseError while a replica of the group is live.
+// Holding it again on the same session only updates the description.
+func HoldGroup(ctx context.Context, db schema.DB, group, holder, detail string) error {
+	return store.HoldGroup(ctx, db, group, true, holder, detail)
+}
+
+// ReleaseGroup gives back the hold db's session took with HoldGroup, so
+// that the group's pgevents replicas may run again; nothing when the
+// session holds none.
+func ReleaseGroup(ctx context.Context, db schema.DB, group string) error {
+	return store.ReleaseGroup(ctx, db, group)
+}
+
+// GroupHolder describes who holds group's name (HoldGroup), or returns ""
+// when nobody does.
+func GroupHolder(ctx context.Context, db schema.DB, group string) (string, error) {
+	return store.GroupHolder(ctx, db, group)
 }

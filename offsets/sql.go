@@ -66,3 +66,14 @@ FROM parts s` + store.LagReadsSQL + `ORDER BY s.partition_id`
 // in flight, and two commits never deadlock.
 const commitPositionsSQL = `INSERT INTO {schema}consumer_positions (group_id, topic_id, partition_id, next_offset)
 SELECT $1, $2, u.p, u.n FROM unnest($3::integer[], $4::bigint[]) WITH ORDINALITY AS u(p, n, i) ORDER BY u.i`
+
+// lockPositionsSQL takes group $1's position locks of topic $2's
+// partitions $3 (sorted), in that order, for Commit's transaction, before
+// it removes or sets any: a batch of the group in flight there ends first.
+const lockPositionsSQL = `SELECT {schema}lock_position($1, $2, u.p) FROM unnest($3::integer[]) AS u(p)`
+
+// removePositionsSQL removes group $1's positions in topic $2's partitions
+// $3, every row of them (a Kafka commit of a negative offset: no committed
+// offset there). Commit holds their position locks.
+const removePositionsSQL = `DELETE FROM {schema}consumer_positions
+WHERE group_id = $1 AND topic_id = $2 AND partition_id = ANY($3::integer[])`

@@ -29,11 +29,10 @@ import (
 // that no heartbeat updates (an open snapshot elsewhere makes every version
 // of a row updated three times a second stay, and each lookup walk them).
 const (
-	// registerSQL records the replica as live until now + lease.
-	registerSQL = `INSERT INTO {schema}consumer_replicas (group_id, topic_id, replica_id, mode, hostname, pid, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + $7::interval)
-ON CONFLICT (group_id, topic_id, replica_id)
-DO UPDATE SET heartbeat_at = clock_timestamp(), expires_at = excluded.expires_at, mode = excluded.mode`
+	// registerSQL records the replica as live until now + lease, unless a
+	// consumer of another kind holds the group's name (register_replica,
+	// migration 0018: SQLSTATE PGG02, and the replica is not live).
+	registerSQL = `SELECT {schema}register_replica($1, $2, $3, $4, $5, $6, $7::interval)`
 
 	// ownedSQL returns the leases the replica owns, live or not (its own
 	// row, registered just before, makes them live again): a lease still
@@ -242,12 +241,20 @@ func (l *Leaser) Held() []int {
 // the leases then: call ReleaseAll once the partitions' workers are done.
 // While the heartbeat fails, it backs off from Lease/3 to 5 s (or Lease/3
 // when longer), with jitter, and logs the failure once per
-// backoff.DefaultInterval.
+// backoff.DefaultInterval. It returns a *store.GroupInUseError when the
+// database refuses the heartbeat because a consumer of another kind (the
+// Kafka endpoint's group members) holds the group's name.
 func (l *Leaser) Run(ctx context.Context) error {
 	t := time.NewTicker(l.cfg.Lease / 3)
 	defer t.Stop()
 	for {
 		if err := l.beat(ctx); err != nil {
+			if inUse := (*store.GroupInUseError)(nil); errors.As(err, &inUse) && ctx.Err() == nil {
+				// Another kind of consumer took the group's name while
+				// this replica was not live (frozen, cut off): its leases
+				// are gone, and it must not come back.
+				return err
+			}
 			if ctx.Err() != nil || !backoff.Sleep(ctx, l.retry.Fail(err, "lease heartbeat failed")) {
 				return nil
 			}
@@ -285,7 +292,7 @@ func (l *Leaser) beat(ctx context.Context) error {
 	br := l.cfg.DB.SendBatch(ctx, &b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
-		return fmt.Errorf("partition: register replica: %w", err)
+		return fmt.Errorf("partition: register replica: %w", store.GroupInUse(l.cfg.Group, err))
 	}
 	rows, _ := br.Query()
 	renewed := map[int]int64{}

@@ -80,7 +80,15 @@ SELECT NULL, 0, NULL, NULL, (` + positionsPrintSQL + `)`
 SELECT u.g, $1, u.p, u.n, u.lo, u.hi, $2
 FROM unnest($3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::bigint[]) AS u(g, p, n, lo, hi)`
 
-	removedSQL = `UPDATE {schema}topic_retention SET removed_below = greatest(removed_below, $2), removed_at = now()
+	// removedSQL records how far retention went, in the transaction that
+	// dropped the segment ending below $2 from partition $3: the topic's
+	// removed_below, and the partition's log start (migration 0018), the
+	// first offset of the partition not removed, which nothing else moves.
+	removedSQL = `WITH p AS (
+    UPDATE {schema}partition_counters SET log_start = greatest(log_start, $2)
+    WHERE topic_id = $1 AND partition_id = $3
+)
+UPDATE {schema}topic_retention SET removed_below = greatest(removed_below, $2), removed_at = now()
 WHERE topic_id = $1`
 )
 
@@ -252,7 +260,7 @@ func dropSegment(ctx context.Context, db schema.DB, topic int, seg schema.Segmen
 	if _, err := tx.Exec(ctx, `DROP TABLE `+name); err != nil {
 		return fail(err)
 	}
-	if _, err := tx.Exec(ctx, schema.SQL(ctx, removedSQL), topic, seg.Hi); err != nil {
+	if _, err := tx.Exec(ctx, schema.SQL(ctx, removedSQL), topic, seg.Hi, seg.Partition); err != nil {
 		return fail(err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -111,6 +111,11 @@ func groupError(cfg *config.Config, err error, path string) error {
 	if errors.As(err, &channel) {
 		return &config.Error{File: path, Key: key("channel"), Msg: channel.Error()}
 	}
+	var inUse *pgevents.GroupInUseError
+	if errors.As(err, &inUse) {
+		return &config.Error{File: path, Key: key("groupId"),
+			Msg: fmt.Sprintf("%v; a group's name belongs to one kind of consumer at a time: stop them, or choose another groupId", inUse)}
+	}
 	var timeouts *pgevents.TimeoutError
 	if errors.As(err, &timeouts) {
 		return &config.Error{File: path, Key: key("handlerTimeoutMs"), Msg: timeouts.Error()}
