@@ -275,7 +275,7 @@ func TestToolCommitsAsABroker(t *testing.T) {
 	rc := dialRaw(t, e.addr)
 	rc.saslPlain(t, "", "ops", "secret")
 	commits := []map[int32]int64{
-		{0: 3, 1: 3, 2: 3, 3: 3},                      // subscribes the group
+		{0: 3, 1: 3, 2: 3, 3: 3},                         // subscribes the group
 		{0: -1, 1: 0, 2: log[2][2], 3: log[3][2] + 1000}, // the reset
 	}
 	for _, c := range commits {

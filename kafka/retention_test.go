@@ -103,7 +103,7 @@ func TestRetentionUnderAKafkaConsumer(t *testing.T) {
 			!strings.Contains(m.Retention.Blocked, "lock was busy")
 	})
 	after := e.offsetsByPartition()
-	first := map[int32]int64{} // the first retained event's offset
+	first := map[int32]int64{}    // the first retained event's offset
 	logStart := map[int32]int64{} // the log start: the end of the last segment removed
 	for p := range int32(parts) {
 		if len(after[p]) == 0 {

@@ -265,7 +265,7 @@ type conn struct {
 	client string
 	user   string // the SASL user; "" without SASL
 	authed bool   // SASL done, or not required
-	mech   bool // a SaslHandshake chose PLAIN
+	mech   bool   // a SaslHandshake chose PLAIN
 }
 
 // errClose is returned by a handler when the connection must be closed
