@@ -111,9 +111,10 @@ func effects(t *testing.T, e *env) (rows, doubled int) {
 // INCONSISTENT_GROUP_PROTOCOL; a kgo member of app gets nothing while the
 // replicas handle every new event once. Once the consumer stops, the kgo
 // member joins and reads from the pgevents positions: exactly the events
-// appended since, none the replicas handled. While it is a member, a
-// pgevents consumer of app refuses to start (GroupInUseError naming the
-// kgo client). Under each scope.
+// appended since, none the replicas handled. While it is a member, a tool's
+// commit is refused with UNKNOWN_MEMBER_ID and a pgevents consumer of app
+// refuses to start (GroupInUseError naming the kgo client). Under each
+// scope.
 func TestGroupNameBelongsToOneKind(t *testing.T) {
 	t.Parallel()
 	for _, scope := range allScopes {
@@ -221,7 +222,14 @@ func TestGroupNameBelongsToOneKind(t *testing.T) {
 				t.Errorf("the replicas' handler wrote %d rows (%d events twice), want %d, once each (seed %d)", rows, doubled, n, seed)
 			}
 
-			// Now the name is the Kafka group's: a replica refuses to start.
+			// Now the name is the Kafka group's: a tool's commit is refused
+			// as Kafka refuses a non-member's commit to a group with members,
+			// and a replica refuses to start.
+			for p, c := range commitRaw(t, rc, "app", "", -1, map[int32]int64{0: 1}) {
+				if c != kerr.UnknownMemberID.Code {
+					t.Errorf("a tool's commit of partition %d while a kgo member is live: %v, want UNKNOWN_MEMBER_ID", p, kerr.ErrorForCode(c))
+				}
+			}
 			c, err := pgevents.NewConsumer(e.pool, cfg)
 			if err != nil {
 				t.Fatal(err)
