@@ -15,9 +15,11 @@
 // its value the payload's JSON, its timestamp created_at, and its headers
 // event_type, event_id, user_id (when set), transaction_id and the
 // metadata's entries (a string entry as its text, another as its JSON;
-// trace context included). A partition's log start offset is its first
-// retained offset, its high watermark the offset after the newest
-// committed one.
+// trace context included). A partition's log start offset is the first
+// offset retention has not removed from it (1 until retention drops one of
+// its segments: migration 0018's partition_counters.log_start, which only
+// retention moves, as only deletion moves a broker's), its high watermark
+// the offset after the newest committed one.
 //
 // # Reading
 //
@@ -26,8 +28,10 @@
 // the partitions of a request. Offsets are gapless and commit-ordered per
 // partition (or topic): a visible offset implies every lower one is
 // committed, so a fetch never skips an event, and events of rolled-back
-// transactions are never served. An offset below the log start or above
-// the high watermark answers OFFSET_OUT_OF_RANGE (clients then apply
+// transactions are never served. A fetch in a gap of a partition's offsets
+// serves the next event (a fetch at the end of an empty partition waits for
+// its first, whatever its offset); only an offset below the log start or
+// above the high watermark answers OFFSET_OUT_OF_RANGE (clients then apply
 // auto.offset.reset). A fetch with nothing to return waits, up to its
 // MaxWaitMs (bounded by Options.MaxWait), for an append to one of its
 // partitions: the endpoint follows pgevents' own wake-ups (it listens on
@@ -50,6 +54,22 @@
 // group never committed in is read from where the subscription placed it;
 // while the group has members its subscription is kept live, and a minute
 // after the last one left it is DEAD (it no longer holds retention back).
+//
+// A group's name belongs to one kind of consumer at a time. While a Kafka
+// group has members (or a tool's commit from outside its membership is
+// being taken), the coordinator session holds the group's name
+// (offsets.HoldGroup): pgevents replicas of the group refuse to start, and
+// one that was not live meanwhile commits nothing more and stops. The name
+// is taken only while no replica of the group is live: otherwise a
+// JoinGroup answers INCONSISTENT_GROUP_PROTOCOL and a commit from outside
+// the membership UNKNOWN_MEMBER_ID, as Kafka answers for a group whose
+// members speak another protocol. A commit from outside the membership
+// (generation -1, a tool's reset) is an operator's action: it goes to the
+// audit with origin kafka. A negative offset leaves the partition with no
+// committed offset; 0 is taken as 1. Every refusal is the error a broker
+// gives for the same case (docs/kafka.md has the table), retriable only
+// when the condition passes, and is logged, once per interval per client
+// and kind.
 //
 // Each group has one coordinator among the gateways that serve the
 // database: the one whose coordinator session holds the group's key, an
@@ -83,7 +103,8 @@
 // A request frame is bounded by Options.MaxRequestBytes (and so is a
 // batch once decompressed), its database work by Options.RequestTimeout;
 // a malformed request closes its connection and nothing else; a
-// connection idle for ten minutes is closed. SASL/PLAIN (Options.Users)
+// connection idle for ten minutes is closed. SASL/PLAIN (Options.Users,
+// refusing an authorization id other than the user's own, as Kafka does)
 // and TLS (Options.TLS) protect the listener; Options.ReadOnly refuses
 // Produce.
 package kafka

@@ -1068,3 +1068,92 @@ func TestConcurrentAppendsNotifyNobodyAwake(t *testing.T) {
 		})
 	}
 }
+
+// TestLogStartFromEarlierRetention: migration 0018 gives every partition
+// of a topic that retention already removed from a log start that is never
+// below what was removed from it, nor above its first retained event: a
+// database at version 17 whose retention dropped partition 0's first two
+// segments (offsets 1 to 2000; partition 1 never had an event there) gets
+// log start 2001 in both partitions, and 1 in a topic retention never
+// touched.
+func TestLogStartFromEarlierRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.NewDB(t))
+	if _, err := pool.Exec(ctx, `CREATE TABLE pgevents_schema_migrations (
+    version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range schema.Migrations() {
+		if m.Version > 17 {
+			break
+		}
+		if _, err := pool.Exec(ctx, m.SQL); err != nil {
+			t.Fatalf("migration %d: %v", m.Version, err)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO pgevents_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id := 1; id <= 2; id++ {
+		if _, _, err := schema.EnsureTopicSpec(ctx, pool, schema.TopicSpec{ID: id, Partitions: 2, SegmentSize: schema.MinSegmentSize, Scope: schema.ScopeTopic}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var h0, h1 string // hosts of partitions 0 and 1
+	for i := 0; h0 == "" || h1 == ""; i++ {
+		h := fmt.Sprintf("h%d", i)
+		var p int
+		if err := pool.QueryRow(ctx, `SELECT event_partition($1, 2)`, h).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		if p == 0 && h0 == "" {
+			h0 = h
+		} else if p == 1 && h1 == "" {
+			h1 = h
+		}
+	}
+	for _, step := range []struct {
+		host string
+		n    int
+	}{{h0, 2500}, {h1, 100}} {
+		for id := 1; id <= 2; id++ {
+			if _, err := pool.Exec(ctx, `SELECT append_events($1, (SELECT jsonb_agg(jsonb_build_object('host_id', $2::text, 'event_type', 't'))
+FROM generate_series(1, $3) i))`, id, step.host, step.n); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Retention as version 17 ran it, on topic 1 only.
+	if _, err := pool.Exec(ctx, `DROP TABLE outbox_message_t_1_p0_0, outbox_message_t_1_p0_1`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE topic_retention SET removed_below = 2001 WHERE topic_id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := schema.Migrate(ctx, pool); err != nil || len(applied) == 0 || applied[0] != 18 {
+		t.Fatalf("Migrate applied %v, %v; want 18 and on", applied, err)
+	}
+	rows, err := pool.Query(ctx, `SELECT topic_id, partition_id, log_start FROM partition_counters ORDER BY 1, 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[[2]int]int64{}
+	for rows.Next() {
+		var id, p int
+		var start int64
+		if err := rows.Scan(&id, &p, &start); err != nil {
+			t.Fatal(err)
+		}
+		got[[2]int{id, p}] = start
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[[2]int]int64{{1, 0}: 2001, {1, 1}: 2001, {2, 0}: 1, {2, 1}: 1}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("topic %d partition %d: log start %d, want %d", k[0], k[1], got[k], w)
+		}
+	}
+}
