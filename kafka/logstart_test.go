@@ -161,23 +161,52 @@ func logSize(log map[int32][]int64) int {
 
 // TestLogStartOfAnEmptyPartition: a partition that holds nothing answers
 // ListOffsets earliest and latest with 1, its first offset, whatever the
-// other partitions hold; a fetch at 1 waits, and, once an event lands in
-// the partition at offset 57, serves it, with the log start still 1. A
-// fetch below 1 or above the high watermark is OFFSET_OUT_OF_RANGE.
+// other partitions hold; a fetch at 1 waits and, once the partition's
+// first event lands (at offset 57 under scope topic, where offsets are
+// topic-wide), serves it, the log start still 1. A fetch below 1 or above
+// the high watermark is OFFSET_OUT_OF_RANGE. The same for the partitions a
+// repartition adds, in every scope.
 func TestLogStartOfAnEmptyPartition(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 2, schema.ScopeTopic, kafka.Options{})
-	host := func(p int32) string {
+	for _, scope := range allScopes {
+		t.Run(scope, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 2, scope, kafka.Options{})
+			ctx, cancel := context.WithTimeout(e.ctx, 60*time.Second)
+			defer cancel()
+			if scope == schema.ScopeSequenced {
+				e.sequence(ctx)
+			}
+			e.checkEmptyPartition(t, 2, 1, 56)
+			if _, err := schema.Repartition(e.ctx, e.pool, 1, 4); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 10*time.Second, "the endpoint to see 4 partitions", func() bool {
+				resp, err := dialRaw(t, e.addr).do(kmsg.NewPtrMetadataRequest())
+				return err == nil && len(resp.(*kmsg.MetadataResponse).Topics[0].Partitions) == 4
+			})
+			e.checkEmptyPartition(t, 4, 3, 20)
+		})
+	}
+}
+
+// checkEmptyPartition checks, in a topic of n partitions, that partition
+// p, which holds nothing, starts at 1 and serves its first event from a
+// fetch at 1 once fill events have landed in another partition and one
+// in p.
+func (e *env) checkEmptyPartition(t *testing.T, n int, p int32, fill int) {
+	t.Helper()
+	host := func(want int32) string {
 		for i := 0; ; i++ {
 			h := fmt.Sprintf("h%d", i)
-			if e.partitionOf(h, 2) == p {
+			if e.partitionOf(h, n) == want {
 				return h
 			}
 		}
 	}
-	appendTo := func(h string, n int) {
+	appendTo := func(h string, k int) {
 		t.Helper()
-		evs := make([]pgevents.Event, n)
+		evs := make([]pgevents.Event, k)
 		for i := range evs {
 			evs[i] = pgevents.Event{TopicID: 1, HostID: h, EventType: "t", Payload: []byte(fmt.Sprintf(`{"i": %d}`, i))}
 		}
@@ -192,25 +221,26 @@ func TestLogStartOfAnEmptyPartition(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	appendTo(host(0), 56) // offsets 1 to 56, all in partition 0
-	rc := dialRaw(t, e.addr)
+	before := e.countLog()
+	appendTo(host((p+1)%int32(n)), fill)
+	waitFor(t, 30*time.Second, "the events in the log", func() bool { return e.countLog() == before+fill })
 	lo := kmsg.NewPtrListOffsetsRequest()
 	lo.SetVersion(7)
 	lt := kmsg.NewListOffsetsRequestTopic()
 	lt.Topic = "events"
 	for _, ts := range []int64{-2, -1} {
 		lp := kmsg.NewListOffsetsRequestTopicPartition()
-		lp.Partition, lp.Timestamp = 1, ts
+		lp.Partition, lp.Timestamp = p, ts
 		lt.Partitions = append(lt.Partitions, lp)
 	}
 	lo.Topics = append(lo.Topics, lt)
-	resp, err := rc.do(lo)
+	resp, err := dialRaw(t, e.addr).do(lo)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, lp := range resp.(*kmsg.ListOffsetsResponse).Topics[0].Partitions {
 		if lp.ErrorCode != 0 || lp.Offset != 1 {
-			t.Errorf("empty partition 1: ListOffsets %s: %d (%v), want 1", []string{"earliest", "latest"}[i], lp.Offset, kerr.ErrorForCode(lp.ErrorCode))
+			t.Errorf("empty partition %d: ListOffsets %s: %d (%v), want 1", p, []string{"earliest", "latest"}[i], lp.Offset, kerr.ErrorForCode(lp.ErrorCode))
 		}
 	}
 	fetch := func(offset int64, wait time.Duration) kmsg.FetchResponseTopicPartition {
@@ -221,7 +251,7 @@ func TestLogStartOfAnEmptyPartition(t *testing.T) {
 		ft := kmsg.NewFetchRequestTopic()
 		ft.Topic = "events"
 		fp := kmsg.NewFetchRequestTopicPartition()
-		fp.Partition, fp.FetchOffset, fp.PartitionMaxBytes = 1, offset, 1<<20
+		fp.Partition, fp.FetchOffset, fp.PartitionMaxBytes = p, offset, 1<<20
 		ft.Partitions = append(ft.Partitions, fp)
 		f.Topics = append(f.Topics, ft)
 		resp, err := dialRaw(t, e.addr).do(f)
@@ -232,25 +262,29 @@ func TestLogStartOfAnEmptyPartition(t *testing.T) {
 	}
 	for _, off := range []int64{0, 2} {
 		if fp := fetch(off, 0); fp.ErrorCode != kerr.OffsetOutOfRange.Code || fp.LogStartOffset != 1 || fp.HighWatermark != 1 {
-			t.Errorf("empty partition 1: fetch at %d: %v, log start %d, high watermark %d; want OFFSET_OUT_OF_RANGE, 1, 1",
-				off, kerr.ErrorForCode(fp.ErrorCode), fp.LogStartOffset, fp.HighWatermark)
+			t.Errorf("empty partition %d: fetch at %d: %v, log start %d, high watermark %d; want OFFSET_OUT_OF_RANGE, 1, 1",
+				p, off, kerr.ErrorForCode(fp.ErrorCode), fp.LogStartOffset, fp.HighWatermark)
 		}
 	}
 	got := make(chan kmsg.FetchResponseTopicPartition, 1)
 	go func() { got <- fetch(1, 20*time.Second) }()
-	waitFor(t, 10*time.Second, "the fetch at 1 to wait", func() bool { _, ok := e.srv.WaitingOn(1)[1]; return ok })
-	appendTo(host(1), 1) // offset 57, the partition's first event
+	waitFor(t, 10*time.Second, "the fetch at 1 to wait", func() bool { _, ok := e.srv.WaitingOn(1)[p]; return ok })
+	appendTo(host(p), 1)
 	fp := <-got
-	if fp.ErrorCode != 0 || fp.LogStartOffset != 1 || fp.HighWatermark != 58 || len(fp.RecordBatches) == 0 {
-		t.Fatalf("partition 1: fetch at 1 after its first event landed at 57: %v, log start %d, high watermark %d, %d bytes of records; want the event, log start 1, high watermark 58",
-			kerr.ErrorForCode(fp.ErrorCode), fp.LogStartOffset, fp.HighWatermark, len(fp.RecordBatches))
+	var first int64
+	if err := e.pool.QueryRow(e.ctx, `SELECT c_offset FROM outbox_message_t WHERE topic_id = 1 AND partition_id = $1`, p).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	if fp.ErrorCode != 0 || fp.LogStartOffset != 1 || fp.HighWatermark != first+1 || len(fp.RecordBatches) == 0 {
+		t.Fatalf("partition %d: fetch at 1 after its first event landed at %d: %v, log start %d, high watermark %d, %d bytes of records; want the event, log start 1, high watermark %d",
+			p, first, kerr.ErrorForCode(fp.ErrorCode), fp.LogStartOffset, fp.HighWatermark, len(fp.RecordBatches), first+1)
 	}
 	var b kmsg.RecordBatch
 	if err := b.ReadFrom(fp.RecordBatches); err != nil {
 		t.Fatal(err)
 	}
-	if b.FirstOffset != 57 || b.NumRecords != 1 || len(fp.RecordBatches) != 12+int(b.Length) {
-		t.Errorf("partition 1: the fetch at 1 served a batch from offset %d of %d records (%d bytes in all), want the one event at 57",
-			b.FirstOffset, b.NumRecords, len(fp.RecordBatches))
+	if b.FirstOffset != first || b.NumRecords != 1 || len(fp.RecordBatches) != 12+int(b.Length) {
+		t.Errorf("partition %d: the fetch at 1 served a batch from offset %d of %d records (%d bytes in all), want the one event at %d",
+			p, b.FirstOffset, b.NumRecords, len(fp.RecordBatches), first)
 	}
 }
