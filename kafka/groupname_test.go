@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -121,12 +122,9 @@ func TestGroupNameBelongsToOneKind(t *testing.T) {
 		t.Run(scope, func(t *testing.T) {
 			t.Parallel()
 			seed := uint64(time.Now().UnixNano())
-			e := newEnv(t, 4, scope, kafka.Options{})
+			e := newLiveEnv(t, 4, scope, kafka.Options{})
 			ctx, cancel := context.WithTimeout(e.ctx, 120*time.Second)
 			defer cancel()
-			if scope == schema.ScopeSequenced {
-				e.sequence(ctx)
-			}
 			if _, err := e.pool.Exec(ctx, `CREATE TABLE public.effects (event_id uuid, host text, payload text)`); err != nil {
 				t.Fatal(err)
 			}
@@ -152,7 +150,7 @@ func TestGroupNameBelongsToOneKind(t *testing.T) {
 					}
 				}
 			}
-			if got := e.positions("app"); !mapsEqualInt(got, before) {
+			if got := e.positions("app"); !maps.Equal(got, before) {
 				t.Fatalf("the refused commits moved the positions from %v to %v", before, got)
 			}
 			join := kmsg.NewPtrJoinGroupRequest()
@@ -245,18 +243,6 @@ func TestGroupNameBelongsToOneKind(t *testing.T) {
 	}
 }
 
-func mapsEqualInt(a, b map[int32]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
-}
-
 // TestToolCommitsAsABroker: commits from outside a group's membership, as
 // kafka-consumer-groups --reset-offsets sends them, to a group nobody
 // consumes. A negative offset is taken (error 0, never a retriable error
@@ -294,7 +280,7 @@ func TestToolCommitsAsABroker(t *testing.T) {
 		}
 	}
 	got := fetchCommitted(t, rc, "tool", 0, 1, 2, 3)
-	if want := map[int32]int64{0: -1, 1: 1, 2: log[2][2], 3: log[3][2] + 1000}; !mapsEqualInt(got, want) {
+	if want := map[int32]int64{0: -1, 1: 1, 2: log[2][2], 3: log[3][2] + 1000}; !maps.Equal(got, want) {
 		t.Errorf("OffsetFetch after the reset: %v, want %v", got, want)
 	}
 	var (
@@ -330,7 +316,7 @@ WHERE group_id = 'tool' AND action = 'reset' ORDER BY id DESC LIMIT 1`)).Scan(&r
 			s.add("kgo", r)
 		}
 	}
-	if want := map[int32]int64{0: 1, 1: 1, 2: log[2][2], 3: 1}; !mapsEqualInt(first, want) {
+	if want := map[int32]int64{0: 1, 1: 1, 2: log[2][2], 3: 1}; !maps.Equal(first, want) {
 		t.Errorf("the member read partitions from %v, want %v (seed %d)", first, want, seed)
 	}
 	if s.count() != wantN {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -193,22 +194,10 @@ func checkAgainstLog(t *testing.T, log map[[2]int64]logRow, msgs []kcatMessage, 
 			t.Errorf("partition %d offset %d: key %v, want the host %q (seed %d)", m.Partition, m.Offset, m.Key, r.host, seed)
 		case m.Payload == nil || *m.Payload != r.payload:
 			t.Errorf("partition %d offset %d: value %v, want the payload %q (seed %d)", m.Partition, m.Offset, m.Payload, r.payload, seed)
-		case !mapsEqual(hs, wantHs):
+		case !maps.Equal(hs, wantHs):
 			t.Errorf("partition %d offset %d: headers %v, want %v (seed %d)", m.Partition, m.Offset, hs, wantHs, seed)
 		}
 	}
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // hasGaps reports whether some partition's offsets in log are not

@@ -22,6 +22,17 @@ import (
 // offsets per partition, assigned after commit).
 var allScopes = []string{schema.ScopeTopic, schema.ScopePartition, schema.ScopeSequenced}
 
+// newLiveEnv is newEnv with, for a sequenced topic, its sequencer running
+// until the test ends.
+func newLiveEnv(t *testing.T, partitions int, scope string, opts kafka.Options) *env {
+	t.Helper()
+	e := newEnv(t, partitions, scope, opts)
+	if scope == schema.ScopeSequenced {
+		e.sequence(e.ctx)
+	}
+	return e
+}
+
 // removePrefix fills topic 1 with 4,500 events over several segments of
 // each partition and lets retention remove what it may; it returns each
 // partition's retained offsets, in order.
@@ -34,20 +45,7 @@ func (e *env) removePrefix(t *testing.T) map[int32][]int64 {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "the 4,500 events in the log", func() bool { return e.countLog() == 4500 })
-	if err := schema.SetRetention(e.ctx, e.pool, 1, schema.Retention{Retention: time.Millisecond, ZeroSubscription: time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	removed := 0
-	waitFor(t, 30*time.Second, "retention removed all it may", func() bool {
-		m, err := pgevents.Maintain(e.ctx, e.pool, 1, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		removed += len(m.Retention.Removed)
-		return m.Ran && len(m.Retention.Removed) == 0 && m.Retention.Blocked != "" &&
-			!strings.Contains(m.Retention.Blocked, "lock was busy")
-	})
-	if removed == 0 {
+	if e.retainAll(t) == 0 {
 		t.Fatal("retention removed nothing: the test needs a prefix removed")
 	}
 	// Retention keeps events from now on.
@@ -81,12 +79,9 @@ func TestKcatGroupJoinsEmptyPartitions(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					t.Parallel()
 					seed := uint64(time.Now().UnixNano())
-					e := newEnv(t, 4, scope, kafka.Options{})
+					e := newLiveEnv(t, 4, scope, kafka.Options{})
 					ctx, cancel := context.WithTimeout(e.ctx, 120*time.Second)
 					defer cancel()
-					if scope == schema.ScopeSequenced {
-						e.sequence(ctx)
-					}
 					want := map[string][]string{}
 					var kept map[int32][]int64
 					if retained {
@@ -171,12 +166,7 @@ func TestLogStartOfAnEmptyPartition(t *testing.T) {
 	for _, scope := range allScopes {
 		t.Run(scope, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, 2, scope, kafka.Options{})
-			ctx, cancel := context.WithTimeout(e.ctx, 60*time.Second)
-			defer cancel()
-			if scope == schema.ScopeSequenced {
-				e.sequence(ctx)
-			}
+			e := newLiveEnv(t, 2, scope, kafka.Options{})
 			e.checkEmptyPartition(t, 2, 1, 56)
 			if _, err := schema.Repartition(e.ctx, e.pool, 1, 4); err != nil {
 				t.Fatal(err)

@@ -1,10 +1,8 @@
 package kafka_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,26 +13,12 @@ import (
 	"github.com/pgevents/pgevents/kafka"
 )
 
-// logLines is a thread-safe log destination whose lines a test reads as
-// JSON objects.
-type logLines struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// matching returns the lines whose message is msg.
-func (l *logLines) matching(t *testing.T, msg string) []map[string]any {
+// refusalLines returns the log lines in buf (JSON objects) whose message
+// is the endpoint's refusal line.
+func refusalLines(t *testing.T, buf *lockedBuffer) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		var m map[string]any
 		if line == "" {
 			continue
@@ -42,7 +26,7 @@ func (l *logLines) matching(t *testing.T, msg string) []map[string]any {
 		if err := json.Unmarshal([]byte(line), &m); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
 		}
-		if m["message"] == msg {
+		if m["message"] == "kafka: request refused" {
 			out = append(out, m)
 		}
 	}
@@ -57,7 +41,7 @@ func (l *logLines) matching(t *testing.T, msg string) []map[string]any {
 // under a kind of its own.
 func TestRefusalsAreLogged(t *testing.T) {
 	t.Parallel()
-	var lines logLines
+	var lines lockedBuffer
 	log := zerolog.New(&lines)
 	e := newEnv(t, 1, "", kafka.Options{Logger: &log})
 	rc := dialRaw(t, e.addr)
@@ -71,7 +55,7 @@ func TestRefusalsAreLogged(t *testing.T) {
 			t.Fatalf("a record without a key: %v, want INVALID_RECORD", kerr.ErrorForCode(c))
 		}
 	}
-	got := lines.matching(t, "kafka: request refused")
+	got := refusalLines(t, &lines)
 	if len(got) != 1 || got[0]["request"] != "produce" || got[0]["error_code"] != float64(kerr.InvalidRecord.Code) ||
 		!strings.Contains(got[0]["reason"].(string), "needs a key") || got[0]["client_id"] != "raw" {
 		t.Fatalf("after 5 refused produces, the refusal lines are %v; want one, for produce, INVALID_RECORD, saying the record needs a key", got)
@@ -80,14 +64,14 @@ func TestRefusalsAreLogged(t *testing.T) {
 	if _, err := rc.do(bad); err != nil {
 		t.Fatal(err)
 	}
-	got = lines.matching(t, "kafka: request refused")
+	got = refusalLines(t, &lines)
 	if len(got) != 2 || got[1]["refused_since_last_line"] != float64(4) {
 		t.Fatalf("the next line after the interval: %v; want it to count the 4 refusals not logged", got)
 	}
 	if c := commitRaw(t, rc, "g", "", -1, map[int32]int64{7: 1})[7]; c != kerr.UnknownTopicOrPartition.Code {
 		t.Fatalf("a commit of partition 7 of a topic of 1: %v, want UNKNOWN_TOPIC_OR_PARTITION", kerr.ErrorForCode(c))
 	}
-	got = lines.matching(t, "kafka: request refused")
+	got = refusalLines(t, &lines)
 	if len(got) != 3 || got[2]["request"] != "commit" || got[2]["kafka_group"] != "g" || got[2]["partition"] != float64(7) {
 		t.Fatalf("after a refused commit, the refusal lines are %v; want a third, for the commit of group g, partition 7", got)
 	}

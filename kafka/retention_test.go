@@ -29,6 +29,27 @@ func (e *env) offsetsByPartition() map[int32][]int64 {
 	return out
 }
 
+// retainAll sets topic 1's retention to a millisecond and runs
+// maintenance, as consumers run it, until retention has nothing more to
+// remove; it returns how many segments went.
+func (e *env) retainAll(t *testing.T) int {
+	t.Helper()
+	if err := schema.SetRetention(e.ctx, e.pool, 1, schema.Retention{Retention: time.Millisecond, ZeroSubscription: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	removed := 0
+	waitFor(t, 30*time.Second, "retention removed all it may", func() bool {
+		m, err := pgevents.Maintain(e.ctx, e.pool, 1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		removed += len(m.Retention.Removed)
+		return m.Ran && len(m.Retention.Removed) == 0 && m.Retention.Blocked != "" &&
+			!strings.Contains(m.Retention.Blocked, "lock was busy")
+	})
+	return removed
+}
+
 // TestRetentionUnderAKafkaConsumer: retention removes the oldest segments
 // of a topic while a kgo consumer (no group) is part-way through. A fetch
 // at the consumer's next offset, now below the log start, is answered
@@ -89,19 +110,7 @@ func TestRetentionUnderAKafkaConsumer(t *testing.T) {
 	cl.Close()
 
 	// Retention, as consumers run it, until it has nothing more to remove.
-	if err := schema.SetRetention(e.ctx, e.pool, 1, schema.Retention{Retention: time.Millisecond, ZeroSubscription: time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	removed := 0
-	waitFor(t, 30*time.Second, "retention removed all it may", func() bool {
-		m, err := pgevents.Maintain(e.ctx, e.pool, 1, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		removed += len(m.Retention.Removed)
-		return m.Ran && len(m.Retention.Removed) == 0 && m.Retention.Blocked != "" &&
-			!strings.Contains(m.Retention.Blocked, "lock was busy")
-	})
+	removed := e.retainAll(t)
 	after := e.offsetsByPartition()
 	first := map[int32]int64{}    // the first retained event's offset
 	logStart := map[int32]int64{} // the log start: the end of the last segment removed
