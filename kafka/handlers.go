@@ -744,8 +744,11 @@ func (s *Server) findCoordinator(ctx context.Context, r *kmsg.FindCoordinatorReq
 	resp := r.ResponseKind().(*kmsg.FindCoordinatorResponse)
 	resp.NodeID = -1
 	if r.CoordinatorType != 0 {
-		resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
-		resp.ErrorMessage = kmsg.StringPtr("only group coordinators are served (no transactions)")
+		// Transactions are not served: a transactional producer is told so
+		// at once, as InitProducerId tells it, and not by a retriable
+		// error that would fail the same way for ever.
+		resp.ErrorCode = kerr.TransactionalIDAuthorizationFailed.Code
+		resp.ErrorMessage = kmsg.StringPtr("transactions are not served: only group coordinators are")
 		return resp
 	}
 	n, _, err := s.leases.coordinator(ctx, r.CoordinatorKey)

@@ -76,3 +76,32 @@ func TestRefusalsAreLogged(t *testing.T) {
 		t.Fatalf("after a refused commit, the refusal lines are %v; want a third, for the commit of group g, partition 7", got)
 	}
 }
+
+// TestTransactionsRefusedAtOnce: a transactional producer's
+// FindCoordinator of a transaction coordinator is answered
+// TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as its InitProducerId is, never a
+// retriable error it would retry for ever.
+func TestTransactionsRefusedAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1, "", kafka.Options{})
+	fc := kmsg.NewPtrFindCoordinatorRequest()
+	fc.SetVersion(3)
+	fc.CoordinatorKey, fc.CoordinatorType = "tx-1", 1
+	resp, err := dialRaw(t, e.addr).do(fc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := resp.(*kmsg.FindCoordinatorResponse).ErrorCode; c != kerr.TransactionalIDAuthorizationFailed.Code {
+		t.Errorf("FindCoordinator of a transaction coordinator: %v, want TRANSACTIONAL_ID_AUTHORIZATION_FAILED", kerr.ErrorForCode(c))
+	}
+	ip := kmsg.NewPtrInitProducerIDRequest()
+	ip.SetVersion(4)
+	ip.TransactionalID = kmsg.StringPtr("tx-1")
+	resp, err = dialRaw(t, e.addr).do(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := resp.(*kmsg.InitProducerIDResponse).ErrorCode; c != kerr.TransactionalIDAuthorizationFailed.Code {
+		t.Errorf("InitProducerId with a transactional id: %v, want TRANSACTIONAL_ID_AUTHORIZATION_FAILED", kerr.ErrorForCode(c))
+	}
+}
