@@ -60,10 +60,10 @@ FROM parts s` + store.LagReadsSQL + `ORDER BY s.partition_id`
 )
 
 // commitPositionsSQL sets group $1's positions on topic $2: partition
-// $3[i] to $4[i]. consumer_positions' trigger takes each partition's
-// position lock (the lock a worker's claim holds for its batch), in the
-// order of $3, which Commit sorts: a commit waits for a batch of the group
-// in flight, and two commits never deadlock.
+// $3[i] to $4[i]. Commit runs it after lockPositionsSQL took each
+// partition's position lock (the lock a worker's claim holds for its
+// batch), in the order of $3, which Commit sorts: a commit waits for a
+// batch of the group in flight, and two commits never deadlock.
 const commitPositionsSQL = `INSERT INTO {schema}consumer_positions (group_id, topic_id, partition_id, next_offset)
 SELECT $1, $2, u.p, u.n FROM unnest($3::integer[], $4::bigint[]) WITH ORDINALITY AS u(p, n, i) ORDER BY u.i`
 

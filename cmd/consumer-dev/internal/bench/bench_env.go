@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"maps"
 	"fmt"
 	"io"
 	"net/url"
@@ -68,7 +69,9 @@ func openBenchEnv(ctx context.Context, dir string, quick bool, progress io.Write
 		e.logf("starting PostgreSQL in %s ...", abs)
 		// Commit timestamps let the latency case measure from the producer's
 		// commit, on the database clock.
-		cl, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs, Settings: map[string]string{"track_commit_timestamp": "on"}})
+		settings := map[string]string{"track_commit_timestamp": "on"}
+		maps.Copy(settings, benchStatementSettings)
+		cl, err := pgcluster.Start(ctx, pgcluster.Options{Dir: abs, Settings: settings})
 		if err != nil {
 			return nil, err
 		}
@@ -96,6 +99,10 @@ func openBenchEnv(ctx context.Context, dir string, quick bool, progress io.Write
 	if e.cluster != nil {
 		// Databases left behind by an interrupted run of this very cluster.
 		e.dropDatabases(ctx, benchDBPrefix+"%")
+		if _, err := e.admin.Exec(ctx, benchRolesSQL); err != nil {
+			e.close()
+			return nil, fmt.Errorf("bench: the consumers' and producers' roles: %w", err)
+		}
 	}
 	if err := e.describe(ctx, where); err != nil {
 		e.close()
@@ -255,7 +262,13 @@ func (e *benchEnv) newModeDB(ctx context.Context, partitions int, m benchProduce
 // pg_stat_activity tells producers from consumers), size and session
 // settings. The pool is closed by Close.
 func (d *benchDB) openPool(ctx context.Context, app string, maxConns int, params map[string]string) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(d.url)
+	return d.openPoolAs(ctx, d.url, app, maxConns, params)
+}
+
+// openPoolAs is openPool on the connection string u (roleURL: as a role
+// of the bench's).
+func (d *benchDB) openPoolAs(ctx context.Context, u, app string, maxConns int, params map[string]string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(u)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +319,7 @@ func (v benchProducerSetup) name(s string) string {
 // openConsumerPool opens the pool of an in-process consumer serving the
 // given number of partitions, configured as pgevents configures it.
 func (d *benchDB) openConsumerPool(ctx context.Context, partitions int) (*pgxpool.Pool, error) {
-	pc, err := pgevents.ParsePoolConfig(d.url)
+	pc, err := pgevents.ParsePoolConfig(d.consumerURL())
 	if err != nil {
 		return nil, err
 	}

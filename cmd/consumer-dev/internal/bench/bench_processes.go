@@ -138,6 +138,9 @@ type benchProcessesWindow struct {
 	busy       float64 // share of the machine's cores
 	committed  int64   // transactions committed in the window
 	late       int64   // of which more than benchProcessesLate after their time
+	// consumers and producers are what each side ran per event, from
+	// pg_stat_statements (zero without it).
+	consumers, producers benchStatements
 }
 
 // benchProcessesRun measures one deployment on a database of its own.
@@ -150,7 +153,7 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 	if err := db.exec(ctx, benchSeenDDL); err != nil {
 		return nil, err
 	}
-	ppool, err := db.openPool(ctx, "bench-producer", benchProcessesProducers+2, nil)
+	ppool, err := db.openPoolAs(ctx, db.roleURL(benchProducerRole), "bench-producer", benchProcessesProducers+2, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +176,7 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 		}
 		yml := fmt.Sprintf("groupId: %s\ntotalPartitions: %d\npartitionId: %d\nbatchSize: 100\nwaitPeriodMs: 10000\nlogLevel: warn\nlogFormat: json\nhandlers:\n  - eventType: \"*\"\n    type: sql\n    statement: %q\n",
 			benchProcessesGroup, s.partitions, partition, benchSeenStatement)
-		p, err := startBenchProc(exe, filepath.Join(dir, fmt.Sprintf("consumer-%d.yml", k)), yml, db.url)
+		p, err := startBenchProc(exe, filepath.Join(dir, fmt.Sprintf("consumer-%d.yml", k)), yml, db.consumerURL())
 		if err != nil {
 			return nil, err
 		}
@@ -233,6 +236,8 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 		ws = append(ws, w)
 		e.logf("processes: %s, window %d: %d transactions committed (%d late), %.1f%% on schedule, latency p50 %.2f ms p99 %.2f ms, CPU/event %.1f µs processes + %.1f µs server sessions, machine %.0f%% busy",
 			s.name, rep+1, w.committed, w.late, 100*w.onSchedule, w.p50, w.p99, w.procUS, w.serverUS, 100*w.busy)
+		w.consumers.log(e, fmt.Sprintf("processes: %s, window %d, consumers", s.name, rep+1))
+		w.producers.log(e, fmt.Sprintf("processes: %s, window %d, producers", s.name, rep+1))
 	}
 	idle, idleNote, err := benchProcessesIdleRate(ctx, e, db, caughtUp)
 	if err != nil {
@@ -276,6 +281,12 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 			noted("the sum of the two rows above"),
 		newBenchResult("processes", name("machine CPU busy"), "%", col(func(w benchProcessesWindow) float64 { return 100 * w.busy })).
 			noted("the share of all cores busy (/proc/stat) over the same span, whoever used them: producers, bench and other work on the machine included"),
+		newBenchResult("processes", name("consumer statements per event, client"), "1", col(func(w benchProcessesWindow) float64 { return w.consumers.top })).
+			noted("pg_stat_statements (track = all) of the consumers' role over the window and the catch-up after it, per event appended in the window: the statements the consumer processes sent (BEGIN and COMMIT included); 0 without pg_stat_statements"),
+		newBenchResult("processes", name("consumer statements per event, with nested"), "1", col(func(w benchProcessesWindow) float64 { return w.consumers.all })).
+			noted("the same, with the statements run inside functions"),
+		newBenchResult("processes", name("producer statements per event, with nested"), "1", col(func(w benchProcessesWindow) float64 { return w.producers.all })).
+			noted("the producers' role, the same way (%.2f sent by the clients)", col(func(w benchProcessesWindow) float64 { return w.producers.top })[0]),
 		newBenchResult("processes", name("idle transactions/s"), "1/s", []float64{idle}).
 			noted("%s", idleNote),
 	}, nil
@@ -300,6 +311,7 @@ func benchProcessesMeasure(ctx context.Context, e *benchEnv, db *benchDB, ppool 
 	if err := db.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t0); err != nil {
 		return w, err
 	}
+	counted := db.resetStatements(ctx)
 	cpu0 := readBenchCPU(0)
 	onSchedule.Store(0)
 	lr, err := load.run(ctx, ppool, window, nil)
@@ -324,6 +336,14 @@ func benchProcessesMeasure(ctx context.Context, e *benchEnv, db *benchDB, ppool 
 	w.busy = readBenchCPU(0).since(cpu0).busy
 	if lr.events == 0 {
 		return w, errors.New("no event appended in the window")
+	}
+	if counted {
+		if w.consumers, err = db.statements(ctx, benchConsumerRole, lr.events); err != nil {
+			return w, err
+		}
+		if w.producers, err = db.statements(ctx, benchProducerRole, lr.events); err != nil {
+			return w, err
+		}
 	}
 	w.onSchedule = float64(onSchedule.Load()) / (benchProcessesRate * window.Seconds())
 	w.committed, w.late = lr.events, lr.events-onSchedule.Load()
