@@ -35,7 +35,7 @@ func waitLockWait(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	pgtest.WaitFor(t, 10*time.Second, "a consumer session waiting for the position lock", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND application_name LIKE 'pgevents batch %' AND wait_event_type = 'Lock'`) > 0
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`) > 0
 	})
 }
 

@@ -435,8 +435,8 @@ func (m *model) stop(mcon *modelConsumer) {
 func (m *model) crash(mcon *modelConsumer) {
 	var killed string
 	err := m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(application_name || '/' || pid, ' ') FILTER (WHERE pg_terminate_backend(pid)), '')
-		FROM pg_stat_activity WHERE datname = current_database() AND application_name IN ($1, $2)`,
-		mcon.app, store.BatchApplicationName(mcon.c.ReplicaID())).Scan(&killed)
+		FROM pg_stat_activity WHERE datname = current_database() AND (application_name = $1 OR pid IN (SELECT b.pid FROM batch_backends($2) b))`,
+		mcon.app, mcon.c.ReplicaID()).Scan(&killed)
 	if err != nil {
 		m.t.Error(err)
 	}

@@ -106,7 +106,8 @@ func TestConsumerOutlivesItsSessions(t *testing.T) {
 			killed = queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM (`+keysHolder+`) k`, store.WatcherApplicationName(c.ReplicaID()))
 		} else {
 			killed = queryInt(t, pool, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE datname = current_database() AND application_name IN ('victim', $1, $2)`, store.BatchApplicationName(c.ReplicaID()), store.WatcherApplicationName(c.ReplicaID()))
+				WHERE datname = current_database() AND (application_name IN ('victim', $1) OR pid IN (SELECT b.pid FROM batch_backends($2) b))`,
+				store.WatcherApplicationName(c.ReplicaID()), c.ReplicaID())
 		}
 		t.Logf("round %d: %d sessions terminated", round, killed)
 	}

@@ -136,10 +136,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 		return false, err
 	}
 	// The position, the halt record and COMMIT in one round trip.
-	if err := store.CommitBatch(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.c.replicaID, epoch, w.haltRecord); err != nil {
-		if errors.Is(err, store.ErrLeaseLost) {
-			return false, err
-		}
+	if err := store.CommitBatch(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.haltRecord); err != nil {
 		w.last.lost = sessionEnded(err)
 		return false, err
 	}

@@ -103,21 +103,20 @@ WHERE group_id = $1 AND topic_id = $2 AND owner = $3`
 	// still holds the partition's position lock; the new owner's claim
 	// would otherwise wait for that transaction until the server noticed
 	// the dead peer. The lock is an advisory lock (lock_position), found in
-	// pg_locks by its key's halves; and a batch names its owner in
-	// application_name for its duration (store.BatchApplicationName).
-	// Only a backend that is both is ended: the lock may also be held by a
-	// dead-letter replay, an offsets reset or a layout switch, which are not
-	// the stale owner's.
+	// pg_locks by its key's halves; and a batch holds its owner's batch key
+	// for its duration (SQL claim_state, batch_backends). Only a backend
+	// that holds both is ended: the position lock may also be held by a
+	// dead-letter replay, an offsets reset or a layout switch, which are
+	// not the stale owner's.
 	fenceSQL = `WITH k AS (
     SELECT {schema}lock_key('position', $1::text || '/' || $2::integer || '/' || $3::integer) AS key
 )
-SELECT count(pg_terminate_backend(a.pid))
+SELECT count(pg_terminate_backend(l.pid))
 FROM k
 JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
-JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE a.pid <> pg_backend_pid() AND a.application_name = $4`
+WHERE l.pid <> pg_backend_pid() AND l.pid IN (SELECT b.pid FROM {schema}batch_backends($4) b)`
 )
 
 // Owner is told what a Leaser acquires and loses. Its methods are called
@@ -409,7 +408,7 @@ func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
 			// Taken over from a replica whose lease expired: end its
 			// batch, if it still holds the partition's offsets row.
 			var n int
-			if err := l.cfg.DB.QueryRow(ctx, schema.SQL(ctx, fenceSQL), l.cfg.Group, l.cfg.Topic, a.p, store.BatchApplicationName(a.prev)).Scan(&n); err != nil {
+			if err := l.cfg.DB.QueryRow(ctx, schema.SQL(ctx, fenceSQL), l.cfg.Group, l.cfg.Topic, a.p, a.prev).Scan(&n); err != nil {
 				l.log.Warn().Err(err).Int("partition", a.p).Msg("could not fence the previous owner")
 			} else if n > 0 {
 				l.log.Warn().Int("partition", a.p).Str("previous_owner", a.prev).Msg("ended the previous owner's batch")

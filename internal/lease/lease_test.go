@@ -96,8 +96,9 @@ func TestFenceSparesOtherLockers(t *testing.T) {
 		WHERE partition_id IN (0, 1)`); err != nil {
 		t.Fatal(err)
 	}
-	// Partition 0: the stale owner's batch, named as batches name
-	// themselves. Partition 1: an administrator's transaction.
+	// Partition 0: the stale owner's batch, holding the owner's batch key
+	// as batches do. Partition 1: an administrator's transaction, holding
+	// another owner's key.
 	lock := func(p int, name string) *pgxpool.Conn {
 		c, err := pool.Acquire(ctx)
 		if err != nil {
@@ -107,7 +108,7 @@ func TestFenceSparesOtherLockers(t *testing.T) {
 		if _, err := c.Exec(ctx, `BEGIN`); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Exec(ctx, `SELECT set_config('application_name', $1, true)`, name); err != nil {
+		if _, err := c.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(lock_key('batch', $1))`, name); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := c.Exec(ctx, `SELECT lock_position('g', 1, $1)`, p); err != nil {
@@ -115,7 +116,7 @@ func TestFenceSparesOtherLockers(t *testing.T) {
 		}
 		return c
 	}
-	batch := lock(0, store.BatchApplicationName("stale"))
+	batch := lock(0, "stale")
 	admin := lock(1, "consumer dlq replay")
 	o := &owner{acquired: make(chan int, 2)}
 	l, err := NewLeaser(LeaserConfig{DB: pool, Group: "g", Topic: 1, Partitions: 2, ReplicaID: "new", Lease: time.Second, Owner: o})

@@ -93,32 +93,6 @@ SELECT -1, 0, 0, clock_timestamp()`
 	// costs the claim its bound, never its connection.
 	awaitAppendSQL = `SELECT {schema}await_flight($1, $2, $3)`
 
-	// positionExpr is the group's position in the partition: the newest row
-	// of consumer_positions, read from the index's end whatever older rows
-	// an open snapshot keeps.
-	positionExpr = `(SELECT o.next_offset FROM {schema}consumer_positions o
-    WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3 ORDER BY o.seq DESC LIMIT 1)`
-
-	// claimSQL reads up to $4 events from the group's position in the
-	// partition, under the position lock.
-	//
-	// Events stop at the end of the partition in the claimer's layout $5:
-	// its first offset in the next layout, read in the same statement, so in
-	// the same snapshot as the events. A repartition records the next layout
-	// under the topic's append locks, so an event past the cut is never
-	// visible to a claim that does not see the cut.
-	//
-	// %[1]s is the partition's table (PartitionTable): the statement's plan,
-	// even a generic one, touches only that partition's tables, so a batch
-	// locks nothing of other partitions (retention drops their segments
-	// meanwhile), and no routing through the log's partitions is paid.
-	claimSQL = `SELECT ` + eventColumns + `
-FROM {schema}%[1]s m
-WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= ` + positionExpr + `
-  AND m.c_offset < ` + claimCut + `
-ORDER BY m.c_offset
-LIMIT $4`
-
 	// fetchSQL reads the events after offset $3 in the partition: the
 	// continuation of a producer transaction larger than the batch, read in
 	// chunks under the claim's lock. %[1]s is the partition's table.
@@ -129,76 +103,93 @@ ORDER BY m.c_offset
 LIMIT $4`
 
 	// commitSQL moves the group's position past the batch, in the batch's
-	// transaction (invariant 3), if the batch's replica still owns the
-	// partition's lease with the epoch it claimed under (commit_position
-	// raises SQLSTATE PGL01 otherwise), and clears the partition's halt
-	// record when asked. CommitBatch sends it with COMMIT in one round trip:
-	// an error aborts the transaction, and the COMMIT behind it rolls back.
-	// The lease row is not locked: a takeover that commits after this check
-	// cannot have handled anything yet, since its claim waits for this
-	// transaction's position lock.
-	commitSQL = `SELECT {schema}commit_position($1, $2, $3, $4, $5, $6, $7)`
+	// transaction (invariant 3), under the position lock the claim took:
+	// CommitBatch sends it with COMMIT in one round trip (and the removal
+	// of the partition's halt record before it, when asked). The lease is
+	// not checked again: see claimSQL and migration 0021.
+	commitSQL = `INSERT INTO {schema}consumer_positions (group_id, topic_id, partition_id, next_offset) VALUES ($1, $2, $3, $4)`
+)
 
-	// lockPositionSQL opens a batch: it names the batch's owner ($4) in
-	// application_name for the rest of the batch transaction, so that a
-	// replica taking the partition over ends this backend only while it
-	// runs this owner's batch; it makes the claim that follows use its
-	// generic plan (genericPlansExpr), saving the transaction's
-	// plan_cache_mode first, which claimedSQL restores, before any handler
-	// runs; and it takes the group's position lock of the partition for the
-	// rest of the batch transaction (invariants 2 and 3): a second claimer
-	// of the partition waits here, and then reads the position the first
-	// one committed. An advisory lock writes nothing, so a claim that finds
-	// nothing costs no WAL. The statements that read under the lock come
-	// after this one: a statement's snapshot is taken when it starts.
-	lockPositionSQL = `SELECT set_config('application_name', $4, true), ` + genericPlansExpr + `,
-       {schema}lock_position($1, $2, $3)`
+// The claim's statements.
+const (
+	// positionExpr is the group's position in the partition: the newest row
+	// of consumer_positions, read from the index's end whatever older rows
+	// an open snapshot keeps.
+	positionExpr = `(SELECT o.next_offset FROM {schema}consumer_positions o
+    WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = $3 ORDER BY o.seq DESC LIMIT 1)`
+
+	// claimSQL opens a batch in one statement: claim_state (migration 0021)
+	// takes the group's position lock of the partition and the owner's
+	// batch key ($6) for the rest of the transaction, and reads, in a
+	// snapshot taken after them, whether the replica still owns the lease
+	// with epoch $7, whether the group is PAUSED, and the position; the
+	// statement then reads up to $4 events from that position, in its own
+	// snapshot (the migration has the argument). Each row carries the
+	// state and one event; a claim that finds no event (or no lease, or a
+	// pause) returns one row whose event columns are NULL.
+	//
+	// Events stop at the end of the partition in the claimer's layout $5:
+	// its first offset in the next layout, read in the same snapshot as the
+	// events. A repartition records the next layout under the topic's
+	// append locks, so an event past the cut is never visible to a claim
+	// that does not see the cut.
+	//
+	// %[1]s is the partition's table (PartitionTable): the statement's plan
+	// touches only that partition's tables, so a batch locks nothing of
+	// other partitions (retention drops their segments meanwhile), and no
+	// routing through the log's partitions is paid. The position is an
+	// InitPlan's value: the executor runs claim_state (the CTE) before it
+	// reads an event, whatever the join order.
+	//
+	// Plans: the statement runs on its generic plan, which reads the
+	// batch's rows through the index in c_offset order under the LIMIT
+	// whatever the statistics said when it was made (an empty table's
+	// included), and is planned once per connection. A custom plan, which
+	// the server would choose at every execution (its LIMIT is known, so it
+	// looks cheaper), is planned anew each time: a millisecond with a
+	// partition's segments. So a consumer's sessions start with
+	// plan_cache_mode = force_generic_plan (pgevents.NewPoolConfig), and
+	// the claim itself sets it back to auto for the rest of its
+	// transaction: the handlers' statements are planned as in any session.
+	claimSQL = `WITH s AS MATERIALIZED (
+    SELECT c.held, c.paused, c.next_offset, set_config('plan_cache_mode', 'auto', true)
+    FROM {schema}claim_state($1, $2, $3, $6, $7) c
+)
+SELECT s.held, s.paused, s.next_offset, ` + claimEventColumns + `
+FROM s LEFT JOIN (
+    SELECT ` + eventColumns + `
+    FROM {schema}%[1]s m
+    WHERE m.topic_id = $2 AND m.partition_id = $3 AND m.c_offset >= (SELECT s.next_offset FROM s)
+      AND m.c_offset < ` + claimCut + `
+      AND (SELECT s.held AND NOT s.paused FROM s)
+    ORDER BY m.c_offset
+    LIMIT $4
+) e ON true`
+
+	claimEventColumns = `e.c_offset, e.topic_id, e.partition_id, e.event_id, e.host_id, e.user_id,
+       e.transaction_id, e.event_type, e.payload, e.metadata, e.created_at`
+
+	// lockPositionSQL takes the group's position lock of the partition for
+	// the rest of the transaction, as a batch's claim does, for the other
+	// writers of a position (the dead-letter admin); the statements that
+	// read under it come after it: a statement's snapshot is taken when it
+	// starts.
+	lockPositionSQL = `SELECT {schema}lock_position($1, $2, $3)`
 
 	// genericPlansExpr switches the transaction to generic plans
 	// (plan_cache_mode = force_generic_plan, local to the transaction),
-	// keeping the value it replaces in pgevents.plan_cache_mode for
-	// claimedSQL to restore (the nested call saves it first).
-	//
-	// Why: the statements that read a partition compare c_offset with a
-	// value the plan cannot know (the group's position, read in the same
-	// statement). A custom plan, which PostgreSQL's plan cache chooses for
-	// the first five executions of a prepared statement and then whenever
-	// it looks cheaper, guesses a few hundred rows there and may read the
-	// partition's whole backlog from the position and sort it, instead of
-	// reading the batch's rows in index order up to the LIMIT (measured:
-	// 25,000 rows read for a batch of 1,000); it also plans the statement
-	// on every execution, a millisecond with a partition's segments. The
-	// generic plan (a Merge Append of the segments' index scans under the
-	// LIMIT) reads only the rows returned, and is planned once per
+	// for Pending's statement, which compares c_offset with the group's
+	// position read in the same statement: a custom plan, which PostgreSQL
+	// chooses for the first five executions of a prepared statement and
+	// then whenever it looks cheaper, plans it over every segment of every
+	// partition at every poll. The generic plan is planned once per
 	// connection.
-	genericPlansExpr = `set_config('plan_cache_mode',
-    CASE WHEN set_config('pgevents.plan_cache_mode', current_setting('plan_cache_mode'), true) IS NOT NULL
-         THEN 'force_generic_plan' END, true)`
+	genericPlansExpr = `set_config('plan_cache_mode', 'force_generic_plan', true)`
 
 	// genericPlansSQL switches the transaction to generic plans (see
 	// genericPlansExpr), for statements run in an implicit transaction
 	// (a pipeline without BEGIN), whose end restores the setting.
 	genericPlansSQL = `SELECT ` + genericPlansExpr
-
-	// claimedSQL ends the claim's round trip, after the claim (and under
-	// the position lock). It says whether the replica still owns the
-	// lease, so that a replica that lost it stops before running handlers
-	// (the lease row changes only when its owner does, so the lookup does
-	// not grow with a heartbeat's versions); whether the group is PAUSED,
-	// read after the position lock: an operator's pause takes every
-	// position lock of the group before it commits (SetState), so a claim
-	// that follows a pause waits for it and then sees it, and nothing is
-	// handled after the pause returned; and the group's position, which
-	// the lock keeps from moving: where the worker is when the claim found
-	// nothing. It also restores the plan_cache_mode that lockPositionSQL
-	// replaced, so that handlers' statements are planned as the session
-	// says (the claim, bound before, keeps its generic plan).
-	claimedSQL = `SELECT EXISTS (SELECT 1 FROM {schema}partition_leases
-WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3 AND owner = $4 AND epoch = $5),
-       EXISTS (SELECT 1 FROM {schema}subscriptions
-WHERE group_id = $1 AND topic_id = $2 AND state = 'PAUSED'),
-       ` + positionExpr + `,
-       set_config('plan_cache_mode', current_setting('pgevents.plan_cache_mode'), true)`
 
 	// initLeasesSQL creates the free lease rows of the group's partitions.
 	initLeasesSQL = `INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id)
@@ -381,13 +372,6 @@ type Claimed struct {
 // is likely to have.
 const AwaitAppendMax = time.Second
 
-// BatchApplicationName is the application_name of a batch transaction of
-// the replica owner, for the transaction's duration: printable ASCII, at
-// most the 63 bytes the server keeps.
-func BatchApplicationName(owner string) string {
-	return applicationName("pgevents batch " + owner)
-}
-
 // applicationName returns name as the server keeps an application_name:
 // printable ASCII (other bytes become '?'), at most 63 bytes.
 func applicationName(name string) string {
@@ -410,22 +394,21 @@ var ErrPaused = errors.New("offsets: the group is paused")
 
 // Do begins a transaction on db, locks the group's position in the
 // partition for the rest of it, and appends to buf up to c.Limit events
-// from that position, in offset order: BEGIN, the lock, the claim, the
-// parked hosts and the lease's check travel in one round trip, in four
-// statements (five with the parked hosts, and one more first when the
-// claim waits for an append in flight).
+// from that position, in offset order: BEGIN and the claim statement
+// (claimSQL: the lock, the lease's and the pause's checks, the position
+// and the events) travel in one round trip, with the partition's parked
+// hosts after the claim when c.Parked is set, and the wait for an append
+// in flight before it when c.AwaitAppend is.
 func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, error) {
 	var b pgx.Batch
 	b.BeginTx(ReadCommitted)
 	if c.AwaitAppend {
 		b.Queue(schema.SQL(ctx, awaitAppendSQL), c.Topic, c.Partition, AwaitAppendMax.Milliseconds())
 	}
-	b.Queue(schema.SQL(ctx, lockPositionSQL), c.Group, c.Topic, c.Partition, BatchApplicationName(c.Owner))
-	b.Queue(schema.SQL(ctx, c.SQL.claim), c.Group, c.Topic, c.Partition, c.Limit, c.Layout)
+	b.Queue(schema.SQL(ctx, c.SQL.claim), c.Group, c.Topic, c.Partition, c.Limit, c.Layout, c.Owner, c.Epoch)
 	if c.Parked {
 		b.Queue(schema.SQL(ctx, parkedSQL), c.Group, c.Topic, c.Partition)
 	}
-	b.Queue(schema.SQL(ctx, claimedSQL), c.Group, c.Topic, c.Partition, c.Owner, c.Epoch)
 	br := db.SendBatch(ctx, &b)
 	out := Claimed{Tx: br.Tx(), Events: buf}
 	fail := func(err error) (Claimed, error) {
@@ -437,7 +420,7 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 			_ = out.Tx.Conn().Close(context.WithoutCancel(ctx))
 		}
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
-		return Claimed{Events: out.Events}, fmt.Errorf("offsets: claim: %w", err)
+		return Claimed{Events: out.Events[:len(buf)]}, fmt.Errorf("offsets: claim: %w", err)
 	}
 	if _, err := br.Exec(); err != nil { // BEGIN
 		return fail(err)
@@ -447,14 +430,12 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 			return fail(err)
 		}
 	}
-	if _, err := br.Exec(); err != nil { // the batch's name, the position lock
-		return fail(err)
-	}
 	rows, err := br.Query()
 	if err != nil {
 		return fail(err)
 	}
-	if out.Events, err = scanEvents(rows, buf, "claim"); err != nil {
+	var st claimState
+	if st, out.Events, err = scanClaim(rows, buf); err != nil {
 		return fail(err)
 	}
 	if c.Parked {
@@ -476,29 +457,23 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 			return fail(err)
 		}
 	}
-	var held, paused bool
-	var next *int64
-	var restored string
-	if err := br.QueryRow().Scan(&held, &paused, &next, &restored); err != nil {
-		return fail(err)
-	}
 	if err := br.Close(); err != nil {
 		return fail(err)
 	}
-	if !held {
+	if !st.held {
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
 		return Claimed{Events: out.Events[:len(buf)]}, ErrLeaseLost
 	}
-	if paused {
+	if st.paused {
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
 		return Claimed{Events: out.Events[:len(buf)]}, ErrPaused
 	}
 	if len(out.Events) == len(buf) {
 		// Nothing at or after the position: say where the position is.
-		if next == nil {
+		if st.next == nil {
 			return fail(fmt.Errorf("group %q has no position in partition %d: %w", c.Group, c.Partition, ErrNoPosition))
 		}
-		out.Next = *next
+		out.Next = *st.next
 	}
 	return out, nil
 }
@@ -515,17 +490,26 @@ func Fetch(ctx context.Context, q schema.DB, ps *PartitionSQL, topic, partition 
 }
 
 // CommitBatch sets the group's position in the partition to next and
-// commits tx, in one round trip, if owner still holds the partition's lease
-// with epoch; unhalt also clears the partition's halt record. When the
-// lease is lost it returns ErrLeaseLost, with tx aborted: the caller rolls
-// it back. Once CommitBatch returned nil, tx is committed although the
-// pgx.Tx does not know it: do not call its Commit or Rollback.
-func CommitBatch(ctx context.Context, tx pgx.Tx, group string, topic, partition int, next int64, owner string, epoch int64, unhalt bool) error {
+// commits tx, in one round trip, under the position lock the claim took;
+// unhalt also clears the partition's halt record (a statement more, in the
+// same round trip). The lease is not checked again (see commitSQL). Once
+// CommitBatch returned nil, tx is committed although the pgx.Tx does not
+// know it: do not call its Commit or Rollback. On an error tx is aborted
+// or gone: the caller rolls it back.
+func CommitBatch(ctx context.Context, tx pgx.Tx, group string, topic, partition int, next int64, unhalt bool) error {
 	var b pgx.Batch
-	b.Queue(schema.SQL(ctx, commitSQL), group, topic, partition, next, owner, epoch, unhalt)
+	if unhalt {
+		b.Queue(schema.SQL(ctx, unhaltSQL), group, topic, partition)
+	}
+	b.Queue(schema.SQL(ctx, commitSQL), group, topic, partition, next)
 	b.Queue("COMMIT")
 	br := tx.Conn().SendBatch(ctx, &b)
-	_, err := br.Exec()
+	var err error
+	for range b.Len() - 1 {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
 	if err == nil {
 		var tag pgconn.CommandTag
 		tag, err = br.Exec()
@@ -535,10 +519,6 @@ func CommitBatch(ctx context.Context, tx pgx.Tx, group string, topic, partition 
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == LeaseLostCode {
-		return ErrLeaseLost
 	}
 	if err != nil {
 		return fmt.Errorf("offsets: commit: %w", err)

@@ -67,7 +67,7 @@ func TestClaimPlanSurvivesGrowth(t *testing.T) {
 	}
 	ps := ForPartition(1, 0)
 	stmts := map[string]string{"claim_stmt": schema.SQL(ctx, ps.claim), "fetch_stmt": schema.SQL(ctx, ps.fetch)}
-	args := map[string]string{"claim_stmt": `('g', 1, 0, 11, 1)`, "fetch_stmt": `(1, 0, 0, 11, 9223372036854775807)`}
+	args := map[string]string{"claim_stmt": `('g', 1, 0, 11, 1, '', 0)`, "fetch_stmt": `(1, 0, 0, 11, 9223372036854775807)`}
 	for name, sql := range stmts {
 		if _, err := conn.Prepare(ctx, name, sql); err != nil {
 			t.Fatal(err)
@@ -93,6 +93,39 @@ func TestClaimPlanSurvivesGrowth(t *testing.T) {
 		if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "Index Scan using outbox_message_t_1_p0_0_") {
 			t.Fatalf("%s: the generic plan made on an empty table does not read through the index:\n%s", name, plan)
 		}
+	}
+	// On a consumer's session (pgevents.NewPoolConfig's settings: generic
+	// plans), claims run on the generic plan, planned once, and leave the
+	// rest of their transaction (the handlers) on plan_cache_mode auto.
+	pc, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	c, err := pgx.ConnectConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	for i := range 20 {
+		cl, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 10, Layout: 1, SQL: ps}.Do(ctx, c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mode string
+		if err := cl.Tx.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode); err != nil || mode != "auto" {
+			t.Fatalf("claim %d: the handlers would run with plan_cache_mode %q (%v), want auto", i, mode, err)
+		}
+		if err := cl.Tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var generic, custom int64
+	if err := c.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE 'WITH s AS MATERIALIZED%'`).Scan(&generic, &custom); err != nil {
+		t.Fatal(err)
+	}
+	if generic != 20 || custom != 0 {
+		t.Fatalf("20 claims on a consumer's session ran on %d generic and %d custom plans, want 20 generic", generic, custom)
 	}
 }
 
@@ -142,7 +175,7 @@ func TestClaimOrdersCompetingClaimers(t *testing.T) {
 			AND wait_event_type = 'Lock'`).Scan(&waiting)
 		return waiting == 1
 	})
-	if err := CommitBatch(ctx, tx1, "g", 1, 0, evs1[3].Offset+1, "", 0, false); err != nil {
+	if err := CommitBatch(ctx, tx1, "g", 1, 0, evs1[3].Offset+1, false); err != nil {
 		t.Fatal(err)
 	}
 	evs2 := <-second
@@ -151,27 +184,47 @@ func TestClaimOrdersCompetingClaimers(t *testing.T) {
 	}
 }
 
-func TestCommitWithoutLeaseFails(t *testing.T) {
+// TestClaimWithoutLeaseHandlesNothing: a claim under a lease the replica
+// does not own (another replica's, or an older epoch) returns
+// ErrLeaseLost and no event, and a claim while the group is PAUSED
+// returns ErrPaused; neither leaves the transaction open or writes a
+// position.
+func TestClaimWithoutLeaseHandlesNothing(t *testing.T) {
 	t.Parallel()
 	ctx, url := setup(t, 1)
 	pool := pgtest.Pool(t, url)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
+	if _, err := pool.Exec(ctx, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h', 'event_type', 't'))
+		FROM generate_series(1, 3)))`); err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
+	if err := Init(ctx, pool, "g", 1, []int{0}); err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if err := CommitBatch(ctx, tx, "nobody", 1, 0, 5, "me", 1, false); !errors.Is(err, ErrLeaseLost) {
-		t.Fatalf("CommitBatch without a position or lease = %v, want ErrLeaseLost", err)
+	if _, err := pool.Exec(ctx, `UPDATE partition_leases SET owner = 'other', epoch = 3 WHERE group_id = 'g'`); err != nil {
+		t.Fatal(err)
 	}
-	_ = tx.Rollback(ctx)
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM consumer_positions`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d positions written without a lease (%v)", n, err)
+	ps := ForPartition(1, 0)
+	for _, c := range []Claim{
+		{Group: "g", Topic: 1, Partition: 0, Limit: 10, Layout: 1, SQL: ps, Owner: "me", Epoch: 3},
+		{Group: "g", Topic: 1, Partition: 0, Limit: 10, Layout: 1, SQL: ps, Owner: "other", Epoch: 2},
+	} {
+		got, err := c.Do(ctx, pool, nil)
+		if !errors.Is(err, ErrLeaseLost) || len(got.Events) != 0 {
+			t.Errorf("claim as %s epoch %d under other's lease of epoch 3: %d events, %v; want none and ErrLeaseLost", c.Owner, c.Epoch, len(got.Events), err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO subscriptions (group_id, topic_id, state) VALUES ('g', 1, 'PAUSED')
+		ON CONFLICT (group_id, topic_id) DO UPDATE SET state = 'PAUSED'`); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Claim{Group: "g", Topic: 1, Partition: 0, Limit: 10, Layout: 1, SQL: ps, Owner: "other", Epoch: 3}.Do(ctx, pool, nil)
+	if !errors.Is(err, ErrPaused) || len(got.Events) != 0 {
+		t.Errorf("claim under the lease while the group is PAUSED: %d events, %v; want none and ErrPaused", len(got.Events), err)
+	}
+	var n, idle int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM consumer_positions WHERE next_offset > 1),
+		(SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%')`).Scan(&n, &idle); err != nil || n != 0 || idle != 0 {
+		t.Fatalf("%d positions moved, %d transactions left open (%v)", n, idle, err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -113,7 +114,11 @@ type eventFormats struct {
 // types, fixed-size ones in the binary format, and returns the formats of
 // the others.
 func fastEvents(rows pgx.Rows) (eventFormats, bool) {
-	fds := rows.FieldDescriptions()
+	return eventFormatsOf(rows.FieldDescriptions())
+}
+
+// eventFormatsOf is fastEvents on the columns fds.
+func eventFormatsOf(fds []pgconn.FieldDescription) (eventFormats, bool) {
 	if len(fds) != len(eventColumnTypes) {
 		return eventFormats{}, false
 	}
@@ -198,4 +203,96 @@ func scanEventsGeneric(rows pgx.Rows, buf []Event, op string) ([]Event, error) {
 		return buf, fmt.Errorf("offsets: %s: %w", op, err)
 	}
 	return buf, nil
+}
+
+// claimState is the state a claim statement's rows carry (claimSQL): the
+// lease held, the group paused, the position (nil: none).
+type claimState struct {
+	held, paused bool
+	next         *int64
+}
+
+// scanClaim reads the rows of a claim statement: each carries the claim's
+// state, then an event's columns (NULL when the claim found none); the
+// events are appended to buf.
+func scanClaim(rows pgx.Rows, buf []Event) (claimState, []Event, error) {
+	defer rows.Close()
+	var st claimState
+	fds := rows.FieldDescriptions()
+	fast := len(fds) == 3+len(eventColumnTypes) && fds[0].DataTypeOID == pgtype.BoolOID && fds[1].DataTypeOID == pgtype.BoolOID &&
+		fds[2].DataTypeOID == pgtype.Int8OID && fds[0].Format == pgx.BinaryFormatCode && fds[1].Format == pgx.BinaryFormatCode &&
+		fds[2].Format == pgx.BinaryFormatCode
+	var f eventFormats
+	if fast {
+		f, fast = eventFormatsOf(fds[3:])
+	}
+	if !fast {
+		return scanClaimGeneric(rows, buf)
+	}
+	var a arena
+	first := true
+	for rows.Next() {
+		vals := rows.RawValues()
+		if first {
+			first = false
+			if len(vals[0]) != 1 || len(vals[1]) != 1 || vals[2] != nil && len(vals[2]) != 8 {
+				return st, buf, fmt.Errorf("offsets: claim: unexpected binary lengths")
+			}
+			st.held, st.paused = vals[0][0] != 0, vals[1][0] != 0
+			if vals[2] != nil {
+				n := int64(binary.BigEndian.Uint64(vals[2]))
+				st.next = &n
+			}
+		}
+		if vals[3] == nil {
+			continue // no event
+		}
+		buf = append(buf, Event{})
+		if err := a.decodeEvent(vals[3:], f, &buf[len(buf)-1]); err != nil {
+			return st, buf[:len(buf)-1], fmt.Errorf("offsets: claim: %w", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return st, buf, fmt.Errorf("offsets: claim: %w", err)
+	}
+	return st, buf, nil
+}
+
+// scanClaimGeneric is scanClaim through pgx's scanning, for rows in other
+// formats than expected.
+func scanClaimGeneric(rows pgx.Rows, buf []Event) (claimState, []Event, error) {
+	var st claimState
+	first := true
+	for rows.Next() {
+		var (
+			held, paused bool
+			next, offset *int64
+			topic, part  *int32
+			txid         *int64
+			eventID      *string
+			host, user   *string
+			typ          *string
+			payload, md  []byte
+			created      *time.Time
+		)
+		if err := rows.Scan(&held, &paused, &next, &offset, &topic, &part, &eventID, &host, &user, &txid, &typ, &payload, &md, &created); err != nil {
+			return st, buf, fmt.Errorf("offsets: claim: %w", err)
+		}
+		if first {
+			first = false
+			st.held, st.paused, st.next = held, paused, next
+		}
+		if offset == nil {
+			continue
+		}
+		if topic == nil || part == nil || eventID == nil || host == nil || user == nil || txid == nil || typ == nil || created == nil {
+			return st, buf, fmt.Errorf("offsets: claim: an event column is NULL")
+		}
+		buf = append(buf, Event{Offset: *offset, TopicID: int(*topic), PartitionID: int(*part), EventID: *eventID, HostID: *host,
+			UserID: *user, TransactionID: *txid, EventType: *typ, Payload: payload, Metadata: md, CreatedAt: *created})
+	}
+	if err := rows.Err(); err != nil {
+		return st, buf, fmt.Errorf("offsets: claim: %w", err)
+	}
+	return st, buf, nil
 }

@@ -276,7 +276,7 @@ func SetState(ctx context.Context, db schema.DB, group string, topic int, to str
 	if to != StateActive {
 		// Wait for the group's batches in flight, and keep new claims out
 		// until the state commits: a claim reads the state after its
-		// position lock (claimedSQL), so once this returns no batch of
+		// position lock (claim_state), so once this returns no batch of
 		// the group commits anything.
 		if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic); err != nil {
 			return prev, fmt.Errorf("set state: wait for the group's batches: %w", err)

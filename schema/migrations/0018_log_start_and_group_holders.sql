@@ -56,6 +56,22 @@ CREATE TABLE group_holders (
     held_at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
+-- batch_backends returns the server processes that run a batch of replica
+-- p_owner: a batch holds the owner's batch key (lock_key 'batch', shared)
+-- from its claim to its end (claim_state, migration 0021), so that a
+-- takeover can end the batch of a replica that lost its lease while frozen
+-- or cut off, and nothing else of that replica's.
+CREATE FUNCTION batch_backends(p_owner text) RETURNS TABLE (pid integer)
+LANGUAGE sql STABLE STRICT
+BEGIN ATOMIC
+    SELECT l.pid
+      FROM (SELECT lock_key('batch', p_owner) AS key) k
+      JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+       AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+       AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
+     WHERE l.pid <> pg_backend_pid();
+END;
+
 -- group_holder returns who holds group p_group's name while a session
 -- holds its holder key (NULL otherwise): as group_holders describes it, or
 -- by the session's application_name while the description is not
@@ -112,11 +128,9 @@ BEGIN
     -- The replicas that own leases are not live: a batch one of them still
     -- runs (frozen, or cut off) is ended, as a takeover ends it
     -- (internal/lease's fence), and their leases are freed.
-    PERFORM pg_terminate_backend(a.pid)
-       FROM pg_stat_activity a
-      WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-        AND a.application_name IN (SELECT left('pgevents batch ' || l.owner, 63)
-                                     FROM partition_leases l WHERE l.group_id = p_group AND l.owner <> '');
+    PERFORM pg_terminate_backend(b.pid)
+       FROM (SELECT DISTINCT l.owner FROM partition_leases l WHERE l.group_id = p_group AND l.owner <> '') o
+      CROSS JOIN LATERAL batch_backends(o.owner) b;
     UPDATE partition_leases l SET owner = '' WHERE l.group_id = p_group AND l.owner <> '';
     IF NOT p_session THEN
         RETURN;

@@ -98,8 +98,9 @@ FROM consumer_offsets o WHERE o.group_id = $1 AND o.topic_id = $3`
 // benchConsumerSessionsSQL lists the server sessions of the consumer
 // processes: the client backends of the database but the bench's own
 // (its monitoring pool, pgevents-bench, and its producers, bench-*).
-// A batch renames its session for the transaction, so sessions are told
-// by what they are not.
+// Sessions are told by what they are not: the consumer processes' pools
+// name theirs pgevents-consumer, but their listeners and watchers name
+// theirs otherwise.
 const benchConsumerSessionsSQL = `SELECT pid FROM pg_stat_activity
 WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()
   AND application_name <> 'pgevents-bench' AND application_name NOT LIKE 'bench-%'`
