@@ -119,6 +119,19 @@ JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
 WHERE l.pid <> pg_backend_pid() AND l.pid IN (SELECT b.pid FROM {schema}batch_backends($4) b)`
 )
 
+// Fence ends the batch that replica prev runs on partition of group's
+// topic, if it still holds the partition's position lock (see fenceSQL),
+// and returns how many server processes it ended: what a replica that
+// takes a partition over from prev does first, so that prev's batch,
+// frozen or cut off, commits nothing and its claim does not wait.
+func Fence(ctx context.Context, db schema.DB, group string, topic, partition int, prev string) (int, error) {
+	var n int
+	if err := db.QueryRow(ctx, schema.SQL(ctx, fenceSQL), group, topic, partition, prev).Scan(&n); err != nil {
+		return 0, fmt.Errorf("partition: fence %s: %w", prev, err)
+	}
+	return n, nil
+}
+
 // Owner is told what a Leaser acquires and loses. Its methods are called
 // from the Leaser's goroutine and must not block.
 type Owner interface {
@@ -407,8 +420,7 @@ func (l *Leaser) acquire(ctx context.Context, want []int, n int) error {
 		if a.prev != "" && a.prev != l.cfg.ReplicaID {
 			// Taken over from a replica whose lease expired: end its
 			// batch, if it still holds the partition's offsets row.
-			var n int
-			if err := l.cfg.DB.QueryRow(ctx, schema.SQL(ctx, fenceSQL), l.cfg.Group, l.cfg.Topic, a.p, a.prev).Scan(&n); err != nil {
+			if n, err := Fence(ctx, l.cfg.DB, l.cfg.Group, l.cfg.Topic, a.p, a.prev); err != nil {
 				l.log.Warn().Err(err).Int("partition", a.p).Msg("could not fence the previous owner")
 			} else if n > 0 {
 				l.log.Warn().Int("partition", a.p).Str("previous_owner", a.prev).Msg("ended the previous owner's batch")

@@ -129,7 +129,9 @@ LEFT JOIN pg_stat_activity a ON a.pid = l.pid`
 	endHolderSQL = `SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a
 WHERE a.pid = $1 AND a.application_name = $2`
 
-	// announceSQL reads, for each partition in $2, its tail: the highest
+	// announceSQL reads, when $5, the topic's appends counter first (as
+	// appendsSQL, in a CTE the rest of the statement reads after it: NULL
+	// when $5 is false), and for each partition in $2, its tail: the highest
 	// offset committed there (0 for none), and whether an append is in
 	// flight there: one holds the partition's flight key (SQL mark_flight),
 	// which it takes shared when it starts and holds to commit. One index
@@ -147,12 +149,20 @@ WHERE a.pid = $1 AND a.application_name = $2`
 	// transaction commits, and names only tails its snapshot shows, so it
 	// never announces an event a consumer cannot read. Past 7,000 bytes it
 	// names every partition ("<topic>:*"), as notify_sleepers does.
-	announceSQL = `WITH t AS MATERIALIZED (
+	//
+	// The counter and the tails are read in one statement: the tails in the
+	// statement's snapshot, taken before the counter. An append counted
+	// here that committed after the snapshot is not among the tails: the
+	// counter moved, so the watcher reads the tails again at its next
+	// looks (settle), in later snapshots, which show its commit.
+	announceSQL = `WITH a AS MATERIALIZED (
+    SELECT CASE WHEN $5 THEN (SELECT pg_sequence_last_value(c.appends) FROM {schema}log_counter c WHERE c.topic_id = $1) END AS appends
+), t AS MATERIALIZED (
     SELECT u.i, u.p, u.known,
            coalesce((SELECT pt.c_offset FROM {schema}partition_tails pt
                       WHERE pt.topic_id = $1 AND pt.partition_id = u.p ORDER BY pt.c_offset DESC LIMIT 1), 0) AS tail,
            CASE WHEN pg_try_advisory_lock(k.key) THEN NOT pg_advisory_unlock(k.key) ELSE true END AS flight
-    FROM unnest($2::integer[], $3::bigint[]) WITH ORDINALITY AS u(p, known, i)
+    FROM a CROSS JOIN unnest($2::integer[], $3::bigint[]) WITH ORDINALITY AS u(p, known, i)
     CROSS JOIN LATERAL (SELECT {schema}lock_key('flight', $1::integer || '/' || u.p) AS key) k
 ), n AS MATERIALIZED (
     SELECT pg_notify($4, CASE WHEN length(m.msg) > 7000 THEN $1::integer || ':*' ELSE m.msg END)
@@ -162,7 +172,7 @@ WHERE a.pid = $1 AND a.application_name = $2`
     WHERE m.msg IS NOT NULL
       AND CASE WHEN pg_try_advisory_lock(f.key) THEN NOT pg_advisory_unlock(f.key) ELSE true END
 )
-SELECT t.tail, t.flight, (SELECT count(*) FROM n) FROM t ORDER BY t.i`
+SELECT t.tail, t.flight, (SELECT count(*) FROM n), (SELECT a.appends FROM a) FROM t ORDER BY t.i`
 )
 
 // WatcherApplicationName returns the application_name of the session of
@@ -254,7 +264,7 @@ func Watchers(ctx context.Context, db schema.DB, topic int) (string, int, error)
 	return *elected, waiting, nil
 }
 
-// Look is what the elected watcher reads (Watch) in one round trip.
+// Look is what the elected watcher reads (Watch) in one statement.
 type Look struct {
 	// Topic and Partitions name the partitions whose tails are read.
 	Topic      int
@@ -265,7 +275,8 @@ type Look struct {
 	Known []int64
 	// Channel is the topic's notification channel.
 	Channel string
-	// Counter asks for the topic's appends counter too, read first.
+	// Counter asks for the topic's appends counter too, read before the
+	// partitions' flight keys.
 	Counter bool
 }
 
@@ -277,40 +288,26 @@ type Seen struct {
 	Tails []Tail
 }
 
-// Watch reads the appends counter, and reads (and announces) the tails of
-// l.Partitions, in one round trip: each in a statement of its own, so that
-// the tails are read in a snapshot taken after the counter.
+// Watch reads the appends counter (when l.Counter), and reads (and
+// announces) the tails of l.Partitions, in one statement (announceSQL).
 func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
-	var b pgx.Batch
-	if l.Counter {
-		b.Queue(schema.SQL(ctx, appendsSQL), l.Topic)
-	}
-	b.Queue(schema.SQL(ctx, announceSQL), l.Topic, l.Partitions, l.Known, l.Channel)
-	br := db.SendBatch(ctx, &b)
-	defer br.Close()
-	out := Seen{Appends: -1}
-	if l.Counter {
-		var n *int64
-		if err := br.QueryRow().Scan(&n); err != nil {
-			return out, fmt.Errorf("offsets: appends counter: %w", err)
-		}
-		if n != nil {
-			out.Appends = *n
-		}
-	}
-	rows, err := br.Query()
+	rows, err := db.Query(ctx, schema.SQL(ctx, announceSQL), l.Topic, l.Partitions, l.Known, l.Channel, l.Counter)
 	if err != nil {
-		return out, fmt.Errorf("offsets: tails: %w", err)
+		return Seen{Appends: -1}, fmt.Errorf("offsets: tails: %w", err)
 	}
-	var t Tail
-	var sent int64 // notifications sent: the column makes the statement run the notification's CTE
-	if _, err := pgx.ForEachRow(rows, []any{&t.Offset, &t.InFlight, &sent}, func() error {
+	out := Seen{Appends: -1}
+	var (
+		t       Tail
+		sent    int64  // notifications sent: the column makes the statement run the notification's CTE
+		appends *int64 // the counter, the same on every row
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&t.Offset, &t.InFlight, &sent, &appends}, func() error {
 		out.Tails = append(out.Tails, t)
+		if appends != nil {
+			out.Appends = *appends
+		}
 		return nil
 	}); err != nil {
-		return out, fmt.Errorf("offsets: tails: %w", err)
-	}
-	if err := br.Close(); err != nil {
 		return out, fmt.Errorf("offsets: tails: %w", err)
 	}
 	if len(out.Tails) != len(l.Partitions) {
