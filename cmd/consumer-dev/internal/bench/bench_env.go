@@ -2,9 +2,9 @@ package bench
 
 import (
 	"context"
-	"maps"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
