@@ -84,10 +84,12 @@ DECLARE
     session text;
     d text;
 BEGIN
+    -- The holder's key is exclusive; a replica's registration holds it
+    -- shared for an instant (register_replica), which is not a holder.
     SELECT coalesce(nullif(a.application_name, ''), 'backend ' || l.pid) INTO session
       FROM pg_locks l
       LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
        AND l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid
      LIMIT 1;
@@ -137,7 +139,7 @@ BEGIN
     END IF;
     SELECT true INTO mine
       FROM pg_locks l
-     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid = pg_backend_pid()
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid()
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
        AND l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid
      LIMIT 1;
@@ -159,7 +161,8 @@ DECLARE
     k bigint := lock_key('group-holder', p_group);
 BEGIN
     WHILE EXISTS (SELECT 1 FROM pg_locks l
-                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid = pg_backend_pid()
+                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock'
+                     AND l.pid = pg_backend_pid()
                      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                      AND l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid) LOOP
         PERFORM pg_advisory_unlock(k);
