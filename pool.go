@@ -46,9 +46,8 @@ func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 // stuck on a vanished server fails instead of hanging), application_name
 // "pgevents-consumer", the session timeouts of opts, server-side TCP
 // keepalive and user timeout so that the server notices a dead consumer
-// too, synchronous_commit off (see below why it keeps exactly-once), jit
-// off and plan_cache_mode force_generic_plan (a batch's handlers run with
-// auto), each unless the URL sets it. Set MaxConns to PoolSize of the
+// too, synchronous_commit off (see below why it keeps exactly-once) and jit
+// off, each unless the URL sets it. Set MaxConns to PoolSize of the
 // partitions served before creating the pool.
 func NewPoolConfig(url string, opts PoolOptions) (*pgxpool.Config, error) {
 	pc, err := pgxpool.ParseConfig(url)
@@ -76,14 +75,6 @@ func NewPoolConfig(url string, opts PoolOptions) (*pgxpool.Config, error) {
 		// default above a cost estimate) would add a second or more to
 		// the few whose estimates are inflated, such as the status query.
 		"jit": "off",
-		// pgevents' statements run on their generic plans, planned once
-		// per connection: the claim's custom plan would be planned at
-		// every batch (a millisecond with a partition's segments), and
-		// its generic plan reads through the index even when made on an
-		// empty table (internal/store's claim). The claim sets the mode
-		// back to auto for the rest of its transaction, so the handlers'
-		// statements are planned as in any session.
-		"plan_cache_mode": "force_generic_plan",
 	}
 	for param, d := range map[string]time.Duration{
 		"statement_timeout":                   cmp.Or(opts.StatementTimeout, DefaultStatementTimeout),

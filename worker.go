@@ -201,6 +201,11 @@ func (w *worker) batchConn(ctx context.Context) (*pgxpool.Conn, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
+	// Once per session: the claim's generic plan (store.ReadySession).
+	if err := store.ReadySession(ctx, conn.Conn()); err != nil {
+		conn.Release()
+		return nil, false, err
+	}
 	if !w.lr.pin {
 		return conn, false, nil
 	}

@@ -147,10 +147,11 @@ const (
 	// included), and is planned once per connection. A custom plan, which
 	// the server would choose at every execution (its LIMIT is known, so it
 	// looks cheaper), is planned anew each time: a millisecond with a
-	// partition's segments. So a consumer's sessions start with
-	// plan_cache_mode = force_generic_plan (pgevents.NewPoolConfig), and
-	// the claim itself sets it back to auto for the rest of its
-	// transaction: the handlers' statements are planned as in any session.
+	// partition's segments. So a session is readied once, before its first
+	// batch (ReadySession: plan_cache_mode = force_generic_plan for the
+	// session), and the claim sets the mode back to auto for the rest of
+	// its transaction: the handlers' statements are planned as in any
+	// session.
 	claimSQL = `WITH s AS MATERIALIZED (
     SELECT c.held, c.paused, c.next_offset, set_config('plan_cache_mode', 'auto', true)
     FROM {schema}claim_state($1, $2, $3, $6, $7) c
@@ -227,6 +228,31 @@ func ForPartition(topic, partition int) *PartitionSQL {
 		deadLetter: fmt.Sprintf(writeDeadLetterSQL, t),
 		park:       fmt.Sprintf(parkEventsSQL, t),
 	}
+}
+
+// readySQL readies a session for batches (ReadySession): pgevents'
+// statements on it run on their generic plans (claimSQL says why).
+const readySQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', false)`
+
+// readyKey marks, in a connection's CustomData, a session ReadySession
+// readied.
+const readyKey = "pgevents.ready"
+
+// ReadySession readies conn's session for batches, once per session (the
+// connection remembers it): plan_cache_mode = force_generic_plan for the
+// session, outside any transaction, so that the claim runs on its generic
+// plan (see claimSQL); the claim gives its transaction's handlers auto
+// back. Call it on an idle connection before its first batch.
+func ReadySession(ctx context.Context, conn *pgx.Conn) error {
+	cd := conn.PgConn().CustomData()
+	if cd[readyKey] != nil {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, readySQL); err != nil {
+		return fmt.Errorf("offsets: ready the session: %w", err)
+	}
+	cd[readyKey] = true
+	return nil
 }
 
 // Init creates the group's positions for partitions of topic that it has

@@ -195,9 +195,9 @@ func TestClaimWithoutLeaseHandlesNothing(t *testing.T) {
 	}
 }
 
-// TestStatementsUseGenericPlans: on a consumer's session
-// (pgevents.NewPoolConfig starts it with plan_cache_mode
-// force_generic_plan), the claim and the poll run on their generic plans
+// TestStatementsUseGenericPlans: on a session readied for batches
+// (ReadySession: plan_cache_mode force_generic_plan), the claim and the
+// poll run on their generic plans
 // from the first execution (a custom plan of the claim, which PostgreSQL
 // tries for the first five executions and whenever it looks cheaper, is
 // planned anew at every batch, and once read and sorted the partition's
@@ -215,18 +215,16 @@ func TestStatementsUseGenericPlans(t *testing.T) {
 	if err := Init(ctx, admin, "g", 1, []int{0}); err != nil {
 		t.Fatal(err)
 	}
-	pc, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-	conn, err := pgx.ConnectConfig(ctx, pc)
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
 	// Function calls are counted (pg_stat_xact_user_functions).
 	if _, err := conn.Exec(ctx, `SET track_functions = 'all'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReadySession(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
 	ps := ForPartition(1, 0)
