@@ -129,12 +129,14 @@ func TestKafkaRelayAcceptance(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Rollback(ctx) //nolint:errcheck // on failure
-	// A batch's session is named after its owner, whose replica id holds
-	// the process id.
+	// A batch holds its owner's batch key (batch_backends), and the
+	// owner's replica id holds the process id.
 	victim := -1
 	pgtest.WaitFor(t, 20*time.Second, "a process waiting to commit a relayed batch", func() bool {
-		rows, err := pool.Query(ctx, `SELECT application_name FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%commit_position%'`)
+		rows, err := pool.Query(ctx, `SELECT r.replica_id FROM consumer_replicas r
+			WHERE EXISTS (SELECT 1 FROM pg_stat_activity a
+			               WHERE a.wait_event_type = 'Lock' AND a.query LIKE '%INSERT INTO%consumer_positions%'
+			                 AND a.pid IN (SELECT b.pid FROM batch_backends(r.replica_id) b))`)
 		if err != nil {
 			t.Fatal(err)
 		}
