@@ -131,7 +131,7 @@ func TestKafkaRelayAcceptance(t *testing.T) {
 	defer lock.Rollback(ctx) //nolint:errcheck // on failure
 	// A batch holds its owner's batch key (batch_backends), and the
 	// owner's replica id holds the process id.
-	victim := -1
+	victim, victimReplica := -1, ""
 	pgtest.WaitFor(t, 20*time.Second, "a process waiting to commit a relayed batch", func() bool {
 		rows, err := pool.Query(ctx, `SELECT r.replica_id FROM consumer_replicas r
 			WHERE EXISTS (SELECT 1 FROM pg_stat_activity a
@@ -147,7 +147,7 @@ func TestKafkaRelayAcceptance(t *testing.T) {
 		for _, name := range names {
 			for i, p := range procs {
 				if strings.Contains(name, fmt.Sprintf("-%d-", p.cmd.Process.Pid)) {
-					victim = i
+					victim, victimReplica = i, name
 					return true
 				}
 			}
@@ -161,8 +161,9 @@ func TestKafkaRelayAcceptance(t *testing.T) {
 	// The machine went with the process: its sessions end too. (A session
 	// of a process killed alone would still run the COMMIT the batch sent
 	// with its position, once the lock is released.)
-	eventtest.Exec(t, pool, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1`,
-		fmt.Sprintf("%%-%d-%%", procs[victim].cmd.Process.Pid))
+	eventtest.Exec(t, pool, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name LIKE $1 OR pid IN (SELECT b.pid FROM batch_backends($2) b)`,
+		fmt.Sprintf("%%-%d-%%", procs[victim].cmd.Process.Pid), victimReplica)
 	if err := lock.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
