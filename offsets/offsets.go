@@ -342,7 +342,7 @@ type Watcher struct {
 // Watchers returns the topic's elected watcher and how many wait for its
 // key.
 func Watchers(ctx context.Context, db schema.DB, topic int) (Watcher, error) {
-	s, n, err := store.Watchers(ctx, db, topic)
+	s, n, err := store.RoleSessions(ctx, db, store.RoleWatcher, topic)
 	return Watcher{Session: s, Waiting: n}, err
 }
 
