@@ -171,14 +171,17 @@ type Position struct {
 	// LogEnd is the highest offset of the partition; 0 when it holds no
 	// event.
 	LogEnd int64
-	// Lag counts the partition's events at or after Next, up to the cap
-	// given to Positions; 0 without a position.
+	// Lag counts the partition's events at or after Next (for a sequenced
+	// topic, with the events staged for the partition that no tick has
+	// moved into the log yet), up to the cap given to Positions; 0 without
+	// a position.
 	Lag int64
 	// LagCapped says that counting stopped at the cap: the lag is at least
 	// Lag.
 	LagCapped bool
 	// LagTime is the database clock minus the append time of the first
-	// event at or after Next; 0 when there is none.
+	// event at or after Next (or of the oldest staged one, when older); 0
+	// when there is none.
 	LagTime time.Duration
 }
 

@@ -61,8 +61,17 @@ WHERE a.pid <> pg_backend_pid()`
 
 	// roleSessionsSQL names the session that holds role $2's key of topic
 	// $1 (NULL: none), and counts the sessions waiting for it.
-	roleSessionsSQL = `SELECT max(a.application_name) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted)
-FROM (SELECT {schema}lock_key($2, $1::integer::text) AS key) k
+	roleSessionsSQL = roleSessionsHead + `$2, $1` + roleSessionsTail
+
+	// SequencerSessionsSQL is roleSessionsSQL of the sequencer of topic $2,
+	// for the status statements, as a query of one row (holder, waiting);
+	// it reads no lock unless the topic is sequenced.
+	SequencerSessionsSQL = roleSessionsHead + `'sequencer', $2` + roleSessionsTail + `
+WHERE EXISTS (SELECT 1 FROM {schema}sequencer_ticks q WHERE q.topic_id = $2)`
+
+	roleSessionsHead = `SELECT max(a.application_name) FILTER (WHERE l.granted) AS holder, count(*) FILTER (WHERE NOT l.granted) AS waiting
+FROM (SELECT {schema}lock_key(`
+	roleSessionsTail = `::integer::text) AS key) k
 JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
