@@ -422,14 +422,20 @@ func (c *Consumer) pollNow(source WakeSource) {
 // asks for it: an operator's resume, unhalt or reset, and a layout switch,
 // send one at their commit (store.NotifyEligible), so that the next event
 // is handled within milliseconds of the command, not at the next
-// heartbeat or check. It never blocks.
+// heartbeat or check. The subscription's loop does the reading, at most
+// once per recheckEvery: such notifications also come with every look of
+// a watcher that names too many partitions for one payload. It never
+// blocks.
 func (c *Consumer) recheck() {
 	select {
 	case c.rechecks <- struct{}{}:
 	default:
 	}
-	c.haltChecks.fire()
 }
+
+// recheckEvery is the least time between two rechecks of a consumer: a
+// recheck asked for meanwhile waits for it, and is not lost.
+const recheckEvery = 10 * time.Millisecond
 
 // broadcast wakes every goroutine that waits on it, at once.
 type broadcast struct {

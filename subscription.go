@@ -29,15 +29,22 @@ func (c *Consumer) subscription(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-c.rechecks:
+			// The halted workers read their records, and the state is
+			// read here (the heartbeat reads it too, when this fails).
+			c.haltChecks.fire()
 			state, err := store.SubscriptionState(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
-			if err != nil {
-				continue // the heartbeat reads it too
-			}
-			if state == store.StateCancelled {
+			if err == nil && state == store.StateCancelled {
 				c.log.Error().Msg("the group's subscription was cancelled: stopping")
 				return ErrSubscriptionCancelled
 			}
-			c.setState(state)
+			if err == nil {
+				c.setState(state)
+			}
+			select { // the next recheck waits: see recheckEvery
+			case <-ctx.Done():
+				return nil
+			case <-time.After(recheckEvery):
+			}
 			continue
 		case <-t.C:
 		}

@@ -387,27 +387,8 @@ func TestSequencerMetrics(t *testing.T) {
 	eventtest.Exec(t, pool, `SELECT sequence_tick(1)`)
 	appendWorkload(t, pool, 6, 10)
 	eventtest.Exec(t, pool, `ANALYZE`)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
-		for _, q := range []string{"SET plan_cache_mode = " + mode, "DEALLOCATE ALL",
-			"PREPARE state(text, integer, bigint) AS " + metrics.StateSQL} {
-			if _, err := conn.Exec(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
-		rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE state('g', 1, 100)", pgx.QueryExecModeSimpleProtocol)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if plan := strings.Join(lines, "\n"); regexp.MustCompile(`(Seq|Bitmap Heap) Scan on staged_events_1_0`).MatchString(plan) {
+	for mode, plan := range statePlans(t, pool) {
+		if regexp.MustCompile(`(Seq|Bitmap Heap) Scan on staged_events_1_0`).MatchString(plan) {
 			t.Errorf("%s: the state statement scans the staging table:\n%s", mode, plan)
 		}
 	}
