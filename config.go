@@ -112,8 +112,10 @@ const (
 	PolicyParkHost
 	// PolicyHalt stops the partition before the unit, records why in
 	// partition_halts, and logs it at error level until the process is
-	// restarted, or until an operator removes the record (offsets.Unhalt,
-	// the console's unhalt): the worker then tries the unit again.
+	// restarted, or until an operator removes the record (offsets.Unhalt:
+	// consumer group unhalt, the console's unhalt; or an offsets reset that
+	// moves the partition past it): the worker then tries the unit again
+	// (after a reset, from the new position).
 	PolicyHalt
 )
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -111,6 +112,11 @@ type Consumer struct {
 	deployment atomic.Int64
 	ln         atomic.Pointer[listener.Listener]
 	kick       chan WakeSource // asks the poller to poll now
+	// rechecks asks the subscription's loop to read the group's state
+	// now, and haltChecks the halted workers to read their halt records
+	// (recheck).
+	rechecks   chan struct{}
+	haltChecks broadcast
 	replicaID  string
 	clockSkew  atomic.Int64 // database clock minus local clock, ns
 	// wakeAlways says that every append to the topic notifies
@@ -172,6 +178,7 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 		static:    static,
 		start:     start,
 		kick:      make(chan WakeSource, 1),
+		rechecks:  make(chan struct{}, 1),
 		replicaID: cfg.ReplicaID,
 	}
 	c.watch = newWatcher(c)
@@ -425,6 +432,55 @@ func (c *Consumer) pollNow(source WakeSource) {
 	}
 }
 
+// recheck makes the consumer read its group's state at once: the
+// subscription's state (a resume, a pause, a cancel) and the halted
+// partitions' records (an unhalt), as the subscription's heartbeat and a
+// halted worker's check would later; what became eligible again is woken
+// through eligible. A notification of the topic that names no partition
+// asks for it: an operator's resume, unhalt or reset, and a layout switch,
+// send one at their commit (store.NotifyEligible), so that the next event
+// is handled within milliseconds of the command, not at the next
+// heartbeat or check. The subscription's loop does the reading, at most
+// once per recheckEvery: such notifications also come with every look of
+// a watcher that names too many partitions for one payload. It never
+// blocks.
+func (c *Consumer) recheck() {
+	select {
+	case c.rechecks <- struct{}{}:
+	default:
+	}
+}
+
+// recheckEvery is the least time between two rechecks of a consumer: a
+// recheck asked for meanwhile waits for it, and is not lost.
+const recheckEvery = 10 * time.Millisecond
+
+// broadcast wakes every goroutine that waits on it, at once.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel that the next fire closes.
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+// fire closes the channel wait returned. It never blocks.
+func (b *broadcast) fire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+}
+
 func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	rt := c.rt.Load()
 	if rt == nil {
@@ -514,6 +570,9 @@ func (s *sink) Notify(topic, p int, maxOffset int64) {
 	if p < 0 {
 		c.pollNow(WakePoll)
 		c.watch.wakeAll()
+		if topic == c.cfg.TopicID {
+			c.recheck()
+		}
 		return
 	}
 	if rt := c.rt.Load(); rt != nil {

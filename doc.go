@@ -100,7 +100,12 @@
 // change that makes it eligible again (a resume, also of a consumer that
 // started paused; an unhalt; a lease gained; a layout switched; the wake-up
 // mode back to waiting) wakes it in one place, Consumer.eligible: the
-// consumer polls at once and its watcher reads the tails again.
+// consumer polls at once and its watcher reads the tails again. The
+// operator's commands that make partitions eligible (offsets.Resume,
+// offsets.Unhalt, offsets.Reset) and a layout switch notify the topic's
+// consumers at their commit ("<topic>:*"), and a consumer then reads its
+// group's state at once (Consumer.recheck): the next event is handled
+// within milliseconds of the command.
 //
 // # Consuming
 //

@@ -118,7 +118,7 @@ func TestUnhaltWakesThePartition(t *testing.T) {
 	appendTx(t, pool, ev("a", "t", `{"poison": true}`))
 	pgtest.WaitFor(t, 10*time.Second, "the partition to halt", func() bool { return c.Stats().Halts == 1 })
 	poisoned.Store(false)
-	if err := offsets.Unhalt(context.Background(), pool, "g", 1, 0); err != nil {
+	if _, _, err := offsets.Unhalt(context.Background(), pool, "g", 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	waitHandled(t, pool, 1, 10*time.Second) // the unit, tried again

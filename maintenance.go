@@ -19,7 +19,7 @@ func (c *Consumer) maintain(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.MaintenanceInterval)
 	defer t.Stop()
 	for {
-		if _, err := Maintain(ctx, c.pool, c.cfg.TopicID, &c.log); err != nil {
+		if _, err := maintainAs(ctx, c.pool, c.cfg.TopicID, c.replicaID, &c.log); err != nil {
 			if ctx.Err() != nil || !backoff.Sleep(ctx, c.maintaining.Fail(err, "maintenance failed")) {
 				return nil
 			}
@@ -55,25 +55,28 @@ type Maintenance struct {
 	Retention pgeventstype.Retention
 }
 
-// The topic's maintenance lock, a session lock of this installation (one
-// process at a time maintains a topic; the others skip the pass).
-const (
-	maintenanceLockSQL   = `SELECT pg_try_advisory_lock({schema}lock_key('maintenance', $1::integer::text))`
-	maintenanceUnlockSQL = `SELECT pg_advisory_unlock({schema}lock_key('maintenance', $1::integer::text))`
-)
-
 // Maintain runs one pass of a topic's maintenance: it creates the log's
 // next segments (and moves rows that landed in the DEFAULT partition into
 // theirs), marks the groups without a live replica DEAD, prunes the tails
 // and positions that appends and batches left behind, and applies
-// retention. It holds an advisory lock so that one process at a time does
-// it for a topic; the others skip the pass (Ran false).
+// retention. It holds the topic's maintenance key (a session advisory
+// lock) so that one process at a time does it for a topic; the others
+// skip the pass (Ran false), unless the holder is frozen (a process
+// stopped or cut off in the middle of a pass, whose session keeps the
+// key): then its session is ended, and this pass runs.
 //
 // Consumers run it every MaintenanceInterval. Where producers run while no
 // consumer does, run it too (`consumer maintain`, a cron job or a sidecar):
 // without it the counter outruns the segments, events land in the DEFAULT
 // partition, and nothing removes them until maintenance runs again.
 func Maintain(ctx context.Context, pool *pgxpool.Pool, topic int, logger *zerolog.Logger) (Maintenance, error) {
+	return maintainAs(ctx, pool, topic, "maintain", logger)
+}
+
+// maintainAs is Maintain by holder, the replica id (or process name) its
+// session names while it holds the maintenance key
+// (store.RoleMaintenance.ApplicationName).
+func maintainAs(ctx context.Context, pool *pgxpool.Pool, topic int, holder string, logger *zerolog.Logger) (Maintenance, error) {
 	var out Maintenance
 	log := zerolog.Nop()
 	if logger != nil {
@@ -83,15 +86,34 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, topic int, logger *zerolo
 	if err != nil {
 		return out, fmt.Errorf("pgevents: maintenance: %w", err)
 	}
-	defer conn.Release()
+	// The session is named after its holder for the pass; it goes back to
+	// the pool without the key and with its own name, or is closed (which
+	// releases the key) when that fails.
 	var locked bool
-	if err := conn.QueryRow(ctx, schema.SQL(ctx, maintenanceLockSQL), topic).Scan(&locked); err != nil {
+	defer func() {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		var err error
+		if locked {
+			err = store.ReleaseRole(bctx, conn, store.RoleMaintenance, topic)
+		}
+		if err == nil {
+			_, err = conn.Exec(bctx, `RESET application_name`)
+		}
+		if err != nil {
+			_ = conn.Conn().Close(bctx)
+		}
+		conn.Release()
+	}()
+	if _, err := conn.Exec(ctx, `SELECT set_config('application_name', $1, false)`, store.RoleMaintenance.ApplicationName(holder)); err != nil {
+		return out, fmt.Errorf("pgevents: maintenance: %w", err)
+	}
+	if locked, err = takeRole(ctx, conn, store.RoleMaintenance, topic, &log); err != nil {
 		return out, fmt.Errorf("pgevents: maintenance lock: %w", err)
 	}
 	if !locked {
 		return out, nil
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), schema.SQL(ctx, maintenanceUnlockSQL), topic) //nolint:errcheck
 	out.Ran = true
 	if out.SegmentsCreated, err = schema.EnsureSegments(ctx, conn, topic); err != nil {
 		log.Warn().Err(err).Msg("could not create the log's next segments; events go to the DEFAULT partition meanwhile")

@@ -170,8 +170,7 @@ func (w *worker) halt(ctx context.Context) error {
 	w.haltRecord = true
 	w.halted.Store(true)
 	w.c.halts.Add(1)
-	w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).
-		Msg("partition HALTED: fix the cause and restart the consumer (or unhalt it); nothing from this offset on is handled")
+	w.logHalted()
 	return nil
 }
 
@@ -181,7 +180,10 @@ const haltCheck = time.Second
 
 // waitHalted keeps a halted partition stopped, repeating why every minute,
 // until ctx is cancelled, or until an operator removes the partition's
-// halt record (offsets.Unhalt: the console's unhalt): then the worker
+// halt record (offsets.Unhalt: `consumer group unhalt`, the console's
+// unhalt; or an offsets reset past it), which it reads at once when the
+// command's notification arrives (Consumer.recheck), else within
+// haltCheck: then the worker
 // forgets the unit's failures and returns, to try the unit again as a
 // restart would (if it fails permanently again, it halts again).
 func (w *worker) waitHalted(ctx context.Context) error {
@@ -191,31 +193,42 @@ func (w *worker) waitHalted(ctx context.Context) error {
 	defer check.Stop()
 	cfg := &w.c.cfg
 	retry := backoff.New(w.log, "halted partition's check").Periodic(haltCheck)
+	// An operator's unhalt is notified at its commit (Consumer.recheck):
+	// the record is read at once. The channel is taken before each read
+	// (the first one at once), so that an unhalt that commits before the
+	// read is seen by it, and one after it fires the channel.
 	for {
+		rechecked := w.c.haltChecks.wait()
+		halts, err := store.Halts(ctx, w.c.pool, cfg.GroupID, cfg.TopicID)
+		if err == nil {
+			retry.Ok()
+			if !slices.ContainsFunc(halts, func(h store.HaltRecord) bool { return h.Partition == w.partition }) {
+				break
+			}
+		} else if ctx.Err() == nil && backoff.Sleep(ctx, retry.Fail(err, "could not read the partition's halt record")) {
+			check.Reset(haltCheck)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-check.C:
-			halts, err := store.Halts(ctx, w.c.pool, cfg.GroupID, cfg.TopicID)
-			if err != nil {
-				if ctx.Err() == nil && backoff.Sleep(ctx, retry.Fail(err, "could not read the partition's halt record")) {
-					check.Reset(haltCheck)
-				}
-				continue
-			}
-			retry.Ok()
-			if slices.ContainsFunc(halts, func(h store.HaltRecord) bool { return h.Partition == w.partition }) {
-				continue
-			}
-			w.log.Warn().Int64("offset", w.haltAt.unitFirst).Msg("partition unhalted by an operator: trying the unit again")
-			delete(w.tries, w.haltAt.txID)
-			w.haltAt, w.haltRecord = nil, false
-			w.halted.Store(false)
-			w.c.eligible(w.partition)
-			return nil
+		case <-rechecked:
 		case <-t.C:
-			w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).
-				Msg("partition HALTED: fix the cause and restart the consumer (or unhalt it); nothing from this offset on is handled")
+			w.logHalted()
 		}
 	}
+	w.log.Warn().Int64("offset", w.haltAt.unitFirst).Msg("partition unhalted by an operator: trying the unit again")
+	delete(w.tries, w.haltAt.txID)
+	w.haltAt, w.haltRecord = nil, false
+	w.halted.Store(false)
+	w.c.eligible(w.partition)
+	return nil
+}
+
+// logHalted says that the partition is halted, where, why, and what to do.
+func (w *worker) logHalted() {
+	cfg := &w.c.cfg
+	w.log.Error().Int64("offset", w.haltAt.unitFirst).Int64("failed_offset", w.haltAt.offset).Err(w.haltAt.err).
+		Msgf("partition HALTED: fix the cause, then unhalt it (consumer group unhalt %s --partition %d --topic %d, or the console), or restart the consumer; nothing from this offset on is handled",
+			cfg.GroupID, w.partition, cfg.TopicID)
 }

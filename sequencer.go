@@ -42,7 +42,10 @@ const (
 // pg_stat_activity (application_name "pgevents sequencer <name>").
 //
 // The sequencers of a topic wait for its sequencer key (a session advisory
-// lock) on a connection of their own; the one holding it ticks: each tick
+// lock) on a connection of their own, and every 2 s look whether its
+// holder is frozen (its replica no longer heartbeats, and its session has
+// run no statement for 2 s): then they end its session, and one of them
+// takes the key over. The one holding it ticks: each tick
 // moves what producers committed in the staging tables since the previous
 // one into the log (migration 0016). A tick that moved events is followed
 // by another at once; one that found nothing, by another after 0.3 ms
@@ -96,7 +99,7 @@ func (s *sequencer) run(ctx context.Context) error {
 // lead connects, waits for the sequencer key and ticks while it holds it.
 func (s *sequencer) lead(ctx context.Context) error {
 	cfg := s.pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = "pgevents sequencer " + s.name
+	cfg.RuntimeParams["application_name"] = store.RoleSequencer.ApplicationName(s.name)
 	// The wait for the sequencer key lasts as long as another process
 	// sequences: no statement timeout. (Its commits are asynchronous, as
 	// the pool's are: a crash can lose the last ticks, whose events stay
@@ -113,7 +116,11 @@ func (s *sequencer) lead(ctx context.Context) error {
 		cancel()
 	}()
 	topic := s.topic
-	if err := store.LeaseSequencer(ctx, conn, topic); err != nil {
+	// Every roleCheck, a frozen holder's session is ended (roles.go).
+	if err := awaitRole(ctx, conn, store.RoleSequencer, topic, s.log, nil); err != nil {
+		return err
+	}
+	if err := store.ListenSequencer(ctx, conn); err != nil {
 		return err
 	}
 	s.retry.Ok()
@@ -193,8 +200,10 @@ type Staged struct {
 
 // SequenceStaged runs ticks of topic's sequencer on pool until one moves
 // nothing, unless another process holds the topic's sequencer key (then it
-// moves them). It is `consumer maintain --once`, for cron.
-func SequenceStaged(ctx context.Context, pool *pgxpool.Pool, topic int) (Staged, error) {
+// moves them; a frozen holder's session is ended, and SequenceStaged
+// sequences). It is `consumer maintain --once`, for cron. log, when not
+// nil, is told of a frozen holder's session ended.
+func SequenceStaged(ctx context.Context, pool *pgxpool.Pool, topic int, log *zerolog.Logger) (Staged, error) {
 	var st Staged
 	ok, err := store.Sequenced(ctx, pool, topic)
 	if err != nil || !ok {
@@ -212,7 +221,12 @@ func SequenceStaged(ctx context.Context, pool *pgxpool.Pool, topic int) (Staged,
 		cancel()
 		conn.Release()
 	}()
-	held, err := store.TryLeaseSequencer(ctx, conn, topic)
+	// Named as the sequencer of `consumer maintain`, so that a frozen
+	// process's session holding the key is ended by the others.
+	if _, err := conn.Exec(ctx, `SELECT set_config('application_name', $1, false)`, store.RoleSequencer.ApplicationName("maintain")); err != nil {
+		return st, fmt.Errorf("pgevents: %w", err)
+	}
+	held, err := takeRole(ctx, conn, store.RoleSequencer, topic, log)
 	if err != nil {
 		return st, fmt.Errorf("pgevents: %w", err)
 	}

@@ -17,7 +17,9 @@ func subscriptionBeat(deadAfter time.Duration) time.Duration {
 // database clock every DeadAfter/4 (at most every 5 s) brings a DEAD
 // subscription back to ACTIVE, follows an operator's pause and resume, stops
 // the consumer when the subscription is cancelled, and reports events that
-// retention removed before the group handled them.
+// retention removed before the group handled them. Between heartbeats, a
+// recheck (an operator's command, notified at its commit) reads the
+// state at once.
 func (c *Consumer) subscription(ctx context.Context) error {
 	period := subscriptionBeat(c.cfg.DeadAfter)
 	t := time.NewTicker(period)
@@ -26,6 +28,24 @@ func (c *Consumer) subscription(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-c.rechecks:
+			// The halted workers read their records, and the state is
+			// read here (the heartbeat reads it too, when this fails).
+			c.haltChecks.fire()
+			state, err := store.SubscriptionState(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
+			if err == nil && state == store.StateCancelled {
+				c.log.Error().Msg("the group's subscription was cancelled: stopping")
+				return ErrSubscriptionCancelled
+			}
+			if err == nil {
+				c.setState(state)
+			}
+			select { // the next recheck waits: see recheckEvery
+			case <-ctx.Done():
+				return nil
+			case <-time.After(recheckEvery):
+			}
+			continue
 		case <-t.C:
 		}
 		state, err := store.Heartbeat(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)

@@ -31,7 +31,7 @@ func TestUnhaltRetriesTheUnit(t *testing.T) {
 	pgtest.WaitFor(t, 10*time.Second, "halt at 2", halted(2))
 
 	// Unhalted while the cause remains: it halts again at the same unit.
-	if err := store.Unhalt(ctx, pool, "g", 1, 0); err != nil {
+	if _, err := store.Unhalt(ctx, pool, "g", 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	pgtest.WaitFor(t, 10*time.Second, "halt at 2 again", func() bool { return c.Stats().Halts == 2 && halted(2)() })
@@ -40,7 +40,7 @@ func TestUnhaltRetriesTheUnit(t *testing.T) {
 	}
 
 	poisoned.Store(false)
-	if err := store.Unhalt(ctx, pool, "g", 1, 0); err != nil {
+	if _, err := store.Unhalt(ctx, pool, "g", 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	waitHandled(t, pool, 3, 10*time.Second)

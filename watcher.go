@@ -64,13 +64,12 @@ const (
 	// for anything after it read the mode, long before this runs out.
 	alwaysGrace = 2 * time.Second
 	// followCheck is how long a watcher waits for the watch key before it
-	// looks whether the elected watcher's replica still heartbeats, and
-	// ends its session when it does not (after its lease ran out, and at
-	// least 2*followCheck after that session connected): a frozen elected
-	// process is replaced within about followCheck plus the lease, where
-	// the poll would take WaitPeriod. Two statements per follower per
-	// followCheck.
-	followCheck = 2 * time.Second
+	// looks whether the elected watcher is frozen, and ends its session
+	// when it is (roles.go: its replica's heartbeat has lapsed and its
+	// session has run no statement for roleGrace): a frozen elected
+	// process is replaced within about followCheck plus roleGrace, where
+	// the poll would take WaitPeriod.
+	followCheck = roleCheck
 )
 
 // watcher finds the events committed in the topic's partitions, so that
@@ -84,10 +83,10 @@ const (
 // whole database, watches: the one whose session holds the topic's watch
 // key (store.Lead). The others wait for the key in the server, which costs
 // them nothing, and the first of them takes over when the holder's session
-// ends; every followCheck a waiting watcher looks whether the holder's
-// replica still heartbeats, and ends its session when it does not (a
-// frozen process keeps its sessions). The elected watcher watches every partition of the topic, whoever
-// consumes it, so that its cost is paid once per event, whatever the number
+// ends; every followCheck a waiting watcher looks whether the holder is
+// frozen, and ends its session when it is (a frozen process keeps its
+// sessions; roles.go). The elected watcher watches every partition of the
+// topic, whoever consumes it, so that its cost is paid once per event, whatever the number
 // of consumer processes (the design card runs one per partition; a watcher
 // each, polling the topic's appends counter, woke every process for every
 // event of every partition). It tells the other consumers which
@@ -221,29 +220,21 @@ func (w *watcher) lead(ctx context.Context) bool {
 		return false
 	}
 	c.pollNow(WakePoll)
-	for {
+	// While the key is held after followCheck, by a watcher whose replica
+	// still heartbeats or by one that is frozen (or cut off), whose
+	// session would keep the key, and leave the partitions it watched
+	// awake to the poll, for as long as it lasts: the frozen one's session
+	// is ended (awaitRole).
+	err := awaitRole(ctx, w.conn, store.RoleWatcher, c.cfg.TopicID, &c.log, func(ctx context.Context) (bool, error) {
 		elected, err := store.Lead(ctx, w.conn, c.cfg.TopicID)
-		if err != nil {
-			w.fail(ctx, err)
-			return false
+		if err == nil {
+			w.retry.Ok()
 		}
-		w.retry.Ok()
-		if elected {
-			break
-		}
-		// The key is still held after followCheck: by a watcher whose
-		// replica still heartbeats, or by one that is frozen (or cut off),
-		// whose session would keep the key, and leave the partitions it
-		// watched awake to the poll, for as long as it lasts.
-		ended, err := store.EndFrozenWatcher(ctx, w.conn, c.cfg.TopicID, 2*followCheck)
-		if err != nil {
-			w.fail(ctx, err)
-			return false
-		}
-		if ended != "" {
-			c.log.Warn().Str("session", ended).
-				Msg("ended the session of the topic's elected watcher, whose replica no longer heartbeats (frozen, or cut off); electing another")
-		}
+		return elected, err
+	})
+	if err != nil {
+		w.fail(ctx, err)
+		return false
 	}
 	w.c.log.Info().Msg("elected the topic's watcher: it watches every partition and tells the other consumers which moved")
 	// Everything is read, and announced, anew.

@@ -84,20 +84,15 @@ func (c *Console) unhalt(w http.ResponseWriter, r *http.Request, a *actor) {
 	ctx := c.actionContext(r)
 	e := auditEntry{Action: "unhalt", Topic: ptr(int32(topic)), Group: &group, Partition: ptr(int32(partition))}
 	err = c.inTx(ctx, func(tx pgx.Tx) error {
-		halts, err := offsets.Halts(ctx, tx, group, topic)
+		h, ok, err := offsets.Unhalt(ctx, tx, group, topic, partition)
 		if err != nil {
 			return err
 		}
-		for _, h := range halts {
-			if h.Partition == partition {
-				if err := offsets.Unhalt(ctx, tx, group, topic, partition); err != nil {
-					return err
-				}
-				e.Detail, e.Outcome = fmt.Sprintf("halted at offset %d: %s", h.Offset, h.Reason), "ok"
-				return c.record(ctx, tx, a, e)
-			}
+		if !ok {
+			return errNotHalted
 		}
-		return errNotHalted
+		e.Detail, e.Outcome = fmt.Sprintf("halted at offset %d: %s", h.Offset, h.Reason), "ok"
+		return c.record(ctx, tx, a, e)
 	})
 	c.finish(w, r, a, e, err, groupPath(topic, group), http.StatusConflict)
 }

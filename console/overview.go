@@ -31,6 +31,9 @@ type topicView struct {
 	Rate         float64 // appended events per second; -1: unknown
 	Hist         []float64
 	Groups       []groupSummary
+	// Sequencer is the topic's sequencer, for a sequenced topic; nil
+	// otherwise.
+	Sequencer *metrics.Sequencer
 }
 
 // groupSummary is a group on the overview.
@@ -88,6 +91,7 @@ func (c *Console) overview(r *http.Request) (string, string, any, error) {
 			return "", "", nil, err
 		}
 		d.DBTime = st.DatabaseTime
+		t.Sequencer = st.Sequencer
 		byGroup := map[string]*groupSummary{}
 		var order []string
 		for _, s := range subs {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/console"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // groupRow returns the overview's row of group.
@@ -79,5 +80,50 @@ func TestOverviewAndReplicas(t *testing.T) {
 	age := find(t, m[1], `class="num age">([^<]+)<`)
 	if d, err := time.ParseDuration(age); err != nil || d > 5*time.Second {
 		t.Errorf("replica %s: heartbeat age %s", cons.ReplicaID(), age)
+	}
+}
+
+// TestOverviewShowsTheSequencer: a sequenced topic whose producers
+// committed events that no process sequences: the overview says that no
+// process sequences it and how many events wait staged; the topic that is
+// not sequenced shows no sequencer. Once a session holds the sequencer key
+// it is named, and once a tick moved the events nothing staged waits.
+func TestOverviewShowsTheSequencer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2, console.Options{})
+	if _, _, err := schema.EnsureTopicSpec(e.ctx, e.pool, schema.TopicSpec{ID: 2, Partitions: 2, Scope: schema.ScopeSequenced}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 7 {
+		e.exec(`SELECT append_event(2, $1, '', 't', '{}')`, fmt.Sprintf("h%d", i))
+	}
+	c := e.client()
+	section := func(topic int) string {
+		t.Helper()
+		return find(t, c.mustGet("/"), `(?s)<section class="topic" id="topic-`+strconv.Itoa(topic)+`">(.*?)</section>`)
+	}
+	if s := section(1); strings.Contains(s, "sequencer") {
+		t.Errorf("topic 1, not sequenced, shows a sequencer:\n%s", s)
+	}
+	if s := section(2); !strings.Contains(s, "none: no process sequences the topic") || !strings.Contains(s, `<span class="bad staged">7 staged, not sequenced`) {
+		t.Errorf("topic 2 does not show that nothing sequences its 7 staged events:\n%s", s)
+	}
+	conn, err := e.pool.Acquire(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer conn.Conn().Close(e.ctx) //nolint:errcheck // the session holds the key: not given back to the pool
+	if _, err := conn.Exec(e.ctx, `SELECT set_config('application_name', 'pgevents sequencer maintain', false), pg_advisory_lock(lock_key('sequencer', '2'))`); err != nil {
+		t.Fatal(err)
+	}
+	if s := section(2); !strings.Contains(s, `<dd class="sequencer">pgevents sequencer maintain;`) {
+		t.Errorf("topic 2 does not name the session holding the sequencer key:\n%s", s)
+	}
+	if _, err := conn.Exec(e.ctx, `SELECT sequence_tick(2)`); err != nil {
+		t.Fatal(err)
+	}
+	if s := section(2); !strings.Contains(s, `<span class="staged">nothing staged waits</span>`) {
+		t.Errorf("topic 2 still shows staged events after a tick:\n%s", s)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/schema"
 )
 
 var metricNameRE = regexp.MustCompile(`\bpgevents_[a-z_]+\b`)
@@ -35,12 +36,22 @@ func knownMetrics(t *testing.T) map[string]bool {
 		t.Fatal(err)
 	}
 	m.BatchCommitted(pgevents.BatchStats{Group: "g", Topic: 1, Handled: 1, Events: 1, EndToEnd: []time.Duration{time.Millisecond}})
+	// A sequenced topic's metrics too.
+	if _, _, err := schema.EnsureTopicSpec(ctx, pool, schema.TopicSpec{ID: 2, Partitions: 2, Scope: schema.ScopeSequenced}); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := metrics.New(metrics.Options{Group: "g", Topic: 2, DB: pool, NoRuntimeMetrics: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	known := map[string]bool{}
-	for name, fam := range gather(t, m) {
-		known[name] = true
-		if fam.GetType().String() == "HISTOGRAM" {
-			for _, s := range []string{"_bucket", "_sum", "_count"} {
-				known[name+s] = true
+	for _, m := range []*metrics.Metrics{m, seq} {
+		for name, fam := range gather(t, m) {
+			known[name] = true
+			if fam.GetType().String() == "HISTOGRAM" {
+				for _, s := range []string{"_bucket", "_sum", "_count"} {
+					known[name+s] = true
+				}
 			}
 		}
 	}
@@ -144,7 +155,8 @@ func TestAlertRules(t *testing.T) {
 	// The alerts the issue asks for.
 	for _, metric := range []string{"pgevents_consumer_lag_seconds", "pgevents_dead_letters_total", "pgevents_partitions_owned",
 		"pgevents_topic_partitions", "pgevents_listener_reconnects_total", "pgevents_listener_connected",
-		"pgevents_notification_queue_usage", "pgevents_partition_halted", "pgevents_consumer_next_offset"} {
+		"pgevents_notification_queue_usage", "pgevents_partition_halted", "pgevents_consumer_next_offset",
+		"pgevents_sequencer_staged_events", "pgevents_sequencer_last_tick_age_seconds"} {
 		if !used[metric] {
 			t.Errorf("no alert uses %s", metric)
 		}

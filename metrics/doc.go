@@ -82,7 +82,9 @@
 // # Metrics from the database (the group)
 //
 //   - pgevents_consumer_lag_events{group,topic,partition}: events at or
-//     after the group's next_offset, counted up to a cap (Options.LagCap,
+//     after the group's next_offset (for a sequenced topic, with the
+//     events staged for the partition that its sequencer has not moved
+//     into the log yet), counted up to a cap (Options.LagCap,
 //     default [DefaultLagCap] = 100000, itself exposed as
 //     pgevents_consumer_lag_events_cap): counting reads one index entry per
 //     event, and the cap bounds a scrape's cost when a group is far behind.
@@ -90,8 +92,9 @@
 //     the cap, so the lag is at least that.
 //   - pgevents_consumer_lag_seconds{group,topic,partition}: the database
 //     clock minus the created_at of the first event at or after
-//     next_offset; 0 when the group is caught up. The age of the oldest
-//     unhandled event: the metric to alert on.
+//     next_offset (or of the oldest staged one, when older); 0 when the
+//     group is caught up. The age of the oldest unhandled event: the
+//     metric to alert on.
 //   - pgevents_consumer_next_offset and pgevents_log_end_offset
 //     {group,topic,partition}: the group's position and the partition's
 //     highest offset (absent while the partition is empty).
@@ -107,6 +110,13 @@
 //   - pgevents_topic_partitions{group,topic}: the topic's partition count
 //     (log_counter.total_partitions), to compare with the sum of
 //     pgevents_partitions_owned.
+//   - pgevents_sequencer_staged_events{group,topic}: for a sequenced
+//     topic, the events committed in its staging tables that no tick of
+//     its sequencer has moved into the log yet, counted up to the lag cap;
+//     pgevents_sequencer_last_tick_age_seconds{group,topic}, the time
+//     since a tick last moved events. Both grow while no process
+//     sequences the topic (none runs, or the one holding the sequencer key
+//     is stuck): alert PgeventsSequencerStalled. Absent for other topics.
 //   - pgevents_lag_query_up{group,topic}: 1 when the last reading
 //     succeeded; 0 when it failed or timed out, and then the metrics above
 //     are absent from the scrape. pgevents_lag_query_duration_seconds is the

@@ -36,6 +36,8 @@ type lagCollector struct {
 	duration    *prometheus.Desc
 	lagCapGauge *prometheus.Desc
 	partitions  *prometheus.Desc
+	staged      *prometheus.Desc
+	tickAge     *prometheus.Desc
 
 	mu   sync.Mutex // held during a reading
 	at   time.Time  // when the cached reading was taken; zero: none
@@ -85,6 +87,10 @@ func newLagCollector(opts Options) *lagCollector {
 		"The cap on pgevents_consumer_lag_events.", nil, gt)
 	c.partitions = prometheus.NewDesc("pgevents_topic_partitions",
 		"The topic's partition count (log_counter.total_partitions).", nil, gt)
+	c.staged = prometheus.NewDesc("pgevents_sequencer_staged_events",
+		"Events committed in a sequenced topic's staging tables that no tick of its sequencer has moved into the log yet, counted up to pgevents_consumer_lag_events_cap (absent for a topic that is not sequenced).", nil, gt)
+	c.tickAge = prometheus.NewDesc("pgevents_sequencer_last_tick_age_seconds",
+		"Seconds since a tick of a sequenced topic's sequencer last moved events into the log (absent for a topic that is not sequenced).", nil, gt)
 	c.up = prometheus.NewDesc("pgevents_lag_query_up",
 		"1 when the last reading of the lag metrics from the database succeeded, else 0 (and the lag metrics are absent).", nil, gt)
 	c.duration = prometheus.NewDesc("pgevents_lag_query_duration_seconds",
@@ -95,7 +101,7 @@ func newLagCollector(opts Options) *lagCollector {
 // Describe implements prometheus.Collector.
 func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.lagEvents, c.lagCapped, c.lagSeconds, c.nextOffset, c.logEnd,
-		c.deadOpen, c.halted, c.queueUsage, c.lagCapGauge, c.partitions, c.up, c.duration} {
+		c.deadOpen, c.halted, c.queueUsage, c.lagCapGauge, c.partitions, c.staged, c.tickAge, c.up, c.duration} {
 		ch <- d
 	}
 }
@@ -130,6 +136,10 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.queueUsage, prometheus.GaugeValue, st.NotificationQueueUsage)
 	if st.TotalPartitions > 0 {
 		ch <- prometheus.MustNewConstMetric(c.partitions, prometheus.GaugeValue, float64(st.TotalPartitions))
+	}
+	if sq := st.Sequencer; sq != nil {
+		ch <- prometheus.MustNewConstMetric(c.staged, prometheus.GaugeValue, float64(sq.Staged))
+		ch <- prometheus.MustNewConstMetric(c.tickAge, prometheus.GaugeValue, sq.LastTickSeconds)
 	}
 	topic := strconv.Itoa(c.topic)
 	for i := range st.Partitions {

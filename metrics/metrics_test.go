@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -298,6 +299,98 @@ func TestLagCapAndOtherGroups(t *testing.T) {
 	}
 	if _, ok := f["go_goroutines"]; ok {
 		t.Error("NoRuntimeMetrics: Go runtime metrics present")
+	}
+	if _, ok := f["pgevents_sequencer_staged_events"]; ok || st.Sequencer != nil {
+		t.Error("a topic that is not sequenced has sequencer metrics")
+	}
+}
+
+// TestSequencerMetrics: a sequenced topic whose producers committed events
+// that no sequencer moved into the log. pgevents_sequencer_staged_events
+// counts them, pgevents_sequencer_last_tick_age_seconds grows, and each
+// partition's lag counts the events staged for it, with their age (the
+// lag was 0). Once a tick moved them, nothing is staged, the last tick is
+// recent, and the lag is the same events, in the log. The staging tables
+// are read through their xid index, also with a generic plan, and the
+// count stops at the cap.
+func TestSequencerMetrics(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: partitions, Scope: schema.ScopeSequenced})
+	ctx := pgtest.Context(context.Background())
+	if err := store.Init(ctx, pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	staged := appendWorkload(t, pool, 5, 60)
+	perPartition := func(table string) map[int]int64 {
+		out := map[int]int64{}
+		for p := range partitions {
+			out[p] = eventtest.QueryInt(t, pool, `SELECT count(*) FROM `+table+` WHERE event_partition(host_id, 4) = $1`, p)
+		}
+		return out
+	}
+	scrape := func(lagCap int64) families {
+		m, err := metrics.New(metrics.Options{Group: "g", DB: pool, Schema: pgtest.Schema(), LagCap: lagCap, NoRuntimeMetrics: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gather(t, m)
+	}
+	check := func(f families, want map[int]int64, stagedWant int64) {
+		t.Helper()
+		gl := labels{"group": "g"}
+		if got := f.value(t, "pgevents_sequencer_staged_events", gl); got != float64(stagedWant) {
+			t.Errorf("pgevents_sequencer_staged_events = %v, want %d", got, stagedWant)
+		}
+		for p := range partitions {
+			pl := labels{"group": "g", "partition": part(p)}
+			if got := f.value(t, "pgevents_consumer_lag_events", pl); got != float64(want[p]) {
+				t.Errorf("partition %d: pgevents_consumer_lag_events = %v, want %d", p, got, want[p])
+			}
+			if got := f.value(t, "pgevents_consumer_lag_seconds", pl); want[p] > 0 && got <= 0 {
+				t.Errorf("partition %d: pgevents_consumer_lag_seconds = %v with %d events waiting", p, got, want[p])
+			}
+		}
+	}
+	want := perPartition("staged_events")
+	f := scrape(0)
+	check(f, want, int64(staged))
+	firstAge := f.value(t, "pgevents_sequencer_last_tick_age_seconds", labels{"group": "g"})
+	if firstAge <= 0 {
+		t.Errorf("pgevents_sequencer_last_tick_age_seconds = %v before any tick, want the topic's age", firstAge)
+	}
+	// The cap: counting stops there.
+	f = scrape(5)
+	if got := f.value(t, "pgevents_sequencer_staged_events", labels{"group": "g"}); got != 5 {
+		t.Errorf("pgevents_sequencer_staged_events = %v with the cap at 5", got)
+	}
+	if st, err := metrics.ReadState(ctx, pool, "g", 1, 5); err != nil || st.Sequencer == nil || !st.Sequencer.StagedCapped {
+		t.Errorf("ReadState with the cap at 5: %+v, %v; want the staged count capped", st.Sequencer, err)
+	}
+
+	// A tick moves them into the log: nothing staged, a recent tick, the
+	// same lag.
+	var moved int
+	if err := pool.QueryRow(ctx, `SELECT sequence_tick(1)`).Scan(&moved); err != nil || moved != staged {
+		t.Fatalf("tick: %d events, %v; want %d", moved, err, staged)
+	}
+	f = scrape(0)
+	check(f, perPartition("outbox_message_t"), 0)
+	if age := f.value(t, "pgevents_sequencer_last_tick_age_seconds", labels{"group": "g"}); age >= firstAge {
+		t.Errorf("pgevents_sequencer_last_tick_age_seconds = %v after a tick, want less than %v", age, firstAge)
+	}
+	// The staging tables through their index, whatever the plan, when
+	// they hold many events sequenced and a few not.
+	for range 4 {
+		eventtest.Exec(t, pool, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h' || g, 'event_type', 't'))
+			FROM generate_series(1, 5000) g))`)
+	}
+	eventtest.Exec(t, pool, `SELECT sequence_tick(1)`)
+	appendWorkload(t, pool, 6, 10)
+	eventtest.Exec(t, pool, `ANALYZE`)
+	for mode, plan := range statePlans(t, pool) {
+		if regexp.MustCompile(`(Seq|Bitmap Heap) Scan on staged_events_1_0`).MatchString(plan) {
+			t.Errorf("%s: the state statement scans the staging table:\n%s", mode, plan)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/store"
@@ -40,30 +41,7 @@ func TestStatePlanReadsThroughIndex(t *testing.T) {
 	if _, err := pool.Exec(ctx, "ANALYZE"); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
-		if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := conn.Exec(ctx, "DEALLOCATE ALL"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := conn.Exec(ctx, "PREPARE state(text, integer, bigint) AS "+metrics.StateSQL); err != nil {
-			t.Fatal(err)
-		}
-		rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE state('g', 1, 100)", pgx.QueryExecModeSimpleProtocol)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		plan := strings.Join(lines, "\n")
+	for mode, plan := range statePlans(t, pool) {
 		if regexp.MustCompile(`(Seq|Bitmap Heap) Scan on outbox_message_t`).MatchString(plan) {
 			t.Errorf("%s: the state statement scans outbox_message_t:\n%s", mode, plan)
 		}
@@ -76,4 +54,37 @@ func TestStatePlanReadsThroughIndex(t *testing.T) {
 			}
 		}
 	}
+}
+
+// statePlans returns, by plan_cache_mode (force_custom_plan and
+// force_generic_plan: the plan a cached prepared statement switches to),
+// what the state statement does for group g on topic 1 with a cap of 100:
+// EXPLAIN ANALYZE of it, prepared.
+func statePlans(t *testing.T, pool *pgxpool.Pool) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	plans := map[string]string{}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		for _, q := range []string{"SET plan_cache_mode = " + mode, "DEALLOCATE ALL",
+			"PREPARE state(text, integer, bigint) AS " + metrics.StateSQL} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE state('g', 1, 100)", pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		plans[mode] = strings.Join(lines, "\n")
+	}
+	return plans
 }

@@ -19,8 +19,12 @@ const DefaultLagCap = 100000
 // (group, partition) of a topic: $1 is a group (” for every group that
 // has a position on the topic), $2 the topic, $3 the cap on counted events.
 // The first row always exists and carries the database-wide values (the
-// database clock and pg_notification_queue_usage()); when no group has a
-// position its partition columns are NULL.
+// database clock and pg_notification_queue_usage()) and those of the
+// topic's sequencer, when it is sequenced (the session holding its key,
+// the sessions waiting for it, its last tick, the staged events no tick
+// moved yet); when no group has a position its partition columns are NULL.
+// A partition's lag counts the events staged for it (StagedSQL): every
+// group is yet to handle them.
 //
 // Why it is cheap, whatever the size of the log:
 //
@@ -40,6 +44,10 @@ const DefaultLagCap = 100000
 //     count also includes the new layout's events of the same partition
 //     number (the first unhandled event, and so the lag in seconds, is
 //     exact);
+//   - the staged events of a sequenced topic are read through the staging
+//     tables' xid index, from the last tick's snapshot on, up to $3 in
+//     all (StagedSQL); the sequencer's key is looked up in pg_locks for a
+//     sequenced topic only;
 //   - open dead letters are counted through dead_letter_queue_position_idx
 //     (group_id, topic_id, partition_id, first_offset), halts are read
 //     through partition_halts' primary key.
@@ -48,6 +56,14 @@ const DefaultLagCap = 100000
 // $3)), and nothing when nobody lags.
 const stateSQL = `WITH topic AS (
     SELECT c.topic_id, c.total_partitions FROM {schema}log_counter c WHERE c.topic_id = $2
+),
+` + store.StagedSQL + `,
+sequencer AS (
+    SELECT q.ticked_at, ss.holder, ss.waiting,
+           (SELECT coalesce(sum(sg.events), 0)::bigint FROM staged sg) AS staged,
+           (SELECT min(sg.oldest) FROM staged sg) AS oldest
+    FROM {schema}sequencer_ticks q CROSS JOIN (` + store.SequencerSessionsSQL + `) ss
+    WHERE q.topic_id = $2
 ),
 groups AS (
     SELECT $1::text AS group_id WHERE $1::text <> ''
@@ -81,8 +97,8 @@ parts AS (
 state AS (
     SELECT s.group_id, s.partition_id, s.next_offset,
            e.log_end,
-           CASE WHEN s.next_offset IS NULL THEN NULL ELSE l.events END AS lag_events,
-           greatest(extract(epoch FROM clock_timestamp() - f.created_at)::float8, 0) AS lag_seconds,
+           CASE WHEN s.next_offset IS NULL THEN NULL ELSE lag.events END AS lag_events,
+           greatest(extract(epoch FROM clock_timestamp() - lag.first_at)::float8, 0) AS lag_seconds,
            d.n AS dead_letters_open,
            h.c_offset AS halt_offset, h.reason AS halt_reason, h.halted_at,
            w.owner, w.epoch, w.heartbeat_at, w.live,
@@ -105,8 +121,11 @@ state AS (
 SELECT clock_timestamp(), pg_notification_queue_usage(), (SELECT t.total_partitions FROM topic t),
        s.group_id, s.partition_id, s.next_offset, s.log_end, s.lag_events, s.lag_seconds,
        s.dead_letters_open, s.halt_offset, s.halt_reason, s.halted_at,
-       s.owner, s.epoch, s.heartbeat_at, s.live, s.subscription, s.skipped
+       s.owner, s.epoch, s.heartbeat_at, s.live, s.subscription, s.skipped,
+       q.ticked_at IS NOT NULL, q.holder, q.waiting, q.ticked_at, q.staged,
+       greatest(extract(epoch FROM clock_timestamp() - q.oldest)::float8, 0)
 FROM (SELECT 1) one
+LEFT JOIN sequencer q ON true
 LEFT JOIN state s ON true
 ORDER BY s.group_id, s.partition_id`
 
@@ -130,6 +149,37 @@ type State struct {
 	// group then partition. It is empty when the topic does not exist or
 	// no group was found.
 	Partitions []PartitionState
+	// Sequencer is the topic's sequencer when the topic is sequenced; nil
+	// otherwise.
+	Sequencer *Sequencer
+}
+
+// Sequencer is the state of a sequenced topic's sequencer: which process
+// moves what producers commit into the log, when it last did, and what
+// waits for it.
+type Sequencer struct {
+	// Session is the application_name of the session that holds the
+	// topic's sequencer key, "pgevents sequencer <replica>" (a consumer's)
+	// or "pgevents sequencer maintain" (consumer maintain's); empty when no
+	// process sequences the topic.
+	Session string
+	// Waiting counts the sessions waiting to take the key over.
+	Waiting int
+	// LastTick is when a tick last moved events into the log (the topic's
+	// creation before the first), on the database clock.
+	LastTick time.Time
+	// LastTickSeconds is DatabaseTime minus LastTick, in seconds.
+	LastTickSeconds float64
+	// Staged counts the events committed in the staging tables that no
+	// tick has moved into the log yet, up to State.LagCap; the partitions'
+	// lag includes them.
+	Staged int64
+	// StagedCapped says that counting stopped at State.LagCap: at least
+	// Staged events wait.
+	StagedCapped bool
+	// StagedSeconds is the database clock minus the created_at of the
+	// oldest of them; 0 when there is none.
+	StagedSeconds float64
 }
 
 // PartitionState is a group's state in one partition.
@@ -223,14 +273,41 @@ func ReadState(ctx context.Context, q schema.DB, group string, topic int, lagCap
 			live                   *bool
 			subscription           *string
 			skipped                *int64
+			sequenced              bool
+			seqHolder              *string
+			seqWaiting, seqStaged  *int64
+			seqTick                *time.Time
+			seqStagedSeconds       *float64
 		)
 		if err := rows.Scan(&st.DatabaseTime, &st.NotificationQueueUsage, &total, &g, &part, &next, &logEnd,
 			&lagEvents, &lagSeconds, &deadLetters, &haltOffset, &haltReason, &haltedAt,
-			&owner, &epoch, &heartbeat, &live, &subscription, &skipped); err != nil {
+			&owner, &epoch, &heartbeat, &live, &subscription, &skipped,
+			&sequenced, &seqHolder, &seqWaiting, &seqTick, &seqStaged, &seqStagedSeconds); err != nil {
 			return st, fmt.Errorf("metrics: read state: %w", err)
 		}
 		if total != nil {
 			st.TotalPartitions = int(*total)
+		}
+		if sequenced && st.Sequencer == nil {
+			sq := &Sequencer{}
+			if seqHolder != nil {
+				sq.Session = *seqHolder
+			}
+			if seqWaiting != nil {
+				sq.Waiting = int(*seqWaiting)
+			}
+			if seqTick != nil {
+				sq.LastTick = *seqTick
+				sq.LastTickSeconds = max(st.DatabaseTime.Sub(*seqTick).Seconds(), 0)
+			}
+			if seqStaged != nil {
+				sq.Staged = min(*seqStaged, lagCap)
+				sq.StagedCapped = *seqStaged >= lagCap
+			}
+			if seqStagedSeconds != nil {
+				sq.StagedSeconds = *seqStagedSeconds
+			}
+			st.Sequencer = sq
 		}
 		if g == nil || part == nil {
 			continue // the database-wide row of a topic without groups

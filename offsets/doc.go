@@ -36,7 +36,12 @@
 // does resuming an active one; any other transition is ErrTransition. A
 // partition whose handler failed permanently under the halt
 // policy stops at the failed offset and records a Halt; Unhalt removes the
-// record, and the partition's worker retries from its position.
+// record, and the partition's worker retries from its position; a Reset
+// that moves the position past the halt removes it too.
+//
+// Resume (every change of state), Unhalt and Reset tell the group's
+// running consumers at their commit (a notification on the topic's
+// channel): they follow within milliseconds, not at their next heartbeat.
 //
 // # Audit
 //

@@ -58,6 +58,16 @@ type Move struct {
 	From int64 `json:"from"`
 	// To is the position after the reset.
 	To int64 `json:"to"`
+	// Unhalted is the offset of the partition's halt that the reset moved
+	// past (To beyond it), and removed: the unit the partition stopped
+	// before is skipped, and the partition goes on from To. Nil when the
+	// reset removed no halt.
+	Unhalted *int64 `json:"unhalted,omitempty"`
+	// Halted is the offset of the partition's halt that the reset did not
+	// move past (To at or before it), and kept: the partition stays halted
+	// until it is unhalted (or its consumer restarts). Nil when the
+	// partition is not halted.
+	Halted *int64 `json:"halted,omitempty"`
 }
 
 // ErrGroupRunning is returned by Reset and Preview, wrapped, when a replica
@@ -66,7 +76,10 @@ var ErrGroupRunning = store.ErrGroupRunning
 
 // Reset moves every position of the group on topic to start, in one
 // transaction, and returns what moved, by partition. It waits for the
-// group's batches in flight. It returns ErrGroupRunning while a replica of
+// group's batches in flight. A halted partition whose position moves past
+// its halt is unhalted (Move.Unhalted): the unit it stopped before is
+// skipped. One whose position moves to its halt or before stays halted
+// (Move.Halted). The group's consumers are told at the commit. It returns ErrGroupRunning while a replica of
 // the group is live, unless force is set: the live replicas then lose their
 // leases (their batch in flight cannot commit) and continue from the new
 // positions.
@@ -77,7 +90,7 @@ func Reset(ctx context.Context, db schema.DB, group string, topic int, start Sta
 	}
 	out := make([]Move, len(moves))
 	for i, m := range moves {
-		out[i] = Move{Partition: m.Partition, From: m.From, To: m.To}
+		out[i] = Move(m)
 	}
 	return out, nil
 }
@@ -171,14 +184,17 @@ type Position struct {
 	// LogEnd is the highest offset of the partition; 0 when it holds no
 	// event.
 	LogEnd int64
-	// Lag counts the partition's events at or after Next, up to the cap
-	// given to Positions; 0 without a position.
+	// Lag counts the partition's events at or after Next (for a sequenced
+	// topic, with the events staged for the partition that no tick has
+	// moved into the log yet), up to the cap given to Positions; 0 without
+	// a position.
 	Lag int64
 	// LagCapped says that counting stopped at the cap: the lag is at least
 	// Lag.
 	LagCapped bool
 	// LagTime is the database clock minus the append time of the first
-	// event at or after Next; 0 when there is none.
+	// event at or after Next (or of the oldest staged one, when older); 0
+	// when there is none.
 	LagTime time.Duration
 }
 
@@ -314,10 +330,16 @@ func Halts(ctx context.Context, db schema.DB, group string, topic int) ([]Halt, 
 	return out, nil
 }
 
-// Unhalt removes the partition's halt record: the partition's worker
-// retries from the group's position.
-func Unhalt(ctx context.Context, db schema.DB, group string, topic, partition int) error {
-	return store.Unhalt(ctx, db, group, topic, partition)
+// Unhalt removes the partition's halt record and returns it; ok is false
+// when the partition was not halted (nothing changed). The group's
+// consumers are told when db's transaction commits: the partition's worker
+// tries the unit again from the group's position within milliseconds.
+func Unhalt(ctx context.Context, db schema.DB, group string, topic, partition int) (h Halt, ok bool, err error) {
+	r, err := store.Unhalt(ctx, db, group, topic, partition)
+	if err != nil || r == nil {
+		return Halt{}, false, err
+	}
+	return Halt(*r), true, nil
 }
 
 // ReadCommitted is the isolation an operator's transaction on positions,
@@ -342,7 +364,7 @@ type Watcher struct {
 // Watchers returns the topic's elected watcher and how many wait for its
 // key.
 func Watchers(ctx context.Context, db schema.DB, topic int) (Watcher, error) {
-	s, n, err := store.Watchers(ctx, db, topic)
+	s, n, err := store.RoleSessions(ctx, db, store.RoleWatcher, topic)
 	return Watcher{Session: s, Waiting: n}, err
 }
 

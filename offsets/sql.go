@@ -32,11 +32,14 @@ CROSS JOIN LATERAL (
 	// or after the position up to $3, and the age of the first of them
 	// below the partition's cut (a group finishing an older layout after a
 	// repartition also counts the new layout's events of the same
-	// partition number). Each position is the newest row of
+	// partition number); for a sequenced topic, the events staged for the
+	// partition that no tick moved into the log yet count too
+	// (store.StagedSQL). Each position is the newest row of
 	// consumer_positions, read from the end of its index whatever older
 	// rows an open snapshot keeps; every read of outbox_message_t is an
 	// index probe or a range scan bounded by $3 (as metrics' state).
-	positionsSQL = `WITH glayout AS (
+	positionsSQL = `WITH ` + store.StagedSQL + `,
+glayout AS (
     SELECT t.topic_id, coalesce(l.total_partitions, t.total_partitions) AS total_partitions, gl.version
     FROM {schema}log_counter t
     LEFT JOIN {schema}group_layouts gl ON gl.group_id = $1 AND gl.topic_id = t.topic_id
@@ -54,8 +57,8 @@ parts AS (
         ORDER BY o.seq DESC LIMIT 1
     ) o ON true
 )
-SELECT s.partition_id, s.next_offset, e.log_end, l.events,
-       coalesce(greatest(extract(epoch FROM clock_timestamp() - f.created_at)::float8, 0), 0)
+SELECT s.partition_id, s.next_offset, e.log_end, lag.events,
+       coalesce(greatest(extract(epoch FROM clock_timestamp() - lag.first_at)::float8, 0), 0)
 FROM parts s` + store.LagReadsSQL + `ORDER BY s.partition_id`
 )
 

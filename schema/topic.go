@@ -409,11 +409,20 @@ func EnsureSegments(ctx context.Context, db DB, topicID int) (int, error) {
 // Repartition changes topic id's partition count to partitions from the
 // next offset on, without stopping producers, and returns that offset (the
 // cut). Consumer groups finish the old layout up to the cut before they
-// handle the new one.
+// handle the new one. It then creates the new layout's segments
+// (EnsureSegments), so that the events appended from now on land in their
+// partitions' tables, where consumers read them at once: left to the next
+// maintenance pass, they waited in the log's DEFAULT partition, and their
+// partitions' workers retried, for seconds. When that fails, the
+// repartition stands (the cut is returned) and the error says so;
+// maintenance creates the segments at its next pass.
 func Repartition(ctx context.Context, db DB, id, partitions int) (int64, error) {
 	var cut int64
 	if err := db.QueryRow(ctx, SQL(ctx, `SELECT {schema}repartition_topic($1, $2)`), id, partitions).Scan(&cut); err != nil {
 		return 0, fmt.Errorf("schema: repartition topic %d: %w", id, err)
+	}
+	if _, err := EnsureSegments(ctx, db, id); err != nil {
+		return cut, fmt.Errorf("schema: topic %d repartitioned, but its new partitions' segments are left to the next maintenance pass: %w", id, err)
 	}
 	return cut, nil
 }

@@ -63,7 +63,17 @@ DO UPDATE SET c_offset = excluded.c_offset, reason = excluded.reason, halted_at 
 
 	haltsSQL = `SELECT partition_id, c_offset, reason FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2`
 
-	unhaltSQL = `DELETE FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
+	// unhaltSQL removes the partition's halt record and returns it, and,
+	// when there was one, tells the topic's consumers at the commit
+	// (notifyEligibleSQL): the halted worker tries the unit again within
+	// milliseconds.
+	unhaltSQL = `WITH d AS (
+    DELETE FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
+    RETURNING partition_id, c_offset, reason
+)
+SELECT d.partition_id, d.c_offset, d.reason,
+       (SELECT count(pg_notify(c.channel, $2::integer || ':*')) FROM {schema}log_counter c WHERE c.topic_id = $2)
+FROM d`
 
 	// deadLetterColumns are a dead letter's fields (DeadLetter), its parked
 	// events counted and its event types read from its events, each once.
@@ -190,12 +200,19 @@ func Halts(ctx context.Context, q schema.DB, group string, topic int) ([]HaltRec
 	return out, nil
 }
 
-// Unhalt removes the partition's halt record.
-func Unhalt(ctx context.Context, q schema.DB, group string, topic, partition int) error {
-	if _, err := q.Exec(ctx, schema.SQL(ctx, unhaltSQL), group, topic, partition); err != nil {
-		return fmt.Errorf("offsets: remove halt: %w", err)
+// Unhalt removes the partition's halt record and returns it; nil when the
+// partition was not halted. The group's consumers are told at the commit.
+func Unhalt(ctx context.Context, q schema.DB, group string, topic, partition int) (*HaltRecord, error) {
+	var h HaltRecord
+	var notified int64
+	err := q.QueryRow(ctx, schema.SQL(ctx, unhaltSQL), group, topic, partition).Scan(&h.Partition, &h.Offset, &h.Reason, &notified)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
 	}
-	return nil
+	if err != nil {
+		return nil, fmt.Errorf("offsets: remove halt: %w", err)
+	}
+	return &h, nil
 }
 
 // LockPosition locks the group's position in a partition for the rest of

@@ -83,13 +83,10 @@ WHERE g.group_id = $1 AND g.topic_id = $2`
 	// hosts, parked events and dead letters moved to their host's new
 	// partition (a dead letter's unit may now span partitions: resolving it
 	// locks every partition of the group), and the group's version bumped.
-	// switchedSQL tells every consumer of the topic, at the switch's
-	// commit, to poll at once (a payload naming no partition): the group's
-	// other replicas follow it to the next layout then, not at their next
-	// poll, which may be an hour away, while the partitions the balance
-	// leaves to them have no owner.
-	switchedSQL = `SELECT pg_notify(channel, $1::integer || ':*') FROM {schema}log_counter WHERE topic_id = $1`
-
+	// SwitchLayout notifies every consumer of the topic at the switch's
+	// commit (NotifyEligible): the group's other replicas follow it to the
+	// next layout then, not at their next poll, which may be an hour away,
+	// while the partitions the balance leaves to them have no owner.
 	switchSQL = `WITH drop_pos AS (
     DELETE FROM {schema}consumer_positions WHERE group_id = $1 AND topic_id = $2 AND partition_id >= $3
 ), set_pos AS (
@@ -218,7 +215,7 @@ func SwitchLayout(ctx context.Context, db schema.DB, group string, topic int, fr
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, switchSQL), group, topic, next.Partitions, next.Version); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
-	if _, err := tx.Exec(ctx, schema.SQL(ctx, switchedSQL), topic); err != nil {
+	if err := NotifyEligible(ctx, tx, topic); err != nil {
 		return false, fmt.Errorf("offsets: switch layout: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -10,23 +10,17 @@ import (
 )
 
 // The sequencer of a sequenced topic (migration 0016): one process at a
-// time per topic holds the topic's sequencer key (a session advisory lock)
-// and runs its ticks, which move what committed in the staging tables into
-// the log, with gapless offsets per partition, in one transaction each.
+// time per topic holds the topic's sequencer key (RoleSequencer, a session
+// advisory lock: the key goes with the session, and a process killed, or
+// whose connection drops, leaves it to the next; roles.go for a frozen
+// one) and runs its ticks, which move what committed in the staging
+// tables into the log, with gapless offsets per partition, in one
+// transaction each.
 const (
 	// SequencerChannel is the channel on which an append to a sequenced
 	// topic wakes its sequencer when it sleeps (wake_sequencer), with the
 	// topic id as the payload.
 	SequencerChannel = "pgevents_sequencer"
-
-	// sequencerLeaseSQL waits until this session holds the topic's
-	// sequencer key: one sequencer per topic at a time. The key goes with
-	// the session: a process killed, or whose connection drops, leaves it
-	// to the next.
-	sequencerLeaseSQL = `SELECT pg_advisory_lock({schema}lock_key('sequencer', $1::integer::text))`
-
-	// trySequencerLeaseSQL takes the topic's sequencer key if it is free.
-	trySequencerLeaseSQL = `SELECT pg_try_advisory_lock({schema}lock_key('sequencer', $1::integer::text))`
 
 	// tickSQL runs one tick (sequence_tick: a look without a lock, then,
 	// if something committed, the tick's transaction); it returns the
@@ -58,26 +52,14 @@ func Sequenced(ctx context.Context, db schema.DB, topic int) (bool, error) {
 	return ok, nil
 }
 
-// LeaseSequencer waits until conn's session holds topic's sequencer key,
-// and listens on SequencerChannel.
-func LeaseSequencer(ctx context.Context, conn *pgx.Conn, topic int) error {
-	if _, err := conn.Exec(ctx, schema.SQL(ctx, sequencerLeaseSQL), topic); err != nil {
-		return fmt.Errorf("store: sequencer key of topic %d: %w", topic, err)
-	}
+// ListenSequencer listens on SequencerChannel, on the session that holds
+// the topic's sequencer key (RoleSequencer): a sleeping sequencer is woken
+// there.
+func ListenSequencer(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, `LISTEN `+SequencerChannel); err != nil {
 		return fmt.Errorf("store: listen for the sequencer: %w", err)
 	}
 	return nil
-}
-
-// TryLeaseSequencer takes topic's sequencer key for db's session if no
-// other session holds it, and reports whether it did.
-func TryLeaseSequencer(ctx context.Context, db schema.DB, topic int) (bool, error) {
-	var ok bool
-	if err := db.QueryRow(ctx, schema.SQL(ctx, trySequencerLeaseSQL), topic).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: sequencer key of topic %d: %w", topic, err)
-	}
-	return ok, nil
 }
 
 // Tick runs one tick of topic's sequencer and returns how many events it

@@ -70,6 +70,15 @@ RETURNING state`
 
 	stateSQL = `SELECT state FROM {schema}subscriptions WHERE group_id = $1 AND topic_id = $2`
 
+	// notifyEligibleSQL notifies the topic's channel, at the commit of the
+	// statement's transaction, with a payload that names no partition
+	// ("<topic>:*"): every consumer of the topic polls at once, and reads
+	// its group's state (subscription, halts, layout) again. Every change
+	// that may make a partition eligible again sends it in its own
+	// transaction (NotifyEligible): a resume (any change of a
+	// subscription's state), an unhalt, a reset, a layout switch.
+	notifyEligibleSQL = `SELECT pg_notify(channel, $1::integer || ':*') FROM {schema}log_counter WHERE topic_id = $1`
+
 	// sweepDeadSQL marks ACTIVE groups without a heartbeat for their
 	// dead_after as DEAD.
 	sweepDeadSQL = `UPDATE {schema}subscriptions SET state = 'DEAD', state_changed_at = now()
@@ -165,6 +174,17 @@ ON CONFLICT (group_id, topic_id) DO UPDATE SET version = excluded.version, switc
 
 	// clearSQL removes a group's positions and leases before placeSQL and
 	// returns the highest lease epoch it had.
+	// unhaltPassedSQL removes the group's halts that its positions have
+	// moved past (a reset skipped the unit the partition stopped before)
+	// and returns them: a halt says where a partition stopped, and a
+	// position beyond it means the unit will never be tried again. A
+	// halt at or beyond the position stays: the unit is still ahead.
+	unhaltPassedSQL = `DELETE FROM {schema}partition_halts h USING {schema}consumer_offsets o
+WHERE h.group_id = $1 AND h.topic_id = $2
+  AND o.group_id = h.group_id AND o.topic_id = h.topic_id AND o.partition_id = h.partition_id
+  AND o.next_offset > h.c_offset
+RETURNING h.partition_id, h.c_offset`
+
 	clearSQL = `WITH pos AS (
     DELETE FROM {schema}consumer_positions WHERE group_id = $1 AND topic_id = $2
 ), l AS (
@@ -282,10 +302,24 @@ func SetState(ctx context.Context, db schema.DB, group string, topic int, to str
 			return prev, fmt.Errorf("set state: wait for the group's batches: %w", err)
 		}
 	}
+	// The group's consumers follow at the commit, not at their next
+	// heartbeat: a resume wakes the partitions within milliseconds.
+	if err := NotifyEligible(ctx, tx, topic); err != nil {
+		return prev, fmt.Errorf("set state: %w", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return prev, fmt.Errorf("set state: %w", err)
 	}
 	return prev, nil
+}
+
+// NotifyEligible tells every consumer of topic, when db's transaction
+// commits, to read its group's state and poll at once (notifyEligibleSQL).
+func NotifyEligible(ctx context.Context, db schema.DB, topic int) error {
+	if _, err := db.Exec(ctx, schema.SQL(ctx, notifyEligibleSQL), topic); err != nil {
+		return fmt.Errorf("notify the topic's consumers: %w", err)
+	}
+	return nil
 }
 
 // SubscriptionState returns the group's state on the topic, or "" when it
@@ -365,6 +399,13 @@ type Move struct {
 	Partition int   `json:"partition_id"`
 	From      int64 `json:"from"` // -1: no position before
 	To        int64 `json:"to"`
+	// Unhalted is the offset of the partition's halt that the reset moved
+	// past, and removed; nil when it removed none.
+	Unhalted *int64 `json:"unhalted,omitempty"`
+	// Halted is the offset of the partition's halt that the reset did not
+	// move past (it moved to the halt or before), and kept; nil when the
+	// partition is not halted.
+	Halted *int64 `json:"halted,omitempty"`
 }
 
 // Reset moves every position of the group to start (for a replay, or to
@@ -432,6 +473,34 @@ WHERE group_id = $1 AND topic_id = $2 ORDER BY partition_id`), group, topic)
 		moves = append(moves, Move{Partition: p, From: from, To: n})
 		return nil
 	}); err != nil {
+		return nil, fmt.Errorf("reset: %w", err)
+	}
+	// The halts moved past are removed; those still ahead are kept.
+	rows, err = tx.Query(ctx, schema.SQL(ctx, unhaltPassedSQL), group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("reset: %w", err)
+	}
+	unhalted := map[int]int64{}
+	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { unhalted[p] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("reset: %w", err)
+	}
+	halts, err := Halts(ctx, tx, group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("reset: %w", err)
+	}
+	for i := range moves {
+		m := &moves[i]
+		if at, ok := unhalted[m.Partition]; ok {
+			m.Unhalted = &at
+		}
+		for _, h := range halts {
+			if h.Partition == m.Partition {
+				m.Halted = &h.Offset
+			}
+		}
+	}
+	// The group's replicas (forced) follow at the commit.
+	if err := NotifyEligible(ctx, tx, topic); err != nil {
 		return nil, fmt.Errorf("reset: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

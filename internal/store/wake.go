@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -76,7 +75,7 @@ FROM unnest($2::integer[]) AS p`
 	// followSQL readies the session of a consumer's watcher to wait for
 	// the topic's watch key (waitLeadSQL): the wait ends after $3 ms
 	// (lock_timeout), so that the follower can look whether the holder
-	// still lives (holderSQL), and no statement_timeout of the role ends it
+	// still lives (EndFrozenHolder), and no statement_timeout of the role ends it
 	// sooner; the watcher's notifications need not wait for their commit's
 	// flush (a notification is a hint; a lost one costs the poll). The
 	// settings are the session's, which the watcher closes rather than
@@ -99,35 +98,6 @@ FROM unnest($2::integer[]) AS p`
 	// back.
 	waitLeadSQL = `SELECT pg_advisory_lock({schema}lock_key('watch', $1::integer::text)),
        pg_advisory_unlock_shared({schema}lock_key('follow', $1::integer::text))`
-
-	// holderSQL names the session that holds the topic's watch key (its
-	// pid, application_name, and how long it has been connected, in
-	// seconds), and the replicas of the topic whose heartbeat is live: an
-	// elected watcher whose replica no longer heartbeats (its process is
-	// frozen, or cut off) keeps the key while its session lasts, and the
-	// partitions it watched awake would wait for the poll.
-	holderSQL = `SELECT a.pid, a.application_name, extract(epoch FROM clock_timestamp() - a.backend_start),
-       ARRAY(SELECT r.replica_id FROM {schema}consumer_replicas r
-              WHERE r.topic_id = $1 AND r.expires_at > clock_timestamp())
-FROM (SELECT {schema}lock_key('watch', $1::integer::text) AS key) k
-JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
-JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE a.pid <> pg_backend_pid()`
-
-	// watchersSQL names the session that holds the topic's watch key
-	// (NULL: none), and counts the sessions waiting for it.
-	watchersSQL = `SELECT max(a.application_name) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted)
-FROM (SELECT {schema}lock_key('watch', $1::integer::text) AS key) k
-JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid
-LEFT JOIN pg_stat_activity a ON a.pid = l.pid`
-
-	// endHolderSQL ends the session $1 if it is still the one named $2.
-	endHolderSQL = `SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a
-WHERE a.pid = $1 AND a.application_name = $2`
 
 	// announceSQL reads, when $5, the topic's appends counter first (as
 	// appendsSQL, in a CTE the rest of the statement reads after it: NULL
@@ -177,13 +147,10 @@ SELECT t.tail, t.flight, (SELECT count(*) FROM n), (SELECT a.appends FROM a) FRO
 
 // WatcherApplicationName returns the application_name of the session of
 // replica's watcher of a topic, elected (holding the watch key) or waiting
-// for it: printable ASCII, at most the 63 bytes the server keeps.
+// for it: RoleWatcher.ApplicationName.
 func WatcherApplicationName(replica string) string {
-	return applicationName("pgevents watcher " + replica)
+	return RoleWatcher.ApplicationName(replica)
 }
-
-// WatcherApplicationPrefix begins every WatcherApplicationName.
-const WatcherApplicationPrefix = "pgevents watcher "
 
 // Follow readies db's session to wait for topic's watch key (see
 // followSQL), each wait ending after at most check: from then on, the
@@ -210,58 +177,6 @@ func Lead(ctx context.Context, db schema.DB, topic int) (bool, error) {
 		return false, fmt.Errorf("offsets: wait for the watch key: %w", err)
 	}
 	return true, nil
-}
-
-// EndFrozenWatcher ends the session that holds topic's watch key when it is
-// the watcher of a replica whose heartbeat is no longer live (and has been
-// connected for longer than grace, so that a replica that is still
-// registering is left alone), and returns that replica's session's
-// application_name; "" when it ended nothing.
-func EndFrozenWatcher(ctx context.Context, db schema.DB, topic int, grace time.Duration) (string, error) {
-	var (
-		pid  int
-		app  string
-		age  float64
-		live []string
-	)
-	err := db.QueryRow(ctx, schema.SQL(ctx, holderSQL), topic).Scan(&pid, &app, &age, &live)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil // released meanwhile
-	}
-	if err != nil {
-		return "", fmt.Errorf("offsets: the elected watcher: %w", err)
-	}
-	if !strings.HasPrefix(app, WatcherApplicationPrefix) || age < grace.Seconds() {
-		return "", nil
-	}
-	for _, r := range live {
-		if WatcherApplicationName(r) == app {
-			return "", nil
-		}
-	}
-	var n int
-	if err := db.QueryRow(ctx, endHolderSQL, pid, app).Scan(&n); err != nil {
-		return "", fmt.Errorf("offsets: end the elected watcher's session: %w", err)
-	}
-	if n == 0 {
-		return "", nil
-	}
-	return app, nil
-}
-
-// Watchers returns the application_name of the session of topic's elected
-// watcher ("" when none is elected: no consumer runs) and the number of
-// consumers' watchers waiting for its key.
-func Watchers(ctx context.Context, db schema.DB, topic int) (string, int, error) {
-	var elected *string
-	var waiting int
-	if err := db.QueryRow(ctx, schema.SQL(ctx, watchersSQL), topic).Scan(&elected, &waiting); err != nil {
-		return "", 0, fmt.Errorf("offsets: the topic's watchers: %w", err)
-	}
-	if elected == nil {
-		return "", waiting, nil
-	}
-	return *elected, waiting, nil
 }
 
 // Look is what the elected watcher reads (Watch) in one statement.

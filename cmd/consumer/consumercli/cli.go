@@ -38,8 +38,8 @@
 // run and migrate: exit status 2, naming the key (handlers[0].name).
 //
 // The usage, the messages and `version` call the binary by its file name
-// (or CLI.Name). The operator commands (group pause, resume and cancel,
-// offsets reset, dlq replay and discard) are recorded in the console's
+// (or CLI.Name). The operator commands (group pause, resume, cancel and
+// unhalt, offsets reset, dlq replay and discard) are recorded in the console's
 // audit with origin cli and the operating system's user@host as actor
 // (offsets.Audit); pause and resume are idempotent.
 //
@@ -61,6 +61,7 @@
 //	consumer offsets show [--group G] [--json]  positions, log ends and lags
 //	consumer offsets reset --group G --to earliest|latest|offset:N|time:T [--force]
 //	consumer group   pause|resume|cancel G
+//	consumer group   unhalt G --partition N
 //	consumer status  [--config FILE] [--group G] [--json] [--watch [--interval D]]
 //	consumer repartition --partitions N [--topic T]  change the partition count online
 //	consumer maintain [--once]       segments, dead groups, retention and sequencers without a consumer
@@ -150,6 +151,8 @@ commands:
            move a group's positions (replay or skip)
   group pause|resume|cancel G
            change a group's subscription state
+  group unhalt G --partition N
+           unhalt a halted partition: its consumer tries the failed unit again
   status   each group's position, owner, lag, dead letters and halts per partition
   repartition --partitions N [--topic T]
            change a topic's partition count online

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -180,7 +181,7 @@ func offsetsReset(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		var b strings.Builder
 		fmt.Fprintf(&b, "to %s%s:", start, forced)
 		for _, m := range moves {
-			fmt.Fprintf(&b, " partition %d %s -> %d;", m.Partition, fromString(m.From), m.To)
+			fmt.Fprintf(&b, " partition %d %s -> %d%s;", m.Partition, fromString(m.From), m.To, haltNote(m))
 		}
 		return strings.TrimSuffix(b.String(), ";"), err
 	})
@@ -192,9 +193,22 @@ func offsetsReset(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stdout, "group %s on topic %d reset to %s:\n", *group, *topic, start)
 	for _, m := range moves {
-		fmt.Fprintf(stdout, "  partition %d: %s -> %d\n", m.Partition, fromString(m.From), m.To)
+		fmt.Fprintf(stdout, "  partition %d: %s -> %d%s\n", m.Partition, fromString(m.From), m.To, haltNote(m))
 	}
 	return nil
+}
+
+// haltNote says what a reset did to the partition's halt: " (halt at 17
+// cleared: moved past it)", " (still halted at 17: unhalt it to try that
+// unit again)", or "".
+func haltNote(m offsets.Move) string {
+	switch {
+	case m.Unhalted != nil:
+		return fmt.Sprintf(" (halt at %d cleared: moved past it)", *m.Unhalted)
+	case m.Halted != nil:
+		return fmt.Sprintf(" (still halted at %d: unhalt it to try that unit again)", *m.Halted)
+	}
+	return ""
 }
 
 // fromString is a Move's From as shown: "-" when the group had no
@@ -206,14 +220,18 @@ func fromString(from int64) string {
 	return fmt.Sprint(from)
 }
 
-// groupCmd is `consumer group pause|resume|cancel G`. Pausing a paused
-// group and resuming an active one succeed and say so.
+// groupCmd is `consumer group pause|resume|cancel|unhalt G`. Pausing a
+// paused group and resuming an active one succeed and say so.
 func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	use := named(ctx, "usage: {cmd} group pause|resume|cancel GROUP [--topic T] [--config FILE]")
+	use := named(ctx, "usage: {cmd} group pause|resume|cancel GROUP [--topic T] [--config FILE]\n"+
+		"       {cmd} group unhalt GROUP --partition N [--topic T] [--config FILE]")
 	if len(args) < 2 {
 		return usagef("%s", use)
 	}
 	action := args[0]
+	if action == "unhalt" {
+		return groupUnhalt(ctx, args[1], args[2:], stdout, stderr)
+	}
 	to := map[string]string{"pause": offsets.Paused, "resume": offsets.Active, "cancel": offsets.Cancelled}[action]
 	if to == "" {
 		return usagef("group: unknown action %q; %s", action, use)
@@ -248,6 +266,65 @@ func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if to == offsets.Cancelled {
 		fmt.Fprintln(stdout, "CANCELLED is terminal: the group no longer holds back retention and its replicas stop.")
 	}
+	return nil
+}
+
+// groupUnhalt is `consumer group unhalt G --partition N`: the partition's
+// halt record removed (offsets.Unhalt) and recorded in the audit. The
+// group's consumers are told at the commit, and the partition's worker
+// tries the unit it stopped before again at once (it halts again if the
+// cause remains). Unhalting a partition that is not halted succeeds and
+// says so.
+func groupUnhalt(ctx context.Context, group string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("group unhalt", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", defaultConfigPath, "configuration file: the group's database (its groups item's databaseUrl, or the top level's), and its topicId when --topic is not given")
+	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
+	partition := new(int)
+	*partition = -1
+	fs.Func("partition", "the halted partition to unhalt (required; consumer status shows the halted ones)", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("a partition number is required, got %q", v)
+		}
+		*partition = n
+		return nil
+	})
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err}
+	}
+	if fs.NArg() != 0 {
+		return usagef("group unhalt: unexpected argument %q", fs.Arg(0))
+	}
+	if *partition < 0 {
+		return usagef("group unhalt: --partition is required (consumer status shows the halted partitions)")
+	}
+	ctx, _, pool, err := connectGroup(ctx, *path, group, topic)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var (
+		h  offsets.Halt
+		ok bool
+	)
+	err = audited(ctx, pool, offsets.AuditEntry{Action: "unhalt", Topic: topic, Group: &group, Partition: partition}, func(tx pgx.Tx) (string, error) {
+		var err error
+		h, ok, err = offsets.Unhalt(ctx, tx, group, *topic, *partition)
+		if !ok {
+			return "not halted", err
+		}
+		return fmt.Sprintf("halted at offset %d: %s", h.Offset, h.Reason), err
+	})
+	if err != nil {
+		return err
+	}
+	if !ok {
+		fmt.Fprintf(stdout, "partition %d of group %s on topic %d was not halted: nothing changed\n", *partition, group, *topic)
+		return nil
+	}
+	fmt.Fprintf(stdout, "group %s on topic %d: partition %d unhalted; it was halted at offset %d: %s\n", group, *topic, *partition, h.Offset, h.Reason)
+	fmt.Fprintln(stdout, "Its consumer tries that unit again now, and halts again if the cause remains.")
 	return nil
 }
 

@@ -70,7 +70,7 @@ func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	for _, tg := range targets {
 		tctx := schema.WithName(ctx, tg.schema)
 		if *once {
-			st, err := pgevents.SequenceStaged(tctx, tg.pool, tg.topic)
+			st, err := pgevents.SequenceStaged(tctx, tg.pool, tg.topic, &log)
 			if err != nil {
 				return err
 			}

@@ -303,3 +303,154 @@ func TestBinaryName(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupUnhalt: a partition of a running consumer halts on a unit whose
+// handler fails permanently (onPermanentFailure: halt); its log names the
+// command that unhalts it. Once the cause is fixed, `group unhalt g
+// --partition P` removes the halt and says where it was, and the unit is
+// handled within a second of the command's return (the poll is an hour
+// away). Unhalting it again succeeds and says it was not halted; both are
+// in the audit, with the partition. Without --partition, or with a bad
+// one, the command exits 2.
+func TestGroupUnhalt(t *testing.T) {
+	t.Parallel()
+	url, pool := migrated(t, 2)
+	eventtest.Exec(t, pool, `CREATE TABLE public.poison (host_id text)`)
+	// The recording handler, failing with a division by zero (a data error:
+	// permanent) on the hosts in poison.
+	statement := `INSERT INTO handled (c_offset, host_id, partition_id, transaction_id)
+SELECT @c_offset, @host_id, @partition_id, @transaction_id
+WHERE 1 / (1 - (SELECT count(*) FROM public.poison WHERE host_id = @host_id))::int = 1`
+	c := recordingConfig(2, -1, 10)
+	c = strings.Replace(c, strings.Join(strings.Fields(eventtest.RecordSQL), " "), strings.Join(strings.Fields(statement), " "), 1)
+	c = strings.Replace(c, "waitPeriodMs: 1000", "waitPeriodMs: 3600000\nonPermanentFailure: halt", 1)
+	cfg := writeConfig(t, c)
+	p := start(t, url, "run", "--config", cfg)
+	pgtest.WaitFor(t, 20*time.Second, "both partitions leased", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM partition_leases WHERE group_id = 'g' AND owner <> ''`) == 2
+	})
+	eventtest.Exec(t, pool, `INSERT INTO public.poison VALUES ('x')`)
+	appendEvents := func(host string) {
+		t.Helper()
+		ctx := context.Background()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := pgevents.Append(ctx, tx, pgevents.Event{HostID: host, EventType: "t", Payload: []byte(`{}`)})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendEvents("x")
+	pgtest.WaitFor(t, 20*time.Second, "the partition halted", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM partition_halts`) == 1
+	})
+	part := eventtest.QueryInt(t, pool, `SELECT partition_id FROM partition_halts`)
+	offset := eventtest.QueryInt(t, pool, `SELECT c_offset FROM partition_halts`)
+	hint := fmt.Sprintf("consumer group unhalt g --partition %d --topic 1", part)
+	pgtest.WaitFor(t, 10*time.Second, "the halt logged with the command that unhalts it", func() bool {
+		return strings.Contains(p.out.String(), hint)
+	})
+
+	eventtest.Exec(t, pool, `DELETE FROM public.poison`)
+	code, out := runOnce(t, url, "group", "unhalt", "g", "--partition", fmt.Sprint(part), "--config", cfg)
+	returned := time.Now()
+	want := fmt.Sprintf("group g on topic 1: partition %d unhalted; it was halted at offset %d: ", part, offset)
+	if code != 0 || !strings.Contains(out, want) {
+		t.Fatalf("group unhalt: exit %d, want 0 saying %q\n%s", code, want, out)
+	}
+	pgtest.WaitFor(t, time.Second, "the unit handled within a second of the unhalt", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM handled`) == 1
+	})
+	t.Logf("the unit was handled %s after group unhalt returned", time.Since(returned).Round(time.Millisecond))
+	if n := eventtest.QueryInt(t, pool, `SELECT count(*) FROM partition_halts`); n != 0 {
+		t.Fatalf("%d halts left after the unhalt", n)
+	}
+	code, out = runOnce(t, url, "group", "unhalt", "g", "--partition", fmt.Sprint(part), "--config", cfg)
+	if want := fmt.Sprintf("partition %d of group g on topic 1 was not halted: nothing changed", part); code != 0 || !strings.Contains(out, want) {
+		t.Fatalf("group unhalt of a partition not halted: exit %d, want 0 saying %q\n%s", code, want, out)
+	}
+	for _, args := range [][]string{{"group", "unhalt", "g"}, {"group", "unhalt", "g", "--partition", "-1"}, {"group", "unhalt", "g", "--partition", "x"}} {
+		if code, out := runOnce(t, url, append(args, "--config", cfg)...); code != 2 {
+			t.Errorf("%v: exit %d, want 2\n%s", args, code, out)
+		}
+	}
+	actor := cliActor()
+	got := auditRows(t, pool)
+	wantRows := []string{
+		fmt.Sprintf("cli %s unhalt halted at offset %d: ", actor, offset),
+		"cli " + actor + " unhalt not halted | ok",
+	}
+	if len(got) != len(wantRows) {
+		t.Fatalf("audit rows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(wantRows, "\n"))
+	}
+	for i := range wantRows {
+		if !strings.HasPrefix(got[i], wantRows[i]) || !strings.HasSuffix(got[i], "| ok") {
+			t.Errorf("audit row %d: %q, want %q… | ok", i, got[i], wantRows[i])
+		}
+	}
+	if n := eventtest.QueryInt(t, pool, `SELECT count(*) FROM console_audit WHERE action = 'unhalt' AND partition_id = $1 AND group_id = 'g' AND topic_id = 1`, part); n != 2 {
+		t.Errorf("%d unhalt audit rows name the group, topic and partition, want 2", n)
+	}
+	if code := p.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
+	}
+}
+
+// TestResetPastAHalt: `offsets reset` clears the halt of a partition whose
+// position it moves past (the unit is skipped), keeps the halt of one it
+// does not move past, and says which, in the table, the JSON and the
+// audit.
+func TestResetPastAHalt(t *testing.T) {
+	t.Parallel()
+	url, pool := migrated(t, 4)
+	cfg := writeConfig(t, recordingConfig(4, -1, 10))
+	ctx := context.Background()
+	if _, err := offsets.Subscribe(ctx, pool, "g", 1, offsets.Start{Kind: offsets.Earliest}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Init(ctx, pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 12 {
+		if _, err := pgevents.Append(ctx, pool, pgevents.Event{HostID: fmt.Sprintf("host-%d", i), EventType: "t", Payload: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := store.Halt(ctx, pool, "g", 1, 0, 1, "behind the reset"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Halt(ctx, pool, "g", 1, 3, 1_000_000_000, "ahead of the reset"); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runOnce(t, url, "offsets", "reset", "--group", "g", "--to", "latest", "--config", cfg)
+	if code != 0 || !strings.Contains(out, "(halt at 1 cleared: moved past it)") ||
+		!strings.Contains(out, "(still halted at 1000000000: unhalt it to try that unit again)") {
+		t.Fatalf("offsets reset: exit %d, want 0 saying which halt it cleared and which it kept\n%s", code, out)
+	}
+	halts := eventtest.QueryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE group_id = 'g' AND partition_id = 0`)
+	kept := eventtest.QueryInt(t, pool, `SELECT count(*) FROM partition_halts WHERE group_id = 'g' AND partition_id = 3`)
+	if halts != 0 || kept != 1 {
+		t.Fatalf("after the reset: %d halts in partition 0 (want 0, moved past), %d in partition 3 (want 1, ahead)", halts, kept)
+	}
+	if got := auditRows(t, pool); len(got) != 1 || !strings.Contains(got[0], "(halt at 1 cleared: moved past it)") {
+		t.Errorf("audit: %q, want the reset with the halt it cleared", got)
+	}
+	// --json: the same, as fields.
+	if err := store.Halt(ctx, pool, "g", 1, 1, 1, "behind the reset"); err != nil {
+		t.Fatal(err)
+	}
+	code, out = runOnce(t, url, "offsets", "reset", "--group", "g", "--to", "latest", "--json", "--config", cfg)
+	var moves []offsets.Move
+	if err := json.Unmarshal([]byte(out), &moves); code != 0 || err != nil || len(moves) != 4 {
+		t.Fatalf("offsets reset --json: exit %d, %v\n%s", code, err, out)
+	}
+	if m := moves[1]; m.Unhalted == nil || *m.Unhalted != 1 || m.Halted != nil {
+		t.Errorf("partition 1: %s, want unhalted 1", out)
+	}
+	if m := moves[3]; m.Halted == nil || *m.Halted != 1_000_000_000 || m.Unhalted != nil {
+		t.Errorf("partition 3: %s, want halted 1000000000", out)
+	}
+	if m := moves[0]; m.Halted != nil || m.Unhalted != nil {
+		t.Errorf("partition 0: %s, want no halt", out)
+	}
+}

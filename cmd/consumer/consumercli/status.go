@@ -53,15 +53,29 @@ whose groups share them), one after the other; its field names are stable:
                             every partition for every consumer of the
                             database) and how many consumers' watchers
                             wait to take over
+  sequencer                 null unless the topic is sequenced, or
+                            {"session", "waiting", "last_tick",
+                            "last_tick_seconds", "staged_events",
+                            "staged_capped", "staged_seconds"}: the
+                            application_name of the session that holds
+                            the sequencer key ("" when no process
+                            sequences), the sessions waiting for it, when
+                            a tick last moved events into the log and how
+                            long ago, the events committed in staging that
+                            no tick moved yet (up to lag_cap) and the age
+                            of the oldest of them
   partitions                one object per group and partition, by group
                             then partition:
     group_id, partition_id
     next_offset             the group's position; null without one
     log_end                 the highest offset in the partition; null when empty
     lag_events              events at or after next_offset, up to lag_cap
+                            (with, for a sequenced topic, the events
+                            staged for the partition and not sequenced)
     lag_capped              true when counting stopped at lag_cap
     lag_seconds             database clock minus created_at of the first
-                            unhandled event; 0 when none
+                            unhandled event (staged or in the log); 0
+                            when none
     dead_letters_open       rows of dead_letter_queue
     halted                  null, or {"offset", "reason", "since"}
     lease                   null when no replica holds a live lease, or
@@ -92,7 +106,21 @@ type statusJSON struct {
 	NotificationQueueUsage float64           `json:"notification_queue_usage"`
 	LagCap                 int64             `json:"lag_cap"`
 	Watcher                *watcherStatus    `json:"watcher"`
+	Sequencer              *sequencerStatus  `json:"sequencer"`
 	Partitions             []partitionStatus `json:"partitions"`
+}
+
+// sequencerStatus is the sequencer of a sequenced topic (metrics.Sequencer).
+type sequencerStatus struct {
+	// Session is the application_name of the session that holds the
+	// sequencer key; empty when no process sequences the topic.
+	Session         string    `json:"session"`
+	Waiting         int       `json:"waiting"`
+	LastTick        time.Time `json:"last_tick"`
+	LastTickSeconds float64   `json:"last_tick_seconds"`
+	StagedEvents    int64     `json:"staged_events"`
+	StagedCapped    bool      `json:"staged_capped"`
+	StagedSeconds   float64   `json:"staged_seconds"`
 }
 
 // watcherStatus says which consumer's watcher the topic's consumers follow.
@@ -147,6 +175,10 @@ func statusFrom(st metrics.State) statusJSON {
 		NotificationQueueUsage: st.NotificationQueueUsage,
 		LagCap:                 st.LagCap,
 		Partitions:             make([]partitionStatus, 0, len(st.Partitions)),
+	}
+	if sq := st.Sequencer; sq != nil {
+		out.Sequencer = &sequencerStatus{Session: sq.Session, Waiting: sq.Waiting, LastTick: sq.LastTick,
+			LastTickSeconds: sq.LastTickSeconds, StagedEvents: sq.Staged, StagedCapped: sq.StagedCapped, StagedSeconds: sq.StagedSeconds}
 	}
 	for _, p := range st.Partitions {
 		ps := partitionStatus{
@@ -297,9 +329,34 @@ func writeStatusTable(w io.Writer, s *statusJSON) error {
 	if s.Watcher != nil {
 		watcher = fmt.Sprintf("%s, %d waiting", s.Watcher.Session, s.Watcher.Waiting)
 	}
-	_, err := fmt.Fprintf(w, "\ntopic %d: %d partitions; notification queue usage %.2f%%; lag counted up to %d events; watcher: %s\n",
-		s.TopicID, s.TotalPartitions, 100*s.NotificationQueueUsage, s.LagCap, watcher)
-	return err
+	if _, err := fmt.Fprintf(w, "\ntopic %d: %d partitions; notification queue usage %.2f%%; lag counted up to %d events; watcher: %s\n",
+		s.TopicID, s.TotalPartitions, 100*s.NotificationQueueUsage, s.LagCap, watcher); err != nil {
+		return err
+	}
+	if s.Sequencer != nil {
+		_, err := fmt.Fprintf(w, "sequencer: %s\n", s.Sequencer.describe())
+		return err
+	}
+	return nil
+}
+
+// describe says who sequences, when a tick last moved events, and what
+// waits: "pgevents sequencer r1, 1 waiting; last tick 3.2s ago; 325
+// events staged, not sequenced (oldest 12.5s)".
+func (sq *sequencerStatus) describe() string {
+	holder := "none (no process sequences the topic: start a consumer, or consumer maintain)"
+	if sq.Session != "" {
+		holder = fmt.Sprintf("%s, %d waiting", sq.Session, sq.Waiting)
+	}
+	staged := "nothing staged waits"
+	if sq.StagedEvents > 0 {
+		n := strconv.FormatInt(sq.StagedEvents, 10)
+		if sq.StagedCapped {
+			n = ">=" + n
+		}
+		staged = fmt.Sprintf("%s events staged, not sequenced (oldest %s)", n, formatSeconds(sq.StagedSeconds))
+	}
+	return fmt.Sprintf("%s; last tick %s ago; %s", holder, formatSeconds(sq.LastTickSeconds), staged)
 }
 
 func anyCell(ps []partitionStatus, c statusColumn) bool {

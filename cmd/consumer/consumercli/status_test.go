@@ -300,3 +300,108 @@ func TestStatusUsage(t *testing.T) {
 		t.Errorf("status -h: exit %d\n%s", code, out)
 	}
 }
+
+// TestStatusShowsTheSequencer: a sequenced topic whose producers committed
+// 325 events while no process sequenced them. `consumer status` says so:
+// no sequencer, 325 events staged (with their age), and each partition's
+// lag counts the events staged for it, with their age (it said LAG 0).
+// Once a session holds the sequencer key it is named, and once a tick
+// moved the events into the log nothing is staged, the last tick is
+// recent, and the lag is the same events, now in the log.
+func TestStatusShowsTheSequencer(t *testing.T) {
+	t.Parallel()
+	f := newSequencedFixture(t)
+	ctx := context.Background()
+	if err := store.Init(ctx, f.pool, "g", 1, []int{0, 1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 65 {
+		f.appendTx(t, i, 5)
+	}
+	type doc struct {
+		Sequencer *struct {
+			Session         string  `json:"session"`
+			Waiting         int     `json:"waiting"`
+			LastTickSeconds float64 `json:"last_tick_seconds"`
+			StagedEvents    int64   `json:"staged_events"`
+			StagedCapped    bool    `json:"staged_capped"`
+			StagedSeconds   float64 `json:"staged_seconds"`
+		} `json:"sequencer"`
+		Partitions []struct {
+			PartitionID int     `json:"partition_id"`
+			LagEvents   int64   `json:"lag_events"`
+			LagSeconds  float64 `json:"lag_seconds"`
+		} `json:"partitions"`
+	}
+	status := func() (doc, string) {
+		t.Helper()
+		code, out := runOnce(t, f.url, "status", "--config", f.cfg, "--json")
+		var d doc
+		if err := json.Unmarshal([]byte(out), &d); code != 0 || err != nil {
+			t.Fatalf("status --json: exit %d, %v\n%s", code, err, out)
+		}
+		code, text := runOnce(t, f.url, "status", "--config", f.cfg)
+		if code != 0 {
+			t.Fatalf("status: exit %d\n%s", code, text)
+		}
+		return d, text
+	}
+	// Each partition's lag: the events staged for it (none is in the log).
+	checkLag := func(d doc, out string) {
+		t.Helper()
+		if len(d.Partitions) != 4 {
+			t.Fatalf("%d partitions in status, want 4", len(d.Partitions))
+		}
+		for _, p := range d.Partitions {
+			want := eventtest.QueryInt(t, f.pool, `SELECT count(*) FROM staged_events WHERE event_partition(host_id, 4) = $1`, p.PartitionID)
+			if p.LagEvents != want || want > 0 && p.LagSeconds <= 0 {
+				t.Errorf("partition %d: lag %d events, %.3fs; want %d events, a positive age\n%s", p.PartitionID, p.LagEvents, p.LagSeconds, want, out)
+			}
+		}
+	}
+	d, text := status()
+	if sq := d.Sequencer; sq == nil || sq.Session != "" || sq.StagedEvents != 325 || sq.StagedCapped || sq.StagedSeconds <= 0 {
+		t.Fatalf("sequencer %+v, want none holding the key and 325 staged events with an age\n%s", d.Sequencer, text)
+	}
+	if !strings.Contains(text, "sequencer: none (no process sequences the topic") || !strings.Contains(text, "325 events staged, not sequenced") {
+		t.Errorf("status does not say that nothing sequences the 325 staged events:\n%s", text)
+	}
+	checkLag(d, text)
+
+	// A sequencer (as consumer maintain's session is named) takes the key,
+	// and ticks.
+	cfg, err := pgx.ParseConfig(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "pgevents sequencer maintain"
+	seq, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seq.Close(ctx)
+	if _, err := seq.Exec(ctx, `SELECT pg_advisory_lock(lock_key('sequencer', '1'))`); err != nil {
+		t.Fatal(err)
+	}
+	if d, text = status(); d.Sequencer == nil || d.Sequencer.Session != "pgevents sequencer maintain" || d.Sequencer.StagedEvents != 325 {
+		t.Fatalf("sequencer %+v, want the key's holder named and 325 staged\n%s", d.Sequencer, text)
+	}
+	var moved int
+	if err := seq.QueryRow(ctx, `SELECT sequence_tick(1)`).Scan(&moved); err != nil || moved != 325 {
+		t.Fatalf("tick: %d events, %v", moved, err)
+	}
+	d, text = status()
+	if sq := d.Sequencer; sq == nil || sq.StagedEvents != 0 || sq.LastTickSeconds > 10 {
+		t.Fatalf("sequencer %+v after a tick, want nothing staged and a recent tick\n%s", d.Sequencer, text)
+	}
+	var lag int64
+	for _, p := range d.Partitions {
+		lag += p.LagEvents
+		if want := eventtest.QueryInt(t, f.pool, `SELECT count(*) FROM outbox_message_t WHERE partition_id = $1`, p.PartitionID); p.LagEvents != want {
+			t.Errorf("partition %d: lag %d after the tick, want the %d events now in the log", p.PartitionID, p.LagEvents, want)
+		}
+	}
+	if lag != 325 {
+		t.Errorf("lag %d after the tick, want 325", lag)
+	}
+}
