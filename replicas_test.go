@@ -154,10 +154,11 @@ func TestLostLeaseCannotCommit(t *testing.T) {
 	// Another replica takes the lease over (as after an expiry), and
 	// fences the batch in flight.
 	mustExec(t, pool, `UPDATE partition_leases SET owner = 'usurper', epoch = epoch + 1`)
-	if n, err := lease.Fence(pgtest.Context(context.Background()), pool, "g", 1, 0, c.ReplicaID()); err != nil || n != 1 {
+	n, err := lease.Fence(pgtest.Context(context.Background()), pool, "g", 1, 0, c.ReplicaID())
+	close(resume)
+	if err != nil || n != 1 {
 		t.Fatalf("the takeover's fence ended %d batches (%v), want the one in flight", n, err)
 	}
-	close(resume)
 	pgtest.WaitFor(t, 5*time.Second, "the batch rolled back and the lease is dropped", func() bool {
 		return len(c.Partitions()) == 0 || workerOf(c, 0).epoch.Load() == 0
 	})

@@ -242,7 +242,7 @@ func TestStatementsUseGenericPlans(t *testing.T) {
 			t.Fatal(err)
 		}
 		if mode != "auto" {
-			t.Fatalf("handlers run with plan_cache_mode %q, want the session's %q", mode, "auto")
+			t.Fatalf("handlers run with plan_cache_mode %q, want %q", mode, "auto")
 		}
 		// The claim reads the cut without calling layout_cut, which the
 		// server would parse and plan again at every execution.
