@@ -77,7 +77,10 @@
 // The configuration file defaults to db-event-consumer.yml; DATABASE_URL
 // overrides its databaseUrl. Exit status: 0 on success (and after a clean
 // shutdown), 1 on a runtime failure, 2 on invalid configuration or usage,
-// with the offending key named.
+// with the offending key named. -h or --help after any command's words
+// prints its usage to stdout and exits 0; a usage error prints it to
+// stderr and exits 2. A name the database does not know (--group, a
+// topic) is an error naming it, never an empty table.
 package consumercli
 
 import (
