@@ -121,7 +121,9 @@ func TestSystemdVerify(t *testing.T) {
 // exists, the environment files set DATABASE_URL, and the configuration
 // loads with that environment, an instance pN of the template with
 // partitionId N: an instance can neither start without its files nor
-// start on the example's databaseUrl unnoticed.
+// start on the example's databaseUrl unnoticed. And the units fail loudly
+// without them: DATABASE_URL comes from a required environment file, the
+// configuration is named by AssertPathExists.
 func TestDeployingGuideSystemd(t *testing.T) {
 	bash, err := exec.LookPath("bash")
 	if err != nil {
@@ -196,7 +198,8 @@ func TestDeployingGuideSystemd(t *testing.T) {
 			continue
 		}
 		env := map[string]string{}
-		var configs []string
+		var configs, asserted []string
+		urlRequired := false // a required environment file sets DATABASE_URL
 		for _, line := range strings.Split(strings.ReplaceAll(string(unit), "%i", instance), "\n") {
 			key, value, ok := strings.Cut(strings.TrimSpace(line), "=")
 			if !ok || strings.HasPrefix(key, "#") {
@@ -216,9 +219,11 @@ func TestDeployingGuideSystemd(t *testing.T) {
 				for _, l := range strings.Split(string(data), "\n") {
 					if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok && !strings.HasPrefix(k, "#") {
 						env[k] = v
+						urlRequired = urlRequired || (k == "DATABASE_URL" && !optional)
 					}
 				}
 			case "AssertPathExists":
+				asserted = append(asserted, path)
 				if _, err := os.Stat(path); err != nil {
 					t.Errorf("%s: %s=%s: %v", u, key, value, err)
 				}
@@ -232,7 +237,13 @@ func TestDeployingGuideSystemd(t *testing.T) {
 		if env["DATABASE_URL"] == "" {
 			t.Errorf("%s: its environment files set no DATABASE_URL: it would run on the file's databaseUrl", u)
 		}
+		if !urlRequired {
+			t.Errorf("%s reads DATABASE_URL from optional environment files only (EnvironmentFile=-...): without them it would start on the file's databaseUrl, silently", u)
+		}
 		for _, c := range configs {
+			if !slices.Contains(asserted, c) {
+				t.Errorf("%s: no AssertPathExists names %s: an instance without its file would fail only once the binary runs", u, c)
+			}
 			t.Setenv("DATABASE_URL", env["DATABASE_URL"])
 			cfg, err := config.Load(c)
 			if err != nil {
