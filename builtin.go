@@ -113,7 +113,7 @@ func CheckSQLHandler(ctx context.Context, conn *pgx.Conn, statement string) erro
 		return fmt.Errorf("sql handler: %w", err)
 	}
 	if n := len(sd.ParamOIDs); n > len(args) {
-		return fmt.Errorf("sql handler: there is no parameter $%d: a sql handler binds named parameters only (%s), not $1, $2...", len(args)+1, bound)
+		return fmt.Errorf("sql handler: there is no parameter $%d: a sql handler binds named parameters only (%s), not positional ones ($1)", len(args)+1, bound)
 	}
 	return nil
 }
