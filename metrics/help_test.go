@@ -38,7 +38,7 @@ func TestWakeupsHelpNamesEverySource(t *testing.T) {
 		t.Fatal("pgevents_wakeups_total is not gathered")
 	}
 	for _, s := range sources {
-		if !strings.Contains(help, s+" (") {
+		if !strings.Contains(help, " "+s+", ") {
 			t.Errorf("the help of pgevents_wakeups_total does not name source %q: %s", s, help)
 		}
 	}
