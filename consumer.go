@@ -92,12 +92,17 @@ func (e *TimeoutError) Error() string {
 type Consumer struct {
 	pool    *pgxpool.Pool
 	cfg     Config
-	log     zerolog.Logger
-	static  []int // the partitions of a static replica; nil: auto mode
+	log     zerolog.Logger // with the group and the topic
+	static  []int          // the partitions of a static replica; nil: auto mode
 	start   StartPosition
 	rt      atomic.Pointer[layoutRun]
 	started atomic.Bool // Run was called
 	paused  atomic.Bool // the subscription is PAUSED: handle nothing
+
+	// topicLog is the logger with the group only, for the topic's
+	// sequencer and maintenance, which add the topic themselves: a JSON
+	// line must not carry a key twice.
+	topicLog zerolog.Logger
 
 	handled atomic.Int64
 	batches atomic.Int64
@@ -171,10 +176,12 @@ func NewConsumer(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if cfg.Logger != nil {
 		log = *cfg.Logger
 	}
+	glog := log.With().Str("group", cfg.GroupID).Logger()
 	c := &Consumer{
 		pool:      pool,
 		cfg:       cfg,
-		log:       log.With().Str("group", cfg.GroupID).Int("topic", cfg.TopicID).Logger(),
+		log:       glog.With().Int("topic", cfg.TopicID).Logger(),
+		topicLog:  glog,
 		static:    static,
 		start:     start,
 		kick:      make(chan WakeSource, 1),
@@ -350,7 +357,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	g.Go(func() error { return c.subscription(gctx) })
 	g.Go(func() error { return c.maintain(gctx) })
 	g.Go(func() error {
-		err := Sequence(gctx, c.pool, c.cfg.TopicID, c.replicaID, &c.log)
+		err := Sequence(gctx, c.pool, c.cfg.TopicID, c.replicaID, &c.topicLog)
 		if errors.Is(err, ErrNotSequenced) {
 			return nil
 		}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgevents/pgevents/schema"
 )
 
 // Class says what the consumer does with a failed batch.
@@ -119,6 +121,10 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 //     407 and redirects are deployment; other 4xx are permanent);
 //   - a PanicError, ErrUnknownEventType or ErrAbortedTransaction:
 //     ClassPermanent;
+//   - an error wrapping schema.ErrTopicNotFound (Append to a topic that
+//     does not exist, which the server raises with SQLSTATE 23503):
+//     ClassDeployment, so that a handler that appends to a topic not
+//     created yet waits for `consumer migrate` instead of dead-lettering;
 //   - SQLSTATE classes 08 (connection), 40 (serialization failure,
 //     deadlock), 53 (insufficient resources), and 55P03 (lock not
 //     available), 57014 (query canceled, statement_timeout), 57P01 (admin
@@ -139,6 +145,9 @@ func Classify(err error) Class {
 	var pe *PanicError
 	if errors.As(err, &pe) || errors.Is(err, ErrUnknownEventType) || errors.Is(err, ErrAbortedTransaction) {
 		return ClassPermanent
+	}
+	if errors.Is(err, schema.ErrTopicNotFound) {
+		return ClassDeployment
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

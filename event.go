@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgevents/pgevents/internal/store"
@@ -34,6 +36,35 @@ type Querier = schema.DB
 // ErrInvalidEvent is wrapped by Append's error when an event lacks HostID or
 // EventType, or carries a payload that is not JSON.
 var ErrInvalidEvent = errors.New("invalid event")
+
+// topicNotFoundError is Append's error for a topic that does not exist:
+// the server's (SQLSTATE 23503, raised by the append functions) with the
+// hint the SQL path prints beside it, wrapping schema.ErrTopicNotFound so
+// that Classify calls it a failure of the deployment, not of the event.
+type topicNotFoundError struct {
+	err  error
+	hint string
+}
+
+func (e *topicNotFoundError) Error() string { return "append: " + e.err.Error() + "; " + e.hint }
+
+func (e *topicNotFoundError) Unwrap() []error { return []error{e.err, schema.ErrTopicNotFound} }
+
+// appendError returns err, the failure of a statement that appends
+// events, prefixed with "append: ": as a *topicNotFoundError when the
+// append functions said that the topic does not exist.
+func appendError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23503" &&
+		strings.HasPrefix(pgErr.Message, "pgevents: topic ") && strings.HasSuffix(pgErr.Message, " does not exist") {
+		hint := pgErr.Hint
+		if hint == "" || !strings.Contains(hint, "migrate") {
+			hint = "create it with: consumer migrate --config FILE"
+		}
+		return &topicNotFoundError{err: err, hint: hint}
+	}
+	return fmt.Errorf("append: %w", err)
+}
 
 type appendItem struct {
 	HostID         string          `json:"host_id"`
@@ -121,6 +152,12 @@ func WithSchema(ctx context.Context, name string) context.Context {
 // numbers, not offsets; the topic's sequencer gives them offsets once the
 // transaction committed (see AppendResult.Sequenced). The rules above on
 // locks and deadlocks do not apply, nor does the isolation level matter.
+//
+// To a topic that does not exist, Append returns an error wrapping
+// schema.ErrTopicNotFound and the server's *pgconn.PgError (SQLSTATE
+// 23503), whose text says to create the topic with `consumer migrate`;
+// Classify calls it ClassDeployment, so a handler that appends to a topic
+// not created yet is retried, never dead-lettered.
 func Append(ctx context.Context, q schema.DB, events ...Event) ([]int64, error) {
 	res, err := appendEvents(ctx, q, false, events)
 	return offsetsOf(res), err
@@ -240,7 +277,7 @@ func (s *appendStmt) scan(row pgx.Row, out []AppendResult) error {
 		var parts []int32
 		var dups []bool
 		if err := row.Scan(&offs, &parts, &dups); err != nil {
-			return fmt.Errorf("append: %w", err)
+			return appendError(err)
 		}
 		if len(offs) != len(s.idx) || len(parts) != len(s.idx) || len(dups) != len(s.idx) {
 			return fmt.Errorf("append: topic %d: %d results for %d events", s.topic, len(offs), len(s.idx))
@@ -253,14 +290,14 @@ func (s *appendStmt) scan(row pgx.Row, out []AppendResult) error {
 	if len(s.idx) == 1 {
 		var off int64
 		if err := row.Scan(&off); err != nil {
-			return fmt.Errorf("append: %w", err)
+			return appendError(err)
 		}
 		out[s.idx[0]].Offset = off
 		return nil
 	}
 	var offs []int64
 	if err := row.Scan(&offs); err != nil {
-		return fmt.Errorf("append: %w", err)
+		return appendError(err)
 	}
 	if len(offs) != len(s.idx) {
 		return fmt.Errorf("append: topic %d: appended %d events, expected %d", s.topic, len(offs), len(s.idx))

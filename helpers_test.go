@@ -2,7 +2,6 @@ package pgevents
 
 import (
 	"context"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
@@ -46,8 +46,7 @@ func startStoppableConsumer(t *testing.T, pool *pgxpool.Pool, cfg Config) (*Cons
 		cfg.Schema = pgtest.Schema()
 	}
 	if cfg.Logger == nil {
-		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(zerolog.WarnLevel).
-			With().Timestamp().Str("test", t.Name()).Logger()
+		l, _ := logtest.Logger(t, zerolog.WarnLevel) // every line checked, warnings shown
 		cfg.Logger = &l
 	}
 	c, err := NewConsumer(consumerPool(t, pool, cfg.TotalPartitions), cfg)

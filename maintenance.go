@@ -19,7 +19,7 @@ func (c *Consumer) maintain(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.MaintenanceInterval)
 	defer t.Stop()
 	for {
-		if _, err := maintainAs(ctx, c.pool, c.cfg.TopicID, c.replicaID, &c.log); err != nil {
+		if _, err := maintainAs(ctx, c.pool, c.cfg.TopicID, c.replicaID, &c.topicLog); err != nil {
 			if ctx.Err() != nil || !backoff.Sleep(ctx, c.maintaining.Fail(err, "maintenance failed")) {
 				return nil
 			}

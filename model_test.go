@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
@@ -268,9 +269,13 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 	// printed when the case fails: the case makes handlers fail on purpose,
 	// so a passing case's log is noise.
 	m.logBuf = &tailWriter{max: 4000}
-	m.log = zerolog.New(zerolog.ConsoleWriter{Out: m.logBuf, NoColor: true, FormatTimestamp: func(any) string {
-		return time.Now().Format("15:04:05.000") // when the line is written, to the millisecond
-	}}).Level(zerolog.InfoLevel).With().Timestamp().Uint64("seed", mc.seed).Logger()
+	// Every line, at every level, is checked (logtest).
+	m.log = zerolog.New(zerolog.MultiLevelWriter(logtest.New(t), &zerolog.FilteredLevelWriter{
+		Level: zerolog.InfoLevel,
+		Writer: zerolog.LevelWriterAdapter{Writer: zerolog.ConsoleWriter{Out: m.logBuf, NoColor: true, FormatTimestamp: func(any) string {
+			return time.Now().Format("15:04:05.000") // when the line is written, to the millisecond
+		}}},
+	})).Level(zerolog.TraceLevel).With().Timestamp().Uint64("seed", mc.seed).Logger()
 	defer func() {
 		if t.Failed() {
 			t.Logf("the consumers' log, last %d lines:\n%s", m.logBuf.max, m.logBuf.String())

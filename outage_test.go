@@ -3,6 +3,7 @@ package pgevents
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
@@ -74,7 +76,7 @@ func TestOutageLogsAndBacksOff(t *testing.T) {
 	mustExec(t, pool, handledTable)
 	proxied, proxy := pgtest.ProxiedPool(t, pool)
 	var logs logLines
-	log := zerolog.New(&logs).Level(zerolog.InfoLevel).With().Timestamp().Logger()
+	log := zerolog.New(io.MultiWriter(&logs, logtest.New(t))).Level(zerolog.InfoLevel).With().Timestamp().Logger()
 	startConsumer(t, proxied, Config{TotalPartitions: partitions, Handlers: recordingHandlers(), Logger: &log})
 
 	var total int64

@@ -83,7 +83,10 @@ func (w *worker) retry(ctx context.Context, err error) {
 		}
 	}
 	ev = ev.Err(err).Stringer("class", class).Stringer("next", v).Int("attempt", w.failures).
-		Dur("retry_in", d).Int64("next_offset", w.next.Load())
+		Int64("retry_in_ms", d.Milliseconds())
+	if next := w.next.Load(); next > 0 {
+		ev = ev.Int64("next_offset", next) // 0: not known since the lease was taken (offsets start at 1)
+	}
 	if ue != nil {
 		ev = ev.Int64("offset", ue.offset)
 	}
@@ -153,7 +156,7 @@ func (w *worker) breakerTripped() bool {
 	// Units already marked count too: they are dead-lettered in the next
 	// attempt of this batch.
 	if n := len(kept) + len(w.poison); n >= max {
-		w.log.Error().Int("dead_letters", n).Dur("window", w.c.cfg.DeadLetterWindow).
+		w.log.Error().Int("dead_letters", n).Int64("window_ms", w.c.cfg.DeadLetterWindow.Milliseconds()).
 			Msg("dead-letter circuit breaker tripped")
 		return true
 	}

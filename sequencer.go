@@ -31,7 +31,21 @@ const (
 	// rotateEvery is how often the sequencer rotates the staging tables
 	// (rotate_stage): a staging table holds about two periods of events.
 	rotateEvery = 10 * time.Second
+	// rotateRetry is how soon a rotation that rotate_stage refused is
+	// tried again. It refuses while a producer transaction that wrote into
+	// the generation to empty is open, or its events are not sequenced
+	// yet: tried again a period later, the rotation would wait up to a
+	// period more after that transaction ended.
+	rotateRetry = time.Second
 )
+
+// sequencerTiming is the rotation's timing of a sequencer: rotateEvery
+// and rotateRetry, which a test shortens through the context it gives
+// Sequence (timingKey).
+type sequencerTiming struct{ every, retry time.Duration }
+
+// timingKey is the context key of a test's sequencerTiming.
+type timingKey struct{}
 
 // Sequence runs the sequencer of topic, a sequenced topic (offset scope
 // "sequenced"), on connections configured as pool's, until ctx is
@@ -54,7 +68,11 @@ const (
 // ended) are logged, and it connects again with backoff.
 func Sequence(ctx context.Context, pool *pgxpool.Pool, topic int, name string, log *zerolog.Logger) error {
 	l := log.With().Int("topic", topic).Logger()
-	s := &sequencer{pool: pool, topic: topic, name: name, log: &l, retry: backoff.New(l, "sequencer")}
+	s := &sequencer{pool: pool, topic: topic, name: name, log: &l, retry: backoff.New(l, "sequencer"),
+		timing: sequencerTiming{every: rotateEvery, retry: rotateRetry}}
+	if tm, ok := ctx.Value(timingKey{}).(sequencerTiming); ok {
+		s.timing = tm
+	}
 	for {
 		ok, err := store.Sequenced(ctx, pool, topic)
 		if err == nil && !ok {
@@ -82,6 +100,8 @@ type sequencer struct {
 	name  string
 	log   *zerolog.Logger
 	retry *backoff.Retry
+	// timing is the rotation's: rotateEvery and rotateRetry.
+	timing sequencerTiming
 }
 
 // run sequences until ctx is cancelled.
@@ -127,7 +147,7 @@ func (s *sequencer) lead(ctx context.Context) error {
 	s.log.Info().Msg("sequencing the topic: this process moves what producers commit into the log")
 	fine := finetimer.New()
 	defer fine.Close()
-	rotated := time.Now()
+	rotateAt := time.Now().Add(s.timing.every) // the next rotation's
 	payload := strconv.Itoa(topic)
 	for ctx.Err() == nil {
 		n, err := store.Tick(ctx, conn, topic)
@@ -137,10 +157,14 @@ func (s *sequencer) lead(ctx context.Context) error {
 		if n > 0 {
 			continue
 		}
-		if time.Since(rotated) >= rotateEvery {
-			rotated = time.Now()
-			if _, err := store.RotateStage(ctx, conn, topic); err != nil {
+		if !time.Now().Before(rotateAt) {
+			ok, err := store.RotateStage(ctx, conn, topic)
+			if err != nil {
 				return err
+			}
+			rotateAt = time.Now().Add(s.timing.every)
+			if !ok {
+				rotateAt = time.Now().Add(s.timing.retry) // a producer's transaction holds it
 			}
 		}
 		asleep, err := store.SequencerSleep(ctx, conn, topic)

@@ -163,7 +163,7 @@ func (w *worker) slowProducer(holder string) {
 		return
 	}
 	w.slowLogged = now
-	w.log.Warn().Str("producer", holder).Dur("waited", store.AwaitAppendMax).
+	w.log.Warn().Str("producer", holder).Int64("waited_ms", store.AwaitAppendMax.Milliseconds()).
 		Msg("an append in flight on the partition has not committed: the partition's next events wait for that producer's transaction")
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/adopt"
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -548,8 +549,8 @@ func TestBridge(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.exec(handledTable)
-	var logs syncLog
-	log := zerolog.New(&logs).Level(zerolog.InfoLevel)
+	logs := logtest.New(t)
+	log := zerolog.New(logs).Level(zerolog.TraceLevel)
 	s.consume("g", &log)
 
 	const txs = 80
@@ -632,24 +633,6 @@ FROM r, unnest($2::uuid[]) WITH ORDINALITY AS u(h, ord)`, n, hosts, i, fmt.Sprin
 	if err := adopt.Unbridge(s.ctx, s.app, adopt.Options{}); err == nil {
 		t.Fatal("a second unbridge succeeded")
 	}
-}
-
-// syncLog is a log destination safe for concurrent writes.
-type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestAdoptScript runs the SQL of --print as a team's migration tool

@@ -363,6 +363,17 @@ type Handler struct {
 	// is "sql" and must be empty when Type is "log".
 	Statement string `yaml:"statement"`
 
+	// PrepareAtStart, for type sql, says whether `consumer run` prepares
+	// Statement on the group's database when it starts
+	// (pgevents.CheckSQLHandler) and refuses to start, exit status 2
+	// naming the statement's key with the server's message, when it
+	// cannot: a table or column that does not exist, a positional
+	// parameter ($1), a named one a sql handler does not bind. Defaults
+	// to true (nil); false leaves a statement over tables created after
+	// the consumer starts to its first event, where a failure is retried
+	// as a deployment failure. See [Handler.PreparesAtStart].
+	PrepareAtStart *bool `yaml:"prepareAtStart"`
+
 	// Output is where a "log" handler writes: "stdout", "stderr" or a file
 	// path. [Parse] sets it to "stdout" when a log handler leaves it out;
 	// [Config.Validate] treats empty as "stdout". It must be empty when
@@ -423,6 +434,10 @@ type Handler struct {
 	// (a host's requests are never concurrent). Defaults to 8.
 	Concurrency int `yaml:"concurrency"`
 }
+
+// PreparesAtStart reports whether `consumer run` checks the statement of a
+// handler of type sql when it starts: PrepareAtStart, default true.
+func (h *Handler) PreparesAtStart() bool { return h.PrepareAtStart == nil || *h.PrepareAtStart }
 
 // TLS names the PEM files of a relay's TLS client configuration.
 type TLS struct {

@@ -98,7 +98,7 @@ handlers:
   - eventType: invoice_paid
     type: sql
     statement: |
-      INSERT INTO paid (id) VALUES ($1)
+      INSERT INTO paid (id) VALUES (@c_offset)
 `
 
 func TestParseFullFile(t *testing.T) {
@@ -147,7 +147,7 @@ func TestParseFullFile(t *testing.T) {
 		Handlers: []Handler{
 			{EventType: "*", Type: "log", Output: "stdout"},
 			{EventType: "invoice.*", Type: "log", Output: "/var/log/paid.log"},
-			{EventType: "invoice_paid", Type: "sql", Statement: "INSERT INTO paid (id) VALUES ($1)\n"},
+			{EventType: "invoice_paid", Type: "sql", Statement: "INSERT INTO paid (id) VALUES (@c_offset)\n"},
 		},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -353,6 +353,8 @@ func TestParseErrors(t *testing.T) {
 		{"sql handler without statement", head + "handlers:\n  - eventType: a\n    type: log\n  - eventType: b\n    type: sql\n", "handlers[1].statement", 6, "required"},
 		{"sql handler with output", head + "handlers:\n  - eventType: a\n    type: sql\n    statement: SELECT 1\n    output: stderr\n", "handlers[0].output", 7, "empty"},
 		{"log handler with statement", head + "handlers:\n  - eventType: a\n    type: log\n    statement: SELECT 1\n", "handlers[0].statement", 6, "empty"},
+		{"log handler with prepareAtStart", head + "handlers:\n  - eventType: a\n    type: log\n    prepareAtStart: false\n", "handlers[0].prepareAtStart", 6, "empty for type log"},
+		{"prepareAtStart not a boolean", head + "handlers:\n  - eventType: a\n    type: sql\n    statement: SELECT 1\n    prepareAtStart: later\n", "handlers[0].prepareAtStart", 7, "true or false"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

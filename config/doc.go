@@ -52,7 +52,7 @@
 //	    type: log
 //	  - eventType: invoice_paid
 //	    type: sql
-//	    statement: INSERT INTO paid_invoices (id) VALUES ($1)
+//	    statement: INSERT INTO paid_invoices (id) VALUES ((@payload::jsonb->>'id')::bigint)
 //
 // # Environment override
 //

@@ -248,7 +248,7 @@ var handlerInts = map[string]func(h *Handler) *int{
 // handlerKeyTypes lists, for each handler key but eventType and type, the
 // handler types that take it.
 var handlerKeyTypes = map[string][]string{
-	"statement": {handlerSQL}, "output": {handlerLog},
+	"statement": {handlerSQL}, "prepareAtStart": {handlerSQL}, "output": {handlerLog},
 	"name": {handlerKafka, handlerHTTP, handlerGo}, "format": {handlerKafka, handlerHTTP}, "source": {handlerKafka, handlerHTTP},
 	"tls": {handlerKafka, handlerHTTP}, "brokers": {handlerKafka}, "topic": {handlerKafka}, "key": {handlerKafka},
 	"sasl": {handlerKafka}, "deliveryTimeoutMs": {handlerKafka}, "maxRecordBytes": {handlerKafka},
@@ -281,6 +281,9 @@ func (h *Handler) setKeys() []string {
 	if h.Headers != nil {
 		keys = append(keys, "headers")
 	}
+	if h.PrepareAtStart != nil {
+		keys = append(keys, "prepareAtStart")
+	}
 	slices.Sort(keys)
 	return keys
 }
@@ -302,6 +305,13 @@ func (p *parser) handlerKey(h *Handler, path, name string, k, v *yaml.Node) *Err
 		return nil
 	}
 	switch name {
+	case "prepareAtStart":
+		var b bool
+		if msg := decodeBool(v, &b); msg != "" {
+			return fail(msg)
+		}
+		h.PrepareAtStart = &b
+		return nil
 	case "brokers":
 		if v.Kind != yaml.SequenceNode {
 			return fail("must be a list of host:port, got " + describe(v))

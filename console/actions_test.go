@@ -19,6 +19,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/console"
 	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/pgeventstest"
 )
@@ -27,7 +28,7 @@ import (
 // partitions, failure policy policy) whose handler records each event in
 // public.handled and fails permanently on a payload holding "poison"
 // while poisoned is set. Its log goes to the returned buffer.
-func (e *env) startGroup(partitions int, policy pgevents.FailurePolicy, poisoned *atomic.Bool) (*pgevents.Consumer, *syncBuffer) {
+func (e *env) startGroup(partitions int, policy pgevents.FailurePolicy, poisoned *atomic.Bool) (*pgevents.Consumer, *logtest.Buffer) {
 	e.t.Helper()
 	e.exec(eventtest.HandledTable)
 	record := pgevents.SQLHandler("g", eventtest.RecordSQL)
@@ -38,8 +39,8 @@ func (e *env) startGroup(partitions int, policy pgevents.FailurePolicy, poisoned
 		}
 		return record.Handle(ctx, tx, ev)
 	}))
-	logs := &syncBuffer{}
-	log := zerolog.New(logs).Level(zerolog.InfoLevel)
+	logs := logtest.New(e.t)
+	log := zerolog.New(logs).Level(zerolog.TraceLevel)
 	c, _ := pgeventstest.StartConsumer(e.t, e.url, pgevents.Config{GroupID: "g", TotalPartitions: partitions, Handlers: hs,
 		OnPermanentFailure: policy, DeadAfter: 2 * time.Second, Schema: pgtest.Schema(), Logger: &log})
 	return c, logs

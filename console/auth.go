@@ -199,10 +199,21 @@ func (c *Console) currentSession(r *http.Request) *session {
 // sign-in does. A session cookie that names no live session does not: its
 // id is 256 random bits, not guessed, and a cookie that outlived its
 // session would lock its operator out.
+// bearerToken returns the token of an Authorization header of the Bearer
+// scheme, whose name is case-insensitive (RFC 7235, section 2.1: "bearer",
+// "BEARER"), separated from the token by one or more spaces.
+func bearerToken(auth string) (string, bool) {
+	scheme, tok, ok := strings.Cut(auth, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimLeft(tok, " "), true
+}
+
 func (c *Console) credentials(r *http.Request) (*actor, int, string) {
 	a := &actor{remote: c.clientAddr(r)}
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		tok, isBearer := strings.CutPrefix(auth, "Bearer ")
+		tok, isBearer := bearerToken(auth)
 		ok, blocked := c.signins.check(a.remote, func() bool { return isBearer && equal(tok, c.opts.Token) })
 		switch {
 		case blocked:

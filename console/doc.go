@@ -54,8 +54,9 @@
 //     browser signs in with a form that sets a session cookie (HttpOnly,
 //     SameSite=Strict, Secure when the request came over TLS or through a
 //     proxy that sends X-Forwarded-Proto: https), a script
-//     sends "Authorization: Bearer TOKEN". A request without valid
-//     credentials gets 401, and changes nothing.
+//     sends "Authorization: Bearer TOKEN" (the scheme's name in any
+//     case, as RFC 7235 has it). A request without valid credentials
+//     gets 401, and changes nothing.
 //   - A wrong token counts, in the sign-in form and in an Authorization
 //     header alike: after five in a minute from one client address, that
 //     address gets 429 until the minute ends, the right token included.

@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +20,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/console"
 	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/internal/store"
 )
@@ -40,26 +39,8 @@ type env struct {
 	cpool *pgxpool.Pool   // the console's
 	con   *console.Console
 	srv   *httptest.Server
-	logs  *syncBuffer
+	logs  *logtest.Buffer
 	token string
-}
-
-// syncBuffer is a log destination read while written.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newEnv starts a console (opts, with the schema, logger and, unless
@@ -69,7 +50,7 @@ func newEnv(t *testing.T, partitions int, opts console.Options, edit ...func(*pg
 	t.Helper()
 	pool := pgtest.TopicPool(t, partitions)
 	e := &env{t: t, ctx: pgtest.Context(context.Background()), pool: pool, url: pool.Config().ConnString(),
-		logs: &syncBuffer{}}
+		logs: logtest.New(t)}
 	// The console's pool as the binary makes it (jit off: see console.New).
 	pc, err := pgevents.ParsePoolConfig(e.url)
 	if err != nil {

@@ -391,3 +391,27 @@ func TestBackIsALocalPath(t *testing.T) {
 		t.Errorf("a plain path: Location %q, want it kept", loc)
 	}
 }
+
+// TestBearerSchemeCaseInsensitive: the Authorization scheme is
+// case-insensitive (RFC 7235, section 2.1): "bearer" and "BEARER" act as
+// "Bearer" does; a header whose scheme is not Bearer, or that runs scheme
+// and token together, does not.
+func TestBearerSchemeCaseInsensitive(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2, console.Options{})
+	e.fixture()
+	c := e.client()
+	for i, h := range []string{"bearer " + testToken, "BEARER " + testToken, "Bearer  " + testToken} {
+		action := []string{"pause", "resume"}[i%2]
+		r := c.do(http.MethodPost, "/topics/1/groups/g/"+action, url.Values{}, map[string]string{"Authorization": h})
+		if r.status != http.StatusOK {
+			t.Errorf("%s with Authorization %q: %d, want 200\n%s", action, strings.Replace(h, testToken, "TOKEN", 1), r.status, r.body)
+		}
+	}
+	for _, h := range []string{"Bearer" + testToken, "Token " + testToken} {
+		r := c.do(http.MethodPost, "/topics/1/groups/g/pause", url.Values{}, map[string]string{"Authorization": h})
+		if r.status != http.StatusUnauthorized {
+			t.Errorf("pause with Authorization %q: %d, want 401", strings.Replace(h, testToken, "TOKEN", 1), r.status)
+		}
+	}
+}

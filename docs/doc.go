@@ -22,7 +22,20 @@
 //     of its flag set is documented under reference.md#commands, with the
 //     flag's default, and every command and flag documented there exists.
 //     The commands are read from the binary's usage, and their flags from
-//     what `consumer <command> -h` prints, run in-process.
+//     what `consumer <command> -h` prints.
+//   - Runnable blocks: a ```sh block that an HTML comment marks
+//     runnable, on the line before its fence, is run as written
+//     (TestRunnableBlocks), document by document, in a scratch copy of the
+//     repository, with the consumer binary on the PATH, on a fresh
+//     database of the throwaway cluster (the example URL
+//     postgres://postgres@127.0.0.1:5432/postgres and DATABASE_URL name
+//     it) and a free port for Kafka's 9092. <!-- runnable --> must exit 0;
+//     <!-- runnable: background --> is a server (consumer run, consumer
+//     kafka) that runs until the document's last block ran, then gets
+//     SIGINT and must exit 0; <!-- runnable: expect TEXT --> is run again
+//     until it exits 0 printing TEXT, within a minute. docs/deploying.md's
+//     blocks marked <!-- runnable: sandbox --> install files under /etc
+//     and run systemctl: the consumercli tests run them in a sandbox.
 //
 // The configuration keys are checked by the config package's tests
 // against the same reference.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
@@ -144,7 +146,7 @@ func startEnv(t *testing.T, opts envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logger := zerolog.New(zerolog.NewTestWriter(t))
+	logger := zerolog.New(io.MultiWriter(logtest.New(t), zerolog.NewTestWriter(t)))
 	cfg := Config{
 		ConnConfig: cc,
 		Notify: func(ctx context.Context, channel, payload string) error {
@@ -369,9 +371,9 @@ func TestMalformedPayloadKeepsWatchdog(t *testing.T) {
 // once, not once per transaction as a warning.
 func TestForeignPayloadsWakeQuietly(t *testing.T) {
 	t.Parallel()
-	var logs syncLog
+	logs := logtest.New(t)
 	e := startEnv(t, envOptions{tweak: func(c *Config) {
-		l := zerolog.New(&logs).Level(zerolog.InfoLevel)
+		l := zerolog.New(logs).Level(zerolog.InfoLevel)
 		c.Logger = &l
 	}})
 	const n = 40
@@ -402,22 +404,4 @@ func TestForeignPayloadsWakeQuietly(t *testing.T) {
 	if i := strings.Count(out, "not pgevents' own"); i != 1 {
 		t.Errorf("foreign notifications logged %d times at info level, want once:\n%s", i, out)
 	}
-}
-
-// syncLog is a log destination safe for concurrent writes.
-type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncLog) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncLog) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -66,8 +66,12 @@
 //     in parked_events behind a dead letter of one of their hosts (policy
 //     parkHost).
 //   - pgevents_wakeups_total{group,topic,source}: workers woken, by what
-//     woke them. Wake-ups by poll while notifications flow mean lost
-//     notifications.
+//     woke them: tail (the elected watcher of the process saw the
+//     partition's tail move: the usual source while events flow),
+//     in_flight (it saw an append in flight there), notify (a
+//     notification, from a producer after a quiet period or from another
+//     process's watcher), poll (the safety net found work), reconnect.
+//     Wake-ups by poll while events flow mean lost notifications.
 //   - pgevents_listener_reconnects_total{group,topic}: reconnects of the
 //     listening connection (the first connect is not one);
 //     pgevents_listener_connects_total counts every connect.

@@ -55,7 +55,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	neturl "net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -65,6 +64,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -232,13 +232,15 @@ const StopTimeout = 30 * time.Second
 // of its own with the production settings, until the test ends or stop is
 // called, and returns once the consumer listens for notifications (Ready).
 // A Logger left nil logs warnings and errors to stderr, with the test's
-// name. The test fails if the consumer cannot start, if Run returns an
-// error, or if it does not stop within StopTimeout.
+// name, and checks every line the consumer logs, at every level, against
+// the rules pgevents' logs keep (a key once per line, durations as
+// integer milliseconds under keys ending in _ms): a line that breaks them
+// fails the test. The test fails if the consumer cannot start, if Run
+// returns an error, or if it does not stop within StopTimeout.
 func StartConsumer(tb testing.TB, url string, cfg pgevents.Config) (c *pgevents.Consumer, stop func()) {
 	tb.Helper()
 	if cfg.Logger == nil {
-		l := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(zerolog.WarnLevel).
-			With().Timestamp().Str("test", tb.Name()).Logger()
+		l, _ := logtest.Logger(tb, zerolog.WarnLevel)
 		cfg.Logger = &l
 	}
 	pc, err := pgevents.ParsePoolConfig(url)

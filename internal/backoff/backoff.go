@@ -150,9 +150,9 @@ func (r *Retry) Fail(err error, msg string) time.Duration {
 	if !ok {
 		return r.delay
 	}
-	ev := r.log.Warn().Err(err).Int("failures", r.failures).Dur("retry_in", r.delay)
+	ev := r.log.Warn().Err(err).Int("failures", r.failures).Int64("retry_in_ms", r.delay.Milliseconds())
 	if repeated > 0 {
-		ev = ev.Int("repeated", repeated).Dur("interval", r.Interval)
+		ev = ev.Int("repeated", repeated).Int64("interval_ms", r.Interval.Milliseconds())
 	}
 	ev.Msg(msg)
 	r.logged = true
@@ -169,7 +169,7 @@ func (r *Retry) Ok() {
 		return
 	}
 	if r.logged {
-		r.log.Info().Int("failures", r.failures).Dur("failing_for", r.now().Sub(r.since)).
+		r.log.Info().Int("failures", r.failures).Int64("failing_for_ms", r.now().Sub(r.since).Milliseconds()).
 			Msgf("%s recovered after %d failures", r.name, r.failures)
 	}
 	r.failures, r.delay, r.logged = 0, 0, false

@@ -2,7 +2,6 @@ package pgcluster_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,13 +12,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgcluster"
 )
 
@@ -64,25 +63,6 @@ func exec1(t *testing.T, c *pgcluster.Cluster, sql string) int {
 	return n
 }
 
-// syncBuffer is a bytes.Buffer safe for the server's log goroutine and the
-// test to use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestStartStopRestart(t *testing.T) {
 	parent := tempDir(t)
 	if err := os.Chmod(parent, 0o755); err != nil { // searchable by the postgres user when root
@@ -125,7 +105,7 @@ func TestStartStopRestart(t *testing.T) {
 	}
 
 	// Restart on the same directory: the cluster is reused, not re-created.
-	log := &syncBuffer{}
+	log := logtest.New(t)
 	opts.Log = log
 	c2 := start(t, opts)
 	if n := exec1(t, c2, "SELECT v FROM kept"); n != 42 {

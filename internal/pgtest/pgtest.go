@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgcluster"
 )
 
@@ -83,8 +84,20 @@ type tmpl struct {
 // reached or started (for instance because the PostgreSQL binaries are not
 // installed), Main prints why, and how to fix it, to stderr and exits with
 // status 1.
+//
+// A log line written after its test ended that breaks the rules of the
+// logs (logtest.Check) fails the run too.
 func Main(m *testing.M) {
-	os.Exit(run(m))
+	code := run(m)
+	if late := logtest.Late(); len(late) > 0 {
+		for _, p := range late {
+			fmt.Fprintf(os.Stderr, "logtest: %s\n", p)
+		}
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 func run(m *testing.M) int {

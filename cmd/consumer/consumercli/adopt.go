@@ -3,7 +3,6 @@ package consumercli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -29,8 +28,8 @@ func (m mapFlag) Set(v string) error {
 
 // adoptCmd is `consumer adopt`: a seed-style deployment onto pgevents.
 func adoptCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("adopt", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := NewFlagSet(ctx, "adopt", "[--partitions N] [--dry-run | --print] [--bridge] | --unbridge [--config FILE]",
+		"Moves a seed-style deployment (its log and every group's position) onto pgevents, in the configured schema.")
 	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, schema (pgevents' own, beside the old tables), topicId, totalPartitions, segmentSize and channel")
 	partitions := fs.Int("partitions", 0, "the partition count the old consumers ran with (their totalPartitions); required when the old consumer_offsets cannot tell")
 	dryRun := fs.Bool("dry-run", false, "print what adopt would do and the counts, and the problems that would stop it; write nothing")
@@ -44,13 +43,16 @@ func adoptCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	oldTopic := fs.Int("old-topic", 1, "the topic_id of the old log in the old consumer_offsets")
 	maps := mapFlag{}
 	fs.Var(maps, "map", "column=EXPR: where a column of pgevents' log comes from, an SQL expression over the old row o (event_id, host_id, user_id, event_type, payload, created_at, transaction_id); repeatable")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("adopt: unexpected argument %q", fs.Arg(0))
 	}
 	if n := countTrue(*dryRun, *print, *unbridge); n > 1 {
 		return usagef("adopt: --dry-run, --print and --unbridge exclude each other")
 	}
-	ctx, cfg, pool, err := connect(ctx, *path, nil)
+	ctx, cfg, pool, err := connectTop(ctx, *path, nil, false) // adopt installs pgevents
 	if err != nil {
 		return err
 	}

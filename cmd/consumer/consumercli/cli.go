@@ -78,12 +78,17 @@
 // The configuration file defaults to db-event-consumer.yml; DATABASE_URL
 // overrides its databaseUrl. Exit status: 0 on success (and after a clean
 // shutdown), 1 on a runtime failure, 2 on invalid configuration or usage,
-// with the offending key named.
+// with the offending key named. -h or --help after any command's words
+// prints its usage to stdout and exits 0; a usage error prints it to
+// stderr and exits 2. A name the database does not know (--group, a
+// topic) is an error naming it, never an empty table.
 package consumercli
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -223,7 +228,8 @@ func (c *CLI) Execute() {
 // Main runs the command line args (without the program name) until ctx
 // ends, and returns the process exit status: 0 on success (and after a
 // clean shutdown), 1 on a runtime failure, 2 on invalid configuration or
-// usage.
+// usage. `-h` and `--help`, after the binary's name or after any command's
+// words, print that usage to stdout and exit 0.
 func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	name := c.name()
 	ctx = context.WithValue(ctx, nameKey{}, name)
@@ -231,49 +237,208 @@ func (c *CLI) Main(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprint(stderr, named(ctx, usage))
 		return exitUsage
 	}
+	if isHelp(args[0]) || args[0] == "help" {
+		fmt.Fprint(stdout, named(ctx, usage))
+		return exitOK
+	}
+	if args[0] == "--version" {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	var err error
-	switch args[0] {
-	case "run":
-		err = c.runCmd(ctx, args[1:], stdout, stderr)
-		if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+	if cmd := findCommand(builtins, args[0]); cmd != nil {
+		err = c.runCommand(ctx, cmd, cmd.name, args[1:], stdout, stderr)
+		if cmd.name == "run" && err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			// Asked to stop (SIGINT, SIGTERM) before it had started:
 			// a shutdown, not a failure.
 			err = nil
 		}
-	case "migrate":
-		err = c.migrateCmd(ctx, args[1:], stdout, stderr)
-	case "dlq":
-		err = c.dlqCmd(ctx, args[1:], stdout, stderr)
-	case "offsets":
-		err = offsetsCmd(ctx, args[1:], stdout, stderr)
-	case "group":
-		err = groupCmd(ctx, args[1:], stdout, stderr)
-	case "status":
-		err = statusCmd(ctx, args[1:], stdout, stderr)
-	case "repartition":
-		err = repartitionCmd(ctx, args[1:], stdout, stderr)
-	case "maintain":
-		err = maintainCmd(ctx, args[1:], stdout, stderr)
-	case "adopt":
-		err = adoptCmd(ctx, args[1:], stdout, stderr)
-	case "console":
-		err = c.consoleCmd(ctx, args[1:], stdout, stderr)
-	case "kafka":
-		err = kafkaCmd(ctx, args[1:], stdout, stderr)
-	case "version", "--version":
-		err = versionCmd(name, args[1:], stdout, stderr)
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, named(ctx, usage))
-		return exitOK
-	default:
-		i := slices.IndexFunc(c.Commands, func(cmd Command) bool { return cmd.Name == args[0] })
-		if i < 0 {
-			fmt.Fprintf(stderr, "%s: unknown command %q\n%s", name, args[0], named(ctx, usage))
-			return exitUsage
-		}
+	} else if i := slices.IndexFunc(c.Commands, func(cmd Command) bool { return cmd.Name == args[0] }); i >= 0 {
 		err = c.Commands[i].Run(ctx, args[1:], stdout, stderr)
+	} else {
+		fmt.Fprintf(stderr, "%s: unknown command %q\n%s", name, args[0], named(ctx, usage))
+		return exitUsage
 	}
 	return exitCode(name, err, stderr)
+}
+
+// command is a built-in command of the CLI, or a subcommand of one: a
+// leaf runs; a command with subcommands (dlq, offsets, group) only
+// dispatches to them.
+type command struct {
+	name string
+	// run runs a leaf with the arguments after its words.
+	run func(c *CLI, ctx context.Context, args []string, stdout, stderr io.Writer) error
+	// subs are the subcommands, and usage what -h (or a missing or
+	// unknown subcommand) prints for them, {cmd} standing for the
+	// binary's name.
+	subs  []*command
+	usage string
+}
+
+// builtins are the CLI's built-in commands: Main dispatches through this
+// table, and the tests walk it, so a command added here is covered by the
+// tests of -h. Its order is the usage's.
+var builtins = []*command{
+	{name: "run", run: (*CLI).runCmd},
+	{name: "migrate", run: (*CLI).migrateCmd},
+	{name: "dlq", usage: dlqUsage, subs: []*command{
+		{name: "list", run: dlqSub("list")},
+		{name: "replay", run: dlqSub("replay")},
+		{name: "discard", run: dlqSub("discard")},
+	}},
+	{name: "offsets", usage: offsetsUsage, subs: []*command{
+		{name: "show", run: plain(offsetsShow)},
+		{name: "reset", run: plain(offsetsReset)},
+	}},
+	{name: "group", usage: groupUsage, subs: []*command{
+		{name: "pause", run: groupAction("pause")},
+		{name: "resume", run: groupAction("resume")},
+		{name: "cancel", run: groupAction("cancel")},
+		{name: "unhalt", run: plain(groupUnhalt)},
+	}},
+	{name: "status", run: plain(statusCmd)},
+	{name: "repartition", run: plain(repartitionCmd)},
+	{name: "maintain", run: plain(maintainCmd)},
+	{name: "adopt", run: plain(adoptCmd)},
+	{name: "console", run: (*CLI).consoleCmd},
+	{name: "kafka", run: plain(kafkaCmd)},
+	{name: "version", run: plain(versionCmd)},
+}
+
+// plain adapts a command that needs nothing of the CLI.
+func plain(f func(ctx context.Context, args []string, stdout, stderr io.Writer) error) func(*CLI, context.Context, []string, io.Writer, io.Writer) error {
+	return func(_ *CLI, ctx context.Context, args []string, stdout, stderr io.Writer) error {
+		return f(ctx, args, stdout, stderr)
+	}
+}
+
+// findCommand returns the command of cmds called name, or nil.
+func findCommand(cmds []*command, name string) *command {
+	i := slices.IndexFunc(cmds, func(c *command) bool { return c.name == name })
+	if i < 0 {
+		return nil
+	}
+	return cmds[i]
+}
+
+// runCommand runs cmd, whose words are path, with args: a leaf runs; a
+// command with subcommands runs the one args names, prints its usage to
+// stdout for -h or --help, and refuses no subcommand or an unknown one,
+// printing its usage to stderr (exit status 2).
+func (c *CLI) runCommand(ctx context.Context, cmd *command, path string, args []string, stdout, stderr io.Writer) error {
+	if cmd.run != nil {
+		return cmd.run(c, ctx, args, stdout, stderr)
+	}
+	use := named(ctx, cmd.usage)
+	var names []string
+	for _, s := range cmd.subs {
+		names = append(names, s.name)
+	}
+	switch {
+	case len(args) == 0:
+		fmt.Fprint(stderr, use)
+		return usagef("%s: a subcommand is required: %s", path, strings.Join(names, ", "))
+	case isHelp(args[0]) || args[0] == "help":
+		fmt.Fprint(stdout, use)
+		return nil
+	}
+	sub := findCommand(cmd.subs, args[0])
+	if sub == nil {
+		fmt.Fprint(stderr, use)
+		return usagef("%s: unknown subcommand %q (%s has %s)", path, args[0], path, strings.Join(names, ", "))
+	}
+	return c.runCommand(ctx, sub, path+" "+sub.name, args[1:], stdout, stderr)
+}
+
+// isHelp says whether arg asks for help, as the flag package understands
+// it: -h, -help, --h or --help.
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--h", "--help":
+		return true
+	}
+	return false
+}
+
+// NewFlagSet returns the flag set of the command whose words are path (a
+// command of CLI.Commands: its name), as the built-in commands make
+// theirs: its usage, which -h prints, is "usage: <binary> <path>
+// <synopsis>", then about ({cmd} standing for the binary's name), then its
+// flags. Parse it with ParseFlags.
+func NewFlagSet(ctx context.Context, path, synopsis, about string) *flag.FlagSet {
+	fs := flag.NewFlagSet(path, flag.ContinueOnError)
+	fs.Usage = func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "usage: %s %s", cmdName(ctx), path)
+		if synopsis != "" {
+			fmt.Fprintf(w, " %s", synopsis)
+		}
+		fmt.Fprintln(w)
+		if about = strings.TrimSpace(about); about != "" {
+			fmt.Fprintf(w, "\n%s\n", wrap(named(ctx, about), 76))
+		}
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n == 0 {
+			fmt.Fprintln(w, "\nFlags: none")
+			return
+		}
+		fmt.Fprintln(w, "\nFlags:")
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// wrap breaks each paragraph of s (paragraphs are separated by a blank
+// line) that is one long line into lines of at most width characters; a
+// paragraph laid out on several lines already is left as it is.
+func wrap(s string, width int) string {
+	paras := strings.Split(s, "\n\n")
+	for i, p := range paras {
+		if strings.Contains(p, "\n") {
+			continue
+		}
+		var b strings.Builder
+		n := 0
+		for _, w := range strings.Fields(p) {
+			if n > 0 && n+1+len(w) > width {
+				b.WriteString("\n")
+				n = 0
+			} else if n > 0 {
+				b.WriteString(" ")
+				n++
+			}
+			b.WriteString(w)
+			n += len(w)
+		}
+		paras[i] = b.String()
+	}
+	return strings.Join(paras, "\n\n")
+}
+
+// ParseFlags parses args with fs as the built-in commands do: -h or
+// --help prints fs's usage to stdout and returns an error wrapping
+// flag.ErrHelp, for which Main exits with status 0 and prints nothing
+// more; an invalid flag prints the flag package's message and the usage
+// to stderr, and returns an error for which Main exits with status 2.
+//
+// Requested help goes to stdout, as GNU's --help does and as `consumer
+// -h` always did, so that it pipes into a pager or grep; the flag
+// package's own default (stderr) is for usage errors, which stay there.
+func ParseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	var buf bytes.Buffer
+	fs.SetOutput(&buf)
+	err := fs.Parse(args)
+	fs.SetOutput(stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		_, _ = stdout.Write(buf.Bytes())
+		return err
+	case err != nil:
+		_, _ = stderr.Write(buf.Bytes())
+		return &exitStatus{code: exitUsage, err: err}
+	}
+	return nil
 }
 
 // name returns c.Name, or the running binary's file name.
@@ -295,12 +460,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, extra ..
 }
 
 func exitCode(name string, err error, stderr io.Writer) int {
-	if err == nil {
-		return exitOK
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return exitOK // -h printed the usage
 	}
 	var status *exitStatus
 	if errors.As(err, &status) {
-		return status.code // a delegated command's, which said why itself
+		return status.code // a delegated command's, or a flag's error: said already
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", name, err)
 	var ue *usageError

@@ -3,7 +3,6 @@ package consumercli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,38 +14,31 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/console"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // consolePoolSize is the console's own pool: its pages read a few
 // statements at a time, and an action holds one transaction.
 const consolePoolSize = 4
 
-const consoleUsage = `usage: {cmd} console [--config FILE] [--addr HOST:PORT]
-
-Serves the operator console (see package console), without consumers:
+// consoleAbout is what `consumer console -h` prints before the flags.
+const consoleAbout = `Serves the operator console (see package console), without consumers:
 pages on the log, the groups, dead letters, hosts and replicas, and, with
 the token, actions (pause, resume, reset, unhalt, replay, discard). The
 file's console section configures it (addr, token, readOnly,
 pagesNeedToken, allowedHosts, trustedProxies; PGEVENTS_CONSOLE_TOKEN
 replaces the token); replay and discard run the
 handlers of the file's groups.
-
-Flags:
 `
 
 // consoleCmd is `consumer console`: the console alone, apart from the
 // consumers.
 func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("console", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, named(ctx, consoleUsage))
-		fs.PrintDefaults()
-	}
+	fs := NewFlagSet(ctx, "console", "[--config FILE] [--addr HOST:PORT]", consoleAbout)
 	path := fs.String("config", defaultConfigPath, "configuration file: the database, the console section and the groups whose handlers replay dead letters")
 	addr := fs.String("addr", "", "address to listen on (default: the file's console.addr)")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
 	}
 	if fs.NArg() != 0 {
 		return usagef("console: unexpected argument %q", fs.Arg(0))
@@ -82,6 +74,9 @@ func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.W
 		return err
 	}
 	defer pool.Close()
+	if err := installed(schema.WithName(ctx, cfg.Schema), pool, "schema", *path); err != nil {
+		return err
+	}
 	// The groups' handlers, for replay and discard: consumers that never
 	// run. The console shows the top level's database and schema: a group
 	// on another has no dead letters here.

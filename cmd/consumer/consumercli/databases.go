@@ -2,11 +2,16 @@ package consumercli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
@@ -103,13 +108,67 @@ func groupPlace(cfg *config.Config, group string, topic int) (place, error) {
 }
 
 // open connects to p's database with the file's session timeouts and a
-// pool of size connections, and returns a context naming p's schema.
+// pool of size connections, checks that pgevents is installed in p's
+// schema there (see installed), and returns a context naming p's schema.
 func (p place) open(ctx context.Context, cfg *config.Config, size int, path string) (context.Context, *pgxpool.Pool, error) {
+	ctx, pool, err := p.openRaw(ctx, cfg, size, path)
+	if err != nil {
+		return ctx, nil, err
+	}
+	if err := installed(ctx, pool, p.schemaKey(cfg), path); err != nil {
+		pool.Close()
+		return ctx, nil, err
+	}
+	return ctx, pool, nil
+}
+
+// openRaw is open without the check that pgevents is installed: for the
+// commands that install it (adopt).
+func (p place) openRaw(ctx context.Context, cfg *config.Config, size int, path string) (context.Context, *pgxpool.Pool, error) {
 	pool, err := openPoolOn(ctx, cfg, p.url, p.key, size, path)
 	if err != nil {
 		return ctx, nil, err
 	}
 	return schema.WithName(ctx, p.schema), pool, nil
+}
+
+// schemaKey is the file's key that sets p's schema.
+func (p place) schemaKey(cfg *config.Config) string {
+	if len(p.groups) > 0 {
+		return cfg.KeyPath(p.groups[0], "schema")
+	}
+	return "schema"
+}
+
+// installed returns nil when pgevents is installed in the schema ctx
+// names on db (schema.Version is not 0), or an error that says so and
+// what to do: run `consumer migrate`, or correct the file's schema key
+// (schemaKey), which a message naming a missing log_counter would leave
+// the operator to guess.
+func installed(ctx context.Context, db *pgxpool.Pool, schemaKey, path string) error {
+	v, err := schema.Version(ctx, db)
+	if err != nil || v > 0 {
+		return err
+	}
+	name := schema.Name(ctx)
+	migrate := fmt.Sprintf("`%s migrate --config %s`", cmdName(ctx), path)
+	where := dbLabel(db)
+	if name == "" {
+		var first string
+		_ = db.QueryRow(ctx, `SELECT coalesce(current_schema(), '(none)')`).Scan(&first)
+		return fmt.Errorf("pgevents is not installed in database %s (in the first schema of its search_path, %s): run %s first; if pgevents lives in a schema of its own, name it with the %s key",
+			where, first, migrate, schemaKey)
+	}
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, name).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		return fmt.Errorf("schema %q (the file's %s key) does not exist in database %s: correct the key, or run %s to install pgevents there",
+			name, schemaKey, where, migrate)
+	}
+	return fmt.Errorf("pgevents is not installed in schema %q (the file's %s key) of database %s: run %s first, or correct the key",
+		name, schemaKey, where, migrate)
 }
 
 // connectGroup loads the configuration file at path and opens a pool on
@@ -141,9 +200,10 @@ func connectGroup(ctx context.Context, path, group string, topic *int) (context.
 }
 
 // openPools opens a pool per database of the file's groups
-// (config.Config.Databases), each sized for the groups on it, and returns
-// each group's pool, in GroupConfigs order, and a function that closes
-// them all.
+// (config.Config.Databases), each sized for the groups on it, checks that
+// pgevents is installed in each group's schema there, and returns each
+// group's pool, in GroupConfigs order, and a function that closes them
+// all.
 func openPools(ctx context.Context, cfg *config.Config, path string) ([]*pgxpool.Pool, func(), error) {
 	pools := make([]*pgxpool.Pool, len(cfg.GroupConfigs()))
 	var opened []*pgxpool.Pool
@@ -152,6 +212,7 @@ func openPools(ctx context.Context, cfg *config.Config, path string) ([]*pgxpool
 			p.Close()
 		}
 	}
+	groups := cfg.GroupConfigs()
 	for _, d := range cfg.Databases() {
 		pool, err := openPoolOn(ctx, cfg, d.URL, d.Key, d.PoolSize, path)
 		if err != nil {
@@ -159,8 +220,17 @@ func openPools(ctx context.Context, cfg *config.Config, path string) ([]*pgxpool
 			return nil, nil, err
 		}
 		opened = append(opened, pool)
+		var checked []string
 		for _, i := range d.Groups {
 			pools[i] = pool
+			if slices.Contains(checked, groups[i].Schema) {
+				continue
+			}
+			checked = append(checked, groups[i].Schema)
+			if err := installed(schema.WithName(ctx, groups[i].Schema), pool, cfg.KeyPath(i, "schema"), path); err != nil {
+				closeAll()
+				return nil, nil, err
+			}
 		}
 	}
 	return pools, closeAll, nil
@@ -178,28 +248,108 @@ func distinctPools(pools []*pgxpool.Pool) []*pgxpool.Pool {
 }
 
 // openPoolOn connects to the database at url (set by the file's key) with
-// the file's session timeouts and a pool of size connections.
+// the file's session timeouts and a pool of size connections. A failure
+// to connect is one line (see connectError).
 func openPoolOn(ctx context.Context, cfg *config.Config, url, key string, size int, path string) (*pgxpool.Pool, error) {
 	pc, err := pgevents.NewPoolConfig(url, cfg.PoolOptions())
 	if err != nil {
 		return nil, &config.Error{File: path, Key: key, Msg: err.Error()}
 	}
 	pc.MaxConns = int32(size)
-	prefix := "connect"
-	if key != "databaseUrl" {
-		prefix += " " + key
-	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(cctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", prefix, err)
+		return nil, connectError(err, pc.ConnConfig, key, path)
 	}
 	if err := pool.Ping(cctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("%s: %w", prefix, err)
+		return nil, connectError(err, pc.ConnConfig, key, path)
 	}
 	return pool, nil
+}
+
+// connectError is the error of a failure to connect to the database cc
+// describes, whose URL the file's key set (or DATABASE_URL, which
+// overrides the top level's databaseUrl): one line that names the database
+// without its password, where its URL came from, and why the connection
+// failed, once. pgx's own error lists each attempt (an address, then the
+// same again without TLS under sslmode=prefer), the TLS attempt's error
+// first, though the reason is the same.
+func connectError(err error, cc *pgx.ConnConfig, key, path string) error {
+	from := "from " + key
+	if path != "" {
+		from += " in " + path
+	}
+	if key == "databaseUrl" && os.Getenv("DATABASE_URL") != "" {
+		from = "from DATABASE_URL"
+	}
+	return &connectFailure{
+		msg: fmt.Sprintf("cannot connect to database %s@%s:%d/%s (URL %s): %s",
+			cc.User, cc.Host, cc.Port, cc.Database, from, connectCause(err)),
+		err: err,
+	}
+}
+
+// connectFailure is a failure to connect, said in one line; it wraps
+// pgx's error.
+type connectFailure struct {
+	msg string
+	err error
+}
+
+func (e *connectFailure) Error() string { return e.msg }
+func (e *connectFailure) Unwrap() error { return e.err }
+
+// connectCause returns why a connection failed, once: of each attempt
+// pgx made, the server's error, the network's, or the attempt's own
+// message, without repeats, the TLS attempts' left out when another
+// attempt says more.
+func connectCause(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "no answer within 30s"
+	}
+	var attempts []error
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		inner := ce.Unwrap()
+		if j, ok := inner.(interface{ Unwrap() []error }); ok {
+			attempts = j.Unwrap()
+		} else if inner != nil {
+			attempts = []error{inner}
+		}
+	}
+	if len(attempts) == 0 {
+		attempts = []error{err}
+	}
+	var causes, tlsCauses []string
+	for _, a := range attempts {
+		msg := a.Error()
+		var pgErr *pgconn.PgError
+		var opErr *net.OpError
+		var dnsErr *net.DNSError
+		switch {
+		case errors.As(a, &pgErr):
+			msg = pgErr.Severity + ": " + pgErr.Message + " (SQLSTATE " + pgErr.Code + ")"
+		case errors.As(a, &dnsErr):
+			msg = dnsErr.Error()
+		case errors.As(a, &opErr):
+			msg = opErr.Error()
+		}
+		if strings.Contains(strings.ToLower(a.Error()), "tls") && pgErr == nil {
+			if !slices.Contains(tlsCauses, msg) {
+				tlsCauses = append(tlsCauses, msg)
+			}
+			continue
+		}
+		if !slices.Contains(causes, msg) {
+			causes = append(causes, msg)
+		}
+	}
+	if len(causes) == 0 {
+		causes = tlsCauses
+	}
+	return strings.Join(causes, "; ")
 }
 
 // dbLabel names the database of pool as user@host:port/database, never

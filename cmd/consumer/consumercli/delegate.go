@@ -89,7 +89,18 @@ func isExecutable(path string) bool {
 	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
 }
 
-// exitStatus carries a delegated command's exit status to Main.
-type exitStatus struct{ code int }
+// exitStatus carries to Main an exit status whose reason was printed
+// already: a delegated command's, or that of a flag ParseFlags refused.
+type exitStatus struct {
+	code int
+	err  error // what was printed, if known
+}
 
-func (e *exitStatus) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+func (e *exitStatus) Error() string {
+	if e.err != nil {
+		return e.err.Error()
+	}
+	return fmt.Sprintf("exit status %d", e.code)
+}
+
+func (e *exitStatus) Unwrap() error { return e.err }

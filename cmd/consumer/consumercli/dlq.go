@@ -22,7 +22,7 @@ import (
 const dlqUsage = `usage:
   {cmd} dlq list    [--config FILE] [--group G] [--json]
   {cmd} dlq replay  (ID | --all) [--group G] [--config FILE]
-  {cmd} dlq discard ID [--config FILE]
+  {cmd} dlq discard ID [--group G] [--config FILE]
 
 replay runs the configured group's handlers again on a dead-lettered unit and
 on the events parked behind it, in offset order, under the partition's lock,
@@ -30,26 +30,40 @@ and removes them when all succeed. discard removes a dead letter without
 handling it and handles the events parked behind it, in order.
 `
 
-func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, named(ctx, dlqUsage))
-		return usagef("dlq: a subcommand is required")
+// dlqSynopsis and dlqAbout are each dlq subcommand's usage line and what
+// it does.
+var (
+	dlqSynopsis = map[string]string{
+		"list":    "[--config FILE] [--group G] [--json]",
+		"replay":  "(ID | --all) [--group G] [--config FILE]",
+		"discard": "ID [--group G] [--config FILE]",
 	}
-	sub := args[0]
-	if !slices.Contains([]string{"list", "replay", "discard"}, sub) {
-		// Before the file is read: `dlq -h` prints the usage.
-		fmt.Fprint(stderr, named(ctx, dlqUsage))
-		return usagef("dlq: unknown subcommand %q", sub)
+	dlqAbout = map[string]string{
+		"list":    "Lists the dead letters: id, group, partition, offsets, hosts, event types, the events parked behind each, attempts and the last error.",
+		"replay":  "Runs the configured group's handlers again on a dead-lettered unit and on the events parked behind it, in offset order, under the partition's lock, and removes them when all succeed.",
+		"discard": "Removes a dead letter without handling it, and handles the events parked behind it, in order.",
 	}
-	fs := flag.NewFlagSet("dlq "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+)
+
+// dlqSub is `consumer dlq list|replay|discard`.
+func dlqSub(sub string) func(*CLI, context.Context, []string, io.Writer, io.Writer) error {
+	return func(c *CLI, ctx context.Context, args []string, stdout, stderr io.Writer) error {
+		return c.dlqCmd(ctx, sub, args, stdout, stderr)
+	}
+}
+
+func (c *CLI) dlqCmd(ctx context.Context, sub string, args []string, stdout, stderr io.Writer) error {
+	fs := NewFlagSet(ctx, "dlq "+sub, dlqSynopsis[sub], dlqAbout[sub])
 	path := fs.String("config", defaultConfigPath, "configuration file: the database (the group's, with --group) and, for replay and discard, the group's handlers")
 	group := fs.String("group", "", "consumer group (replay and discard: default the configuration's only group)")
 	asJSON := fs.Bool("json", false, "list as JSON")
 	all := fs.Bool("all", false, "replay every dead letter of the group, oldest first")
-	positional, err := parseInterleaved(fs, args[1:])
+	positional, err := parseInterleaved(fs, args, stdout, stderr)
 	if err != nil {
-		return &usageError{err}
+		return err
+	}
+	if sub == "list" && len(positional) > 0 {
+		return usagef("dlq list: unexpected argument %q", positional[0])
 	}
 	// The group's database: with --group (or, for replay and discard, the
 	// file's only group), that group's; else the top level's.
@@ -75,6 +89,12 @@ func (c *CLI) dlqCmd(ctx context.Context, args []string, stdout, stderr io.Write
 		dls, err := pgevents.ListDeadLetters(ctx, pool, *group)
 		if err != nil {
 			return err
+		}
+		if len(dls) == 0 && *group != "" {
+			// None: say so of a group the topic does not know.
+			if err := knownGroup(ctx, pool, *group, pl.topic); err != nil {
+				return err
+			}
 		}
 		if *asJSON {
 			enc := json.NewEncoder(stdout)
@@ -155,6 +175,9 @@ func resolveDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer *pgeven
 	e := offsets.AuditEntry{Action: action, DeadLetter: &id}
 	n, err := func() (int, error) {
 		d, err := pgevents.GetDeadLetter(ctx, pool, id)
+		if errors.Is(err, pgevents.ErrNoDeadLetter) {
+			return 0, fmt.Errorf("dead letter %d does not exist (`%s dlq list` lists them)", id, cmdName(ctx))
+		}
 		if err != nil {
 			return 0, err
 		}
@@ -175,13 +198,13 @@ func resolveDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer *pgeven
 	return n, err
 }
 
-// parseInterleaved parses args with fs, flags before and after the
-// positional arguments (dlq discard ID --config FILE), and returns the
-// positional ones.
-func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+// parseInterleaved parses args with fs as ParseFlags does, flags before
+// and after the positional arguments (dlq discard ID --config FILE), and
+// returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) ([]string, error) {
 	var positional []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := ParseFlags(fs, args, stdout, stderr); err != nil {
 			return nil, err
 		}
 		if fs.NArg() == 0 {

@@ -1,10 +1,10 @@
 package consumercli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,21 +23,24 @@ import (
 
 const offsetsUsage = `usage:
   {cmd} offsets show  [--group G] [--topic T] [--json] [--config FILE]
-  {cmd} offsets reset --group G --to earliest|latest|offset:N|time:T [--force] [--topic T] [--json] [--config FILE]`
+  {cmd} offsets reset --group G --to earliest|latest|offset:N|time:T [--force] [--topic T] [--json] [--config FILE]
 
-// offsetsCmd is `consumer offsets show|reset`.
-func offsetsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return usagef("%s", named(ctx, offsetsUsage))
-	}
-	switch args[0] {
-	case "show":
-		return offsetsShow(ctx, args[1:], stdout, stderr)
-	case "reset":
-		return offsetsReset(ctx, args[1:], stdout, stderr)
-	}
-	return usagef("offsets: unknown subcommand %q\n%s", args[0], named(ctx, offsetsUsage))
-}
+Run '{cmd} offsets show -h' or '{cmd} offsets reset -h' for their flags.
+`
+
+const groupUsage = `usage:
+  {cmd} group pause  GROUP [--topic T] [--config FILE]
+  {cmd} group resume GROUP [--topic T] [--config FILE]
+  {cmd} group cancel GROUP [--topic T] [--config FILE]
+  {cmd} group unhalt GROUP --partition N [--topic T] [--config FILE]
+
+pause stops the group's consumers taking batches (it still holds back
+retention); resume lets them take batches again; cancel ends the
+subscription for good (it no longer holds back retention, and its
+replicas stop). Pausing a paused group and resuming an active one succeed
+and say so. unhalt releases a halted partition: its consumer tries the
+unit it halted at again at once.
+`
 
 // shownPosition is a line of `consumer offsets show`, and its JSON form.
 type shownPosition struct {
@@ -58,14 +61,14 @@ type shownPosition struct {
 // and lag per partition (offsets.Positions), of the file's groups, each
 // from its own database, or of --group.
 func offsetsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("offsets show", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := NewFlagSet(ctx, "offsets show", "[--group G] [--topic T] [--json] [--config FILE]",
+		"Each group's position (the next offset it reads), log end and lag per partition, of the file's groups, each from its own database, or of --group.")
 	path := fs.String("config", defaultConfigPath, "configuration file: the groups to show, and their databases")
 	group := fs.String("group", "", "show this group only (default: every group of the configuration)")
 	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
 	asJSON := fs.Bool("json", false, "print a JSON array of positions")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
 	}
 	if fs.NArg() != 0 {
 		return usagef("offsets show: unexpected argument %q", fs.Arg(0))
@@ -99,12 +102,29 @@ func offsetsShow(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			}
 			targets = append(targets, t)
 		}
+		if len(targets) == 0 && *topic != 0 {
+			// No group of the file on that topic: none to show, once the
+			// topic is known to exist.
+			pl := topPlace(cfg)
+			pl.topic = *topic
+			targets = append(targets, target{pl: pl})
+		}
 	}
 	shown := []shownPosition{}
 	for _, t := range targets {
 		pctx, pool, err := t.pl.open(ctx, cfg, 1, *path)
 		if err != nil {
 			return err
+		}
+		if err := knownTopic(pctx, pool, t.pl.topic, *path); err != nil {
+			pool.Close()
+			return err
+		}
+		if *group != "" {
+			if err := knownGroup(pctx, pool, *group, t.pl.topic); err != nil {
+				pool.Close()
+				return err
+			}
 		}
 		for _, g := range t.groups {
 			ps, err := offsets.Positions(pctx, pool, g, t.pl.topic, 0)
@@ -147,16 +167,16 @@ func offsetsShow(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // offsetsReset is `consumer offsets reset`: every position of the group
 // moved to --to, recorded in the audit.
 func offsetsReset(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("offsets reset", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := NewFlagSet(ctx, "offsets reset", "--group G --to earliest|latest|offset:N|time:T [--force] [--topic T] [--json] [--config FILE]",
+		"Moves every position of the group on the topic, to replay or to skip events, and prints what moved. Refused while a replica of the group runs, unless --force.")
 	path := fs.String("config", defaultConfigPath, "configuration file: the group's database (its groups item's databaseUrl, or the top level's), and its topicId when --topic is not given")
 	group := fs.String("group", "", "the consumer group to move (required)")
 	to := fs.String("to", "", "earliest (replay every retained event), latest (skip to now), offset:N or time:<RFC 3339>")
 	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
 	force := fs.Bool("force", false, "reset although a replica of the group is running: its in-flight batch rolls back and it continues from the new positions")
 	asJSON := fs.Bool("json", false, "print what moved as JSON")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
 	}
 	if *group == "" {
 		return usagef("offsets reset: --group is required")
@@ -220,30 +240,41 @@ func fromString(from int64) string {
 	return fmt.Sprint(from)
 }
 
-// groupCmd is `consumer group pause|resume|cancel|unhalt G`. Pausing a
+// groupAction is `consumer group pause|resume|cancel GROUP`. Pausing a
 // paused group and resuming an active one succeed and say so.
-func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	use := named(ctx, "usage: {cmd} group pause|resume|cancel GROUP [--topic T] [--config FILE]\n"+
-		"       {cmd} group unhalt GROUP --partition N [--topic T] [--config FILE]")
-	if len(args) < 2 {
-		return usagef("%s", use)
+func groupAction(action string) func(*CLI, context.Context, []string, io.Writer, io.Writer) error {
+	return func(_ *CLI, ctx context.Context, args []string, stdout, stderr io.Writer) error {
+		return groupCmd(ctx, action, args, stdout, stderr)
 	}
-	action := args[0]
-	if action == "unhalt" {
-		return groupUnhalt(ctx, args[1], args[2:], stdout, stderr)
-	}
+}
+
+// groupAbout says what each action of `consumer group` does.
+var groupAbout = map[string]string{
+	"pause":  "Pauses the group's subscription on the topic: its consumers stop taking batches, and it still holds back retention. Pausing a paused group succeeds and says so.",
+	"resume": "Resumes a paused group: its consumers take batches again. Resuming an active group succeeds and says so.",
+	"cancel": "Cancels the group's subscription on the topic, for good: it no longer holds back retention, and its replicas stop.",
+}
+
+func groupCmd(ctx context.Context, action string, args []string, stdout, stderr io.Writer) error {
 	to := map[string]string{"pause": offsets.Paused, "resume": offsets.Active, "cancel": offsets.Cancelled}[action]
-	if to == "" {
-		return usagef("group: unknown action %q; %s", action, use)
-	}
-	group := args[1]
-	fs := flag.NewFlagSet("group "+action, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := NewFlagSet(ctx, "group "+action, "GROUP [--topic T] [--config FILE]", groupAbout[action])
 	path := fs.String("config", defaultConfigPath, "configuration file: the group's database (its groups item's databaseUrl, or the top level's), and its topicId when --topic is not given")
 	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
-	if err := fs.Parse(args[2:]); err != nil {
-		return &usageError{err}
+	positional, err := parseInterleaved(fs, args, stdout, stderr)
+	if err != nil {
+		return err
 	}
+	if len(positional) != 1 {
+		var b bytes.Buffer
+		fs.SetOutput(&b)
+		fs.Usage()
+		fs.SetOutput(stderr)
+		if len(positional) == 0 {
+			return usagef("group %s: the group is required\n%s", action, strings.TrimSpace(b.String()))
+		}
+		return usagef("group %s: one group at a time, got %q\n%s", action, positional, strings.TrimSpace(b.String()))
+	}
+	group := positional[0]
 	ctx, _, pool, err := connectGroup(ctx, *path, group, topic)
 	if err != nil {
 		return err
@@ -275,9 +306,9 @@ func groupCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // tries the unit it stopped before again at once (it halts again if the
 // cause remains). Unhalting a partition that is not halted succeeds and
 // says so.
-func groupUnhalt(ctx context.Context, group string, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("group unhalt", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func groupUnhalt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := NewFlagSet(ctx, "group unhalt", "GROUP --partition N [--topic T] [--config FILE]",
+		"Releases a halted partition of the group: its consumer tries the unit it halted at again at once, and halts again if the cause remains. Unhalting a partition that is not halted succeeds and says so.")
 	path := fs.String("config", defaultConfigPath, "configuration file: the group's database (its groups item's databaseUrl, or the top level's), and its topicId when --topic is not given")
 	topic := fs.Int("topic", 0, "topic (default: the group's topicId in the configuration, or the top level's)")
 	partition := new(int)
@@ -290,12 +321,14 @@ func groupUnhalt(ctx context.Context, group string, args []string, stdout, stder
 		*partition = n
 		return nil
 	})
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	positional, err := parseInterleaved(fs, args, stdout, stderr)
+	if err != nil {
+		return err
 	}
-	if fs.NArg() != 0 {
-		return usagef("group unhalt: unexpected argument %q", fs.Arg(0))
+	if len(positional) != 1 {
+		return usagef("group unhalt: one group is required, got %q", positional)
 	}
+	group := positional[0]
 	if *partition < 0 {
 		return usagef("group unhalt: --partition is required (consumer status shows the halted partitions)")
 	}

@@ -3,7 +3,6 @@ package consumercli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 
@@ -21,32 +20,24 @@ import (
 // partitions at once).
 const kafkaPoolSize = 16
 
-const kafkaUsage = `usage: {cmd} kafka [--config FILE] [--listen HOST:PORT]
-
-Serves the Kafka protocol over the database (see package kafka), without
+// kafkaAbout is what `consumer kafka -h` prints before the flags.
+const kafkaAbout = `Serves the Kafka protocol over the database (see package kafka), without
 consumers: Kafka clients (kcat, franz-go, librdkafka, the Java client)
 read the topics the file's kafka section names, produce events to them,
 and commit offsets as pgevents groups. The section configures it (topics,
 listen, advertisedAddr, readOnly, users, tls, nodeId, maxRequestBytes,
 maxWaitMs, requestTimeoutMs); it serves the top level's database and
 schema.
-
-Flags:
 `
 
 // kafkaCmd is `consumer kafka`: the Kafka endpoint alone, apart from the
 // consumers.
 func kafkaCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kafka", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, named(ctx, kafkaUsage))
-		fs.PrintDefaults()
-	}
+	fs := NewFlagSet(ctx, "kafka", "[--config FILE] [--listen HOST:PORT]", kafkaAbout)
 	path := fs.String("config", defaultConfigPath, "configuration file: the database and the kafka section")
 	listen := fs.String("listen", "", "address to listen on (default: the file's kafka.listen)")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
 	}
 	if fs.NArg() != 0 {
 		return usagef("kafka: unexpected argument %q", fs.Arg(0))

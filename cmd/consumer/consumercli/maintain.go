@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -23,12 +22,15 @@ import (
 // once or every maintenanceIntervalMs, for deployments where producers run
 // while no consumer does; and the sequencer of each sequenced topic.
 func maintainCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("maintain", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := NewFlagSet(ctx, "maintain", "[--once] [--config FILE]",
+		"Runs the configured topics' maintenance (segments ahead of the counter, dead groups, retention) and the sequencers of sequenced topics, where producers run while no consumer does.")
 	path := fs.String("config", defaultConfigPath, "configuration file: its groups' databases and topics, and maintenanceIntervalMs")
 	once := fs.Bool("once", false, "run one pass and exit (for cron) instead of one every maintenanceIntervalMs")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("maintain: unexpected argument %q", fs.Arg(0))
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {

@@ -3,13 +3,13 @@ package consumercli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
@@ -21,12 +21,15 @@ import (
 // not have before it connects, as run does; the console's token is not
 // needed (migrate never serves the console).
 func (c *CLI) migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := NewFlagSet(ctx, "migrate", "[--config FILE] [--print]",
+		"Applies the schema migrations (idempotent, safe from several replicas) and creates the configured topics, writing their retention, channel and idempotency window.")
 	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, schema, topicId and totalPartitions")
 	print := fs.Bool("print", false, "write the migration SQL to stdout instead of applying it (into the configured schema, when the file exists)")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("migrate: unexpected argument %q", fs.Arg(0))
 	}
 	if *print {
 		// The file is optional here: without it, the SQL creates pgevents
@@ -72,10 +75,7 @@ func migrateDatabase(ctx context.Context, cfg *config.Config, d config.Database,
 	}
 	conn, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
 	if err != nil {
-		if d.Key != "databaseUrl" {
-			return fmt.Errorf("connect %s: %w", d.Key, err)
-		}
-		return fmt.Errorf("connect: %w", err)
+		return connectError(err, pc.ConnConfig, d.Key, path)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	groups := cfg.GroupConfigs()
@@ -88,7 +88,7 @@ func migrateDatabase(ctx context.Context, cfg *config.Config, d config.Database,
 		migrated = append(migrated, name)
 		applied, err := schema.Migrate(schema.WithName(ctx, name), conn)
 		if err != nil {
-			return err
+			return besideError(ctx, err, cfg.KeyPath(i, "schema"), name, path)
 		}
 		where := "the first schema of the search_path"
 		if name != "" {
@@ -103,6 +103,28 @@ func migrateDatabase(ctx context.Context, cfg *config.Config, d config.Database,
 		}
 	}
 	return nil
+}
+
+// besideError returns err, a failure of schema.Migrate into schema name
+// ("" for the first of the search_path), as a configuration error naming
+// schemaKey when it says that a table or function of pgevents' name
+// exists there already while pgevents is not installed: a seed-style
+// deployment (its log_counter, outbox_message_t, dead_letter_queue,
+// notify_event()), which pgevents installs beside, in a schema of its
+// own, and moves over with `consumer adopt`.
+func besideError(ctx context.Context, err error, schemaKey, name, path string) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || (pgErr.Code != "42P07" && pgErr.Code != "42723" && pgErr.Code != "42710") {
+		return err
+	}
+	where := "the first schema of the search_path"
+	if name != "" {
+		where = "schema " + name
+	}
+	return &config.Error{File: path, Key: schemaKey,
+		Msg: fmt.Sprintf("%s already has an object of pgevents' name that pgevents did not create (%s): a seed-style deployment? "+
+			"Install pgevents beside it, in a schema of its own (schema: pgevents), and move the old log and its groups' positions over with `%s adopt --config %s` (docs/adopting.md)",
+			where, pgErr.Message, cmdName(ctx), path)}
 }
 
 // migrateTopic creates or updates the topic of group i of cfg (in

@@ -20,6 +20,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/schema"
 )
@@ -125,8 +126,8 @@ func TestObserveRunConsumer(t *testing.T) {
 	t.Parallel()
 	url, pool := observedDB(t)
 	cfg := observedConfig(t, url, "metricsAddr: \"127.0.0.1:0\"\npprof: true\n")
-	logs := &syncBuffer{}
-	log := zerolog.New(logs).Level(zerolog.InfoLevel)
+	logs := logtest.New(t)
+	log := zerolog.New(logs).Level(zerolog.TraceLevel)
 	handlers, closeHandlers, err := (&CLI{}).buildHandlers(cfg, 0, io.Discard)
 	if err != nil {
 		t.Fatal(err)

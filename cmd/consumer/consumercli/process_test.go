@@ -21,6 +21,7 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
@@ -68,26 +69,9 @@ func binary(t *testing.T) string {
 // proc is a consumer process started by a test.
 type proc struct {
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *logtest.Buffer // its stdout and stderr; its log lines checked
 	done   chan struct{}
 	exitCh chan int
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // start runs the consumer binary with args and DATABASE_URL=url; the
@@ -102,7 +86,7 @@ func startBinary(t *testing.T, path, url string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
-	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{}), exitCh: make(chan int, 1)}
+	p := &proc{cmd: cmd, out: logtest.New(t), done: make(chan struct{}), exitCh: make(chan int, 1)}
 	cmd.Stdout = p.out
 	cmd.Stderr = p.out
 	if err := cmd.Start(); err != nil {
@@ -198,6 +182,11 @@ func runBinary(t *testing.T, path, url string, args ...string) (int, string) {
 	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
 	out, _ := cmd.CombinedOutput()
+	for _, line := range bytes.Split(out, []byte("\n")) {
+		for _, p := range logtest.Check(line) {
+			t.Errorf("logtest: %s in log line %s", p, line)
+		}
+	}
 	return cmd.ProcessState.ExitCode(), string(out)
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/internal/sinktest"
 )
@@ -272,8 +273,8 @@ handlers:
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
-	log := zerolog.New(logs).Level(zerolog.InfoLevel)
+	logs := logtest.New(t)
+	log := zerolog.New(logs).Level(zerolog.TraceLevel)
 	handlers, closeHandlers, err := (&CLI{}).buildHandlers(cfg, 0, io.Discard)
 	if err != nil {
 		t.Fatal(err)

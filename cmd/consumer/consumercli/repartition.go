@@ -2,7 +2,6 @@ package consumercli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 
@@ -11,13 +10,16 @@ import (
 
 // repartitionCmd changes a topic's partition count online.
 func repartitionCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("repartition", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := NewFlagSet(ctx, "repartition", "--partitions N [--topic T] [--config FILE]",
+		"Changes a topic's partition count online: running consumers finish every old partition up to the change, then move to the new layout by themselves.")
 	path := fs.String("config", defaultConfigPath, "configuration file: its databaseUrl, and topicId when --topic is not given")
 	topic := fs.Int("topic", 0, "topic to repartition (default: the configuration's topicId)")
 	partitions := fs.Int("partitions", 0, fmt.Sprintf("the new partition count, 1 to %d", schema.MaxPartitions))
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("repartition: unexpected argument %q", fs.Arg(0))
 	}
 	if err := schema.ValidPartitions(*partitions); err != nil {
 		return usagef("repartition: --partitions %v", err)
@@ -27,6 +29,9 @@ func repartitionCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer pool.Close()
+	if err := knownTopic(ctx, pool, *topic, *path); err != nil {
+		return err
+	}
 	before, err := schema.LookupTopic(ctx, pool, *topic)
 	if err != nil {
 		return err

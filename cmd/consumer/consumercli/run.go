@@ -3,7 +3,6 @@ package consumercli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -29,11 +29,14 @@ const defaultConfigPath = "db-event-consumer.yml"
 // names, the console's token when the file has a console section, and the
 // Kafka endpoint's passwords and TLS files when it has a kafka section.
 func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := NewFlagSet(ctx, "run", "[--config FILE]",
+		"Runs the configured groups until SIGINT or SIGTERM, with their built-in and Go handlers, the relays, the metrics and health server, and the console and the Kafka endpoint when the file has their sections.")
 	path := fs.String("config", defaultConfigPath, "configuration file")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("run: unexpected argument %q", fs.Arg(0))
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {
@@ -75,8 +78,43 @@ func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Write
 		return err
 	}
 	defer closePools()
+	if err := checkStatements(ctx, cfg, pools, *path); err != nil {
+		return err
+	}
 	ctx = schema.WithName(ctx, cfg.Schema)
 	return groupError(cfg, runConsumers(ctx, cfg, pools, ccfgs), *path)
+}
+
+// checkStatements prepares the statement of each handler of type sql of
+// cfg's groups (but those with prepareAtStart: false) on the group's pool
+// (pools, in GroupConfigs order), before any consumer starts: a statement
+// the server cannot prepare (a missing table or column, $1, a parameter
+// a sql handler does not bind) is a configuration error naming its key,
+// with the server's message, rather than a batch retried for ever.
+func checkStatements(ctx context.Context, cfg *config.Config, pools []*pgxpool.Pool, path string) error {
+	for g, group := range cfg.GroupConfigs() {
+		for i, h := range group.Handlers {
+			if h.Type != "sql" || !h.PreparesAtStart() {
+				continue
+			}
+			err := pools[g].AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+				return pgevents.CheckSQLHandler(ctx, c.Conn(), h.Statement)
+			})
+			var pgErr *pgconn.PgError
+			if err != nil && errors.As(err, &pgErr) && !strings.HasPrefix(pgErr.Code, "42") {
+				return fmt.Errorf("group %s: handlers[%d]: %w", group.GroupID, i, err) // not the statement's fault
+			}
+			if err != nil {
+				msg := strings.TrimPrefix(err.Error(), "sql handler: ")
+				if pgErr != nil && pgErr.Code == "42P01" {
+					msg += "; if the table is created after the consumer starts, set prepareAtStart: false on the handler"
+				}
+				return &config.Error{File: path, Key: cfg.KeyPath(g, fmt.Sprintf("handlers[%d].statement", i)),
+					Msg: "cannot be prepared: " + msg}
+			}
+		}
+	}
+	return nil
 }
 
 // inFile returns err with path as the File of the *config.Error in it.
@@ -145,6 +183,12 @@ func (e *groupFailure) Unwrap() error { return e.err }
 // context it returns names the configured schema (every statement run
 // with it finds pgevents there).
 func connect(ctx context.Context, path string, topic *int) (context.Context, *config.Config, *pgxpool.Pool, error) {
+	return connectTop(ctx, path, topic, true)
+}
+
+// connectTop is connect; installed false leaves out the check that
+// pgevents is installed, for the commands that install it (adopt).
+func connectTop(ctx context.Context, path string, topic *int, installed bool) (context.Context, *config.Config, *pgxpool.Pool, error) {
 	cfg, err := config.Load(path)
 	if err != nil {
 		return ctx, nil, nil, err
@@ -152,7 +196,11 @@ func connect(ctx context.Context, path string, topic *int) (context.Context, *co
 	if topic != nil && *topic == 0 {
 		*topic = cfg.TopicID
 	}
-	ctx, pool, err := topPlace(cfg).open(ctx, cfg, cfg.PoolSize(), path)
+	open := topPlace(cfg).open
+	if !installed {
+		open = topPlace(cfg).openRaw
+	}
+	ctx, pool, err := open(ctx, cfg, cfg.PoolSize(), path)
 	if err != nil {
 		return ctx, nil, nil, err
 	}

@@ -3,7 +3,6 @@ package consumercli
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -19,9 +18,8 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
-const statusUsage = `usage: {cmd} status [--config FILE] [--group G] [--json] [--watch [--interval D]]
-
-Shows, for each topic of the configured groups, every consumer group that
+// statusAbout is what `consumer status -h` prints before the flags.
+const statusAbout = `Shows, for each topic of the configured groups, every consumer group that
 has a position on it (or only --group G) × every partition: the group's next offset, the log end
 (highest offset in the partition), the lag in events (counted up to a cap,
 shown as ">=N" when reached) and in seconds (age of the first unhandled
@@ -84,8 +82,6 @@ whose groups share them), one after the other; its field names are stable:
                             CANCELLED; null without a subscription
     skipped                 events retention removed before the group
                             handled them
-
-Flags:
 `
 
 // statusPoolSize is the pool of consumer status on each database: it
@@ -372,19 +368,14 @@ func anyCell(ps []partitionStatus, c statusColumn) bool {
 const ansiHomeClear = "\x1b[H\x1b[2J"
 
 func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, named(ctx, statusUsage))
-		fs.PrintDefaults()
-	}
+	fs := NewFlagSet(ctx, "status", "[--config FILE] [--group G] [--json] [--watch [--interval D]]", statusAbout)
 	path := fs.String("config", defaultConfigPath, "configuration file: the groups' databases and topics")
 	group := fs.String("group", "", "show this consumer group only (default: every group with a position on the topic)")
 	asJSON := fs.Bool("json", false, "print JSON (field names documented above)")
 	watch := fs.Bool("watch", false, "refresh every --interval until interrupted")
 	interval := fs.Duration("interval", 2*time.Second, "refresh interval of --watch")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
 	}
 	if fs.NArg() != 0 {
 		return usagef("status: unexpected argument %q", fs.Arg(0))
@@ -428,7 +419,16 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 			pools[p.url] = pool
 		}
-		views = append(views, shown{schema.WithName(ctx, p.schema), pool, p})
+		v := shown{schema.WithName(ctx, p.schema), pool, p}
+		if err := knownTopic(v.ctx, pool, p.topic, *path); err != nil {
+			return err
+		}
+		if *group != "" {
+			if err := knownGroup(v.ctx, pool, *group, p.topic); err != nil {
+				return err
+			}
+		}
+		views = append(views, v)
 	}
 
 	show := func() error {

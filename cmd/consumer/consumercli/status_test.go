@@ -296,7 +296,7 @@ func TestStatusUsage(t *testing.T) {
 		}
 	}
 	code, out := runOnce(t, url, "status", "-h")
-	if code != 2 || !strings.Contains(out, "lag_seconds") || !strings.Contains(out, "--watch") {
+	if code != 0 || !strings.Contains(out, "lag_seconds") || !strings.Contains(out, "--watch") {
 		t.Errorf("status -h: exit %d\n%s", code, out)
 	}
 }

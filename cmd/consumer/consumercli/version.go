@@ -1,7 +1,7 @@
 package consumercli
 
 import (
-	"flag"
+	"context"
 	"fmt"
 	"io"
 	"runtime"
@@ -83,16 +83,15 @@ func (v buildVersion) format(name string) string {
 
 // versionCmd prints the module's version and the commit the binary was
 // built from, under the binary's name.
-func versionCmd(name string, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err}
+func versionCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := NewFlagSet(ctx, "version", "", "Prints the module version and the commit the binary was built from.")
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("version: unexpected argument %q", fs.Arg(0))
 	}
 	bi, _ := debug.ReadBuildInfo()
-	fmt.Fprint(stdout, readVersion(bi, version, commit).format(name))
+	fmt.Fprint(stdout, readVersion(bi, version, commit).format(cmdName(ctx)))
 	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -55,15 +54,15 @@ var benchCases = []benchCase{
 // DATABASE_URL), each in a fresh database, and prints the results table to
 // stdout, or JSON with --json; progress goes to stderr.
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := consumercli.NewFlagSet(ctx, "bench", "[--quick] [--only CASES] [--json] [--dir DIR] [--cpuprofile FILE]",
+		"Runs the benchmark cases of BENCHMARKS.md on a throwaway PostgreSQL (or on DATABASE_URL), each in a fresh database, and prints the results table.")
 	asJSON := fs.Bool("json", false, "print the results as JSON instead of a table")
 	quick := fs.Bool("quick", false, "shorter runs and one repetition (about 2 minutes instead of 10)")
 	only := fs.String("only", "", "comma-separated cases to run (default all): "+strings.Join(benchCaseNames(), ","))
 	dir := fs.String("dir", ".pgevents-bench", "folder of the throwaway PostgreSQL, unless DATABASE_URL is set")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (producers and in-process consumers) to `file`")
-	if err := fs.Parse(args); err != nil {
-		return consumercli.Usage(err)
+	if err := consumercli.ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return consumercli.Usagef("bench: unexpected argument %q", fs.Arg(0))

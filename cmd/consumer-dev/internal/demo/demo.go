@@ -9,7 +9,6 @@ package demo
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -34,8 +33,8 @@ import (
 // group handles them with the log handler, printing progress every second,
 // and stops by itself.
 func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := consumercli.NewFlagSet(ctx, "demo", "[--duration D] [--rate N] [--hosts N] [--partitions N] [--sink log|kafka] [--console ADDR] [--dir DIR]",
+		"Appends events for many hosts at a steady rate while a consumer group handles them, printing progress every second, and serves the operator console; stops by itself. It starts a PostgreSQL under --dir unless DATABASE_URL is set.")
 	dir := fs.String("dir", ".pgevents-demo", "folder for the local PostgreSQL and the handled events (git-ignored)")
 	duration := fs.Duration("duration", 15*time.Second, "how long producers run")
 	rate := fs.Int("rate", 2000, "events appended per second, in total")
@@ -43,8 +42,11 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	partitions := fs.Int("partitions", 8, "partitions of the demo topic, when it is created")
 	sinkName := fs.String("sink", "log", "where handled events go: log (a JSON file) or kafka (relayed to an in-process Kafka broker)")
 	consoleAddr := fs.String("console", "127.0.0.1:0", "address of the operator console served while the demo runs (port 0: a free one); off: none")
-	if err := fs.Parse(args); err != nil {
-		return consumercli.Usage(err)
+	if err := consumercli.ParseFlags(fs, args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return consumercli.Usagef("demo: unexpected argument %q", fs.Arg(0))
 	}
 	if *sinkName != "log" && *sinkName != "kafka" {
 		return consumercli.Usagef("demo: --sink must be log or kafka, got %q", *sinkName)
