@@ -254,7 +254,8 @@ func TestGroupNameBelongsToOneKind(t *testing.T) {
 // user and the positions moved. A kgo member of the group with reset
 // "start" then reads partition 0 from its start, partition 1 from 1 and
 // partition 2 from the offset committed; partition 3, committed above the
-// log end, is refused OFFSET_OUT_OF_RANGE and reset to the start.
+// log end, is refused OFFSET_OUT_OF_RANGE and reset to the start. A tool's
+// commit to a stopped pgevents group keeps its subscription's settings.
 func TestToolCommitsAsABroker(t *testing.T) {
 	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
@@ -294,6 +295,20 @@ WHERE group_id = 'tool' AND action = 'reset' ORDER BY id DESC LIMIT 1`)).Scan(&r
 	wantDetail := fmt.Sprintf("partition 0: 3 -> none, partition 1: 3 -> 1, partition 2: 3 -> %d, partition 3: 3 -> %d", log[2][2], log[3][2]+1000)
 	if rows != 2 || origin != offsets.OriginKafka || actor != "user ops (client raw)" || detail != wantDetail {
 		t.Errorf("audit: %d rows, the last %q by %q: %q; want 2, kafka, user ops (client raw), %q", rows, origin, actor, detail, wantDetail)
+	}
+
+	// A tool's commit to a stopped pgevents group moves its positions and
+	// keeps its subscription's settings (its dead_after, not a Kafka
+	// group's minute).
+	if _, err := offsets.Subscribe(e.ctx, e.pool, "pg", 1, offsets.Start{Kind: offsets.Earliest}, 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if c := commitRaw(t, rc, "pg", "", -1, map[int32]int64{0: 2})[0]; c != 0 {
+		t.Fatalf("a tool's commit to a stopped pgevents group: %v", kerr.ErrorForCode(c))
+	}
+	var deadAfter string
+	if err := e.pool.QueryRow(e.ctx, schema.SQL(e.ctx, `SELECT dead_after::text FROM {schema}subscriptions WHERE group_id = 'pg'`)).Scan(&deadAfter); err != nil || deadAfter != "02:00:00" {
+		t.Errorf("a tool's commit left the pgevents group's dead_after at %q (%v), want its own 02:00:00", deadAfter, err)
 	}
 
 	s := newSeen()

@@ -642,8 +642,8 @@ func (c *coordinator) commitTopic(ctx context.Context, group string, topic int, 
 	// as a heartbeat does: a client that commits without joining (no
 	// members to keep it live) keeps holding retention back. A commit
 	// from outside the group protocol subscribes a group that has no
-	// subscription, and leaves the others as they are (a stopped pgevents
-	// group keeps its settings).
+	// subscription, and keeps another one live with its own settings (a
+	// stopped pgevents group keeps its dead_after).
 	live, known := g.topics[topic]
 	known = known && time.Since(live) < groupDeadAfter/4
 	c.mu.Unlock()
@@ -666,7 +666,12 @@ func (c *coordinator) commitTopic(ctx context.Context, group string, topic int, 
 				if _, err := offsets.Subscribe(ctx, tx, group, topic, offsets.Start{Kind: offsets.Earliest}, groupDeadAfter); err != nil {
 					return err
 				}
-				renewed = audit == nil
+				renewed = true
+			case !known:
+				if _, err := offsets.KeepLive(ctx, tx, group, topic); err != nil {
+					return err
+				}
+				renewed = true
 			}
 		}
 		var before []offsets.Position

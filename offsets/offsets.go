@@ -381,6 +381,16 @@ func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start
 	return state, err
 }
 
+// KeepLive marks group's subscription on topic live, as a replica's
+// heartbeat does (a DEAD group becomes ACTIVE), without changing its
+// settings, and returns its state; it fails when the group has no
+// subscription there. It is for a reader that commits positions its own
+// way and keeps the group live by committing (a Kafka client that assigns
+// itself partitions).
+func KeepLive(ctx context.Context, db schema.DB, group string, topic int) (string, error) {
+	return store.Heartbeat(ctx, db, group, topic)
+}
+
 // Commit sets group's next offset on topic in the partitions of next
 // (partition to offset), in one transaction, as a worker's batch commits a
 // position: each partition's position lock is taken (in ascending order),
