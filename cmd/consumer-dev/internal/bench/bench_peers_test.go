@@ -1,0 +1,142 @@
+package bench
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBenchParseRiverLine checks that the River program's lines are read
+// as they are written, and that anything else is refused with an error
+// that quotes it.
+func TestBenchParseRiverLine(t *testing.T) {
+	l, err := benchParseRiverLine([]byte(`{"type":"mark","mark":"start"}`))
+	if err != nil || l.Type != "mark" || l.Mark != "start" {
+		t.Fatalf("start mark: %+v, %v", l, err)
+	}
+	if l, err := benchParseRiverLine([]byte(`{"type":"mark","mark":"end"}` + "\n")); err != nil || l.Mark != "end" {
+		t.Fatalf("end mark: %+v, %v", l, err)
+	}
+	latency := `{"type":"result","mode":"latency","river":"v0.51.2","seconds":10.2,"jobs":11000,"handled":10000,"offered":10000,` +
+		`"committed":10000,"on_schedule":9990,"late_p99_ms":3.5,"commit_to_handler_ms":[2.1,9.7,15],"call_to_handler_ms":[4.5,20,30],"tx_ms":[2.6,10.7]}`
+	l, err = benchParseRiverLine([]byte(latency))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Mode != "latency" || l.River != "v0.51.2" || l.Handled != 10000 || l.Offered != 10000 || l.OnSchedule != 9990 ||
+		l.CommitToHandlerMs[1] != 9.7 || l.CallToHandlerMs[0] != 4.5 || l.TxMs[1] != 10.7 {
+		t.Fatalf("latency result read as %+v", l)
+	}
+	w := l.window(benchPeersReading{}, benchPeersReading{})
+	if w.commit != [2]float64{2.1, 9.7} || w.call != [2]float64{4.5, 20} || w.tx != [2]float64{2.6, 10.7} ||
+		w.offered != 10000 || w.committed != 10000 || w.onTime != 9990 || w.events != 10000 {
+		t.Fatalf("latency window %+v", w)
+	}
+	l, err = benchParseRiverLine([]byte(`{"type":"result","mode":"drain","river":"v0.51.2","seconds":2,"jobs":50000,"handled":50000,"rate":25000}`))
+	if err != nil || l.Rate != 25000 || l.Jobs != 50000 {
+		t.Fatalf("drain result: %+v, %v", l, err)
+	}
+	if w := l.window(benchPeersReading{}, benchPeersReading{}); w.drainRate != 25000 || w.events != 50000 {
+		t.Fatalf("drain window %+v", w)
+	}
+
+	for _, bad := range []struct{ line, want string }{
+		{`go: downloading github.com/riverqueue/river v0.51.2`, "unexpected output"},
+		{``, "unexpected output"},
+		{`{"type":"mark","mark":"start"}{"type":"mark","mark":"end"}`, "more than one object"},
+		{`{"type":"mark","mark":"middle"}`, `unknown mark "middle"`},
+		{`{"type":"progress"}`, "no type mark or result"},
+		{`{"type":"mark","mark":"start","extra":1}`, `unknown field "extra"`},
+		{`{"type":"result","mode":"latency","offered":10,"commit_to_handler_ms":[1,2,3],"call_to_handler_ms":[1,2,3]}`, "without its percentiles"},
+		{`{"type":"result","mode":"schedule","commit_to_handler_ms":[1,2,3],"call_to_handler_ms":[1,2,3],"tx_ms":[1,2]}`, "without the transactions offered"},
+		{`{"type":"result","mode":"drain","jobs":10}`, "drain result without its rate"},
+		{`{"type":"result","mode":"burst"}`, `unknown mode "burst"`},
+	} {
+		if _, err := benchParseRiverLine([]byte(bad.line)); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%q: error %v, want one saying %q", bad.line, err, bad.want)
+		}
+	}
+}
+
+// TestBenchPeersResults checks the rows of the peers case: one per system
+// and measure, the ratios of pgevents over each peer taken per repetition
+// and then their median, the targets, and a skipped peer's rows saying so.
+func TestBenchPeersResults(t *testing.T) {
+	measures := []benchPeersMeasure{
+		{name: "CPU per event", unit: "µs", riverRatio: 0.7, note: "how CPU is counted"},
+		{name: "committed / offered", unit: "ratio", atLeast: 0.99},
+	}
+	systems := []benchPeersFigures{
+		{name: "pgevents", pgevents: true, how: "pgevents how", runs: [][]float64{{2000, 4000, 3000}, {1, 0.5, 0.98}}},
+		{name: "River", how: "River how", runs: [][]float64{{1000, 1000, 2000}, {1, 1, 1}}},
+		{name: "PgQ", how: "PgQ how", skipped: "the pgq extension is not installed", runs: [][]float64{nil, nil}},
+	}
+	rs := benchPeersResults(measures, systems, "run note")
+	var names []string
+	for _, r := range rs {
+		names = append(names, r.Name)
+	}
+	want := []string{
+		"CPU per event: pgevents", "CPU per event: River", "CPU per event: PgQ",
+		"CPU per event: pgevents / River", "CPU per event: pgevents / PgQ",
+		"committed / offered: pgevents", "committed / offered: River", "committed / offered: PgQ",
+		"committed / offered: pgevents / River", "committed / offered: pgevents / PgQ",
+	}
+	if strings.Join(names, "|") != strings.Join(want, "|") {
+		t.Fatalf("rows:\n%s\nwant:\n%s", strings.Join(names, "\n"), strings.Join(want, "\n"))
+	}
+	for _, r := range rs {
+		if r.Case != "peers" {
+			t.Errorf("%s: case %q", r.Name, r.Case)
+		}
+	}
+	// Per repetition 2, 4 and 1.5: the median of the ratios, not the ratio
+	// of the medians (3000 / 1000).
+	if r := rs[3]; r.Median != 2 || r.Unit != "ratio" || r.Target != "≤ 0.70" || r.Met == nil || *r.Met {
+		t.Errorf("CPU ratio row %+v", r)
+	}
+	if r := rs[0]; r.Median != 3000 || !strings.Contains(r.Note, "pgevents how") || !strings.Contains(r.Note, "run note") || !strings.Contains(r.Note, "how CPU is counted") {
+		t.Errorf("first row %+v", r)
+	}
+	if r := rs[1]; !strings.Contains(r.Note, "River how") || strings.Contains(r.Note, "run note") || r.Target != "" {
+		t.Errorf("River's first row %+v", r)
+	}
+	if r := rs[2]; !math.IsNaN(r.Median) || len(r.Runs) != 0 || !strings.Contains(r.Note, "PgQ not measured: the pgq extension is not installed") {
+		t.Errorf("skipped PgQ row %+v", r)
+	}
+	if r := rs[4]; !math.IsNaN(r.Median) || !strings.Contains(r.Note, "PgQ not measured") || r.Target != "" {
+		t.Errorf("ratio to the skipped PgQ %+v", r)
+	}
+	if r := rs[5]; r.Median != 0.98 || r.Target != "≥ 0.99" || r.Met == nil || *r.Met {
+		t.Errorf("pgevents' own target %+v", r)
+	}
+	if r := rs[6]; r.Target != "" || r.Met != nil {
+		t.Errorf("River's row has a target: %+v", r)
+	}
+	if r := rs[8]; r.Target != "" || r.Median != 0.98 {
+		t.Errorf("ratio without a target %+v", r)
+	}
+}
+
+// TestBenchPeersWindowSetCPU checks the CPU per event of a window: the
+// machine's busy time, and the bench's own processes' (itself, the River
+// program, the server), each over the events handled.
+func TestBenchPeersWindowSetCPU(t *testing.T) {
+	at := time.Now()
+	r0 := benchPeersReading{cpu: benchCPU{machineBusy: 10 * time.Second, machineAll: 40 * time.Second, server: 3 * time.Second, self: 2 * time.Second, at: at},
+		child: time.Second}
+	r1 := benchPeersReading{cpu: benchCPU{machineBusy: 26 * time.Second, machineAll: 60 * time.Second, server: 8 * time.Second, self: 4 * time.Second, at: at.Add(10 * time.Second)},
+		child: 6 * time.Second}
+	var w benchPeersWindow
+	w.setCPU(r0, r1, 8000)
+	// Busy 16 s of 20 s; own 2 + 5 + 5 = 12 s; other processes 4 s.
+	if w.events != 8000 || w.seconds != 10 || w.machineUS != 2000 || w.ownUS != 1500 || w.busy != 0.8 || w.foreign != 0.2 {
+		t.Fatalf("window %+v", w)
+	}
+	w = benchPeersWindow{}
+	w.setCPU(r0, r0, 0)
+	if w.machineUS != 0 || w.ownUS != 0 || w.busy != 0 {
+		t.Fatalf("empty window %+v", w)
+	}
+}
