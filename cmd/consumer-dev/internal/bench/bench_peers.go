@@ -183,7 +183,7 @@ func benchPeers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	figures := make([]benchPeersFigures, len(peers))
 	for i, p := range peers {
 		figures[i] = benchPeersFigures{name: p.name, pgevents: strings.HasPrefix(p.name, "pgevents"), how: p.how, skipped: p.skipped,
-			runs: make([][]float64, len(benchPeersMeasures))}
+			runs: make([][]float64, len(benchPeersMeasures)), foreign: make([][]float64, len(benchPeersMeasures))}
 		if p.skipped != "" {
 			e.logf("peers: %s not measured: %s", p.name, p.skipped)
 		}
@@ -210,6 +210,7 @@ func benchPeers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 				for k, ms := range benchPeersMeasures {
 					if ms.mode == m {
 						figures[i].runs[k] = append(figures[i].runs[k], ms.get(w))
+						figures[i].foreign[k] = append(figures[i].foreign[k], w.foreign)
 					}
 				}
 				e.logf("peers: rep %d, %s, %s: %s", rep+1, m, p.name, w.summary(m))
@@ -434,6 +435,9 @@ type benchPeersMeasure struct {
 	// atLeast, when set, is the target of pgevents' own figure.
 	atLeast float64
 	note    string
+	// foreign: each system's row says how busy other processes kept the
+	// machine during its windows.
+	foreign bool
 }
 
 // benchPeersMeasures are the figures of the peers case, in the order of
@@ -454,7 +458,7 @@ var benchPeersMeasures = []benchPeersMeasure{
 		note: "the producer's whole transaction: connection acquired, BEGIN, the insert, COMMIT returned"},
 	{name: "1,000 tx/s, 4 producers: producer transaction BEGIN → COMMIT returned, p99", unit: "ms", mode: benchPeersLatency, riverRatio: 1,
 		get: func(w benchPeersWindow) float64 { return w.tx[1] }},
-	{name: "1,000 tx/s, 4 producers: machine CPU per event, every process", unit: "µs", mode: benchPeersLatency, riverRatio: 0.7,
+	{name: "1,000 tx/s, 4 producers: machine CPU per event, every process", unit: "µs", mode: benchPeersLatency, riverRatio: 0.7, foreign: true,
 		get:  func(w benchPeersWindow) float64 { return w.machineUS },
 		note: "the machine's busy time (/proc/stat: user, nice, system, irq, softirq) from the window's start until every event of it was handled, divided by those events: producers, consumer or worker, server, and whatever else ran on the machine meanwhile"},
 	{name: "1,000 tx/s, 4 producers: CPU per event, bench, River program and server", unit: "µs", mode: benchPeersLatency,
@@ -469,7 +473,7 @@ var benchPeersMeasures = []benchPeersMeasure{
 	{name: "3,000 tx/s, 16 producers, 10 s: committed on schedule / offered", unit: "ratio", mode: benchPeersSchedule,
 		get:  func(w benchPeersWindow) float64 { return float64(w.onTime) / float64(max(1, w.offered)) },
 		note: "transactions that committed within one producer interval (16 / 3,000 s = 5.33 ms) of their scheduled start, over the 30,000 offered; paced as every bench producer is (catching up by at most 1 s)"},
-	{name: "drain of a preloaded backlog", unit: "events/s", mode: benchPeersDrain,
+	{name: "drain of a preloaded backlog", unit: "events/s", mode: benchPeersDrain, foreign: true,
 		get:  func(w benchPeersWindow) float64 { return w.drainRate },
 		note: "the backlog preloaded (pgevents and PgQ: 100-event transactions from 4 producers; River: InsertManyFast, 1,000 jobs a call) with the consumer stopped, the database vacuumed and analysed; timed from the consumer's start until it has handled every event"},
 }
@@ -482,6 +486,9 @@ type benchPeersFigures struct {
 	how      string // how it runs
 	skipped  string // why it was not measured
 	runs     [][]float64
+	// foreign is, beside each figure of runs, the share of the machine
+	// other processes kept busy during its window.
+	foreign [][]float64
 }
 
 // benchPeersResults reports the figures: per measure, one row per system
@@ -504,6 +511,9 @@ func benchPeersResults(measures []benchPeersMeasure, systems []benchPeersFigures
 			}
 			if s.skipped != "" {
 				r = r.noted("%s not measured: %s", s.name, s.skipped)
+			}
+			if m.foreign && k < len(s.foreign) && len(s.foreign[k]) > 0 {
+				r = r.noted("other processes kept the machine %.0f%% busy during the windows of %s (median)", 100*benchMedian(s.foreign[k]), s.name)
 			}
 			if s.pgevents && m.atLeast > 0 {
 				r = r.atLeast(m.atLeast)
