@@ -115,9 +115,9 @@ func (e *benchEnv) peersReading(child int) benchPeersReading {
 func (w *benchPeersWindow) setCPU(r0, r1 benchPeersReading, events int64) {
 	w.events = events
 	w.seconds = r1.cpu.at.Sub(r0.cpu.at).Seconds()
-	busy := r1.cpu.machineBusy - r0.cpu.machineBusy
+	busy, all := r1.cpu.machine(r0.cpu)
 	own := r1.cpu.self - r0.cpu.self + r1.cpu.server - r0.cpu.server + r1.child - r0.child
-	if all := r1.cpu.machineAll - r0.cpu.machineAll; all > 0 {
+	if all > 0 {
 		w.busy = float64(busy) / float64(all)
 		w.foreign = max(0, float64(busy-own)/float64(all))
 	}
@@ -460,7 +460,7 @@ var benchPeersMeasures = []benchPeersMeasure{
 		get: func(w benchPeersWindow) float64 { return w.tx[1] }},
 	{name: "1,000 tx/s, 4 producers: machine CPU per event, every process", unit: "µs", mode: benchPeersLatency, riverRatio: 0.7, foreign: true,
 		get:  func(w benchPeersWindow) float64 { return w.machineUS },
-		note: "the machine's busy time (/proc/stat: user, nice, system, irq, softirq) from the window's start until every event of it was handled, divided by those events: producers, consumer or worker, server, and whatever else ran on the machine meanwhile"},
+		note: "the machine's busy time (the cores' time less their idle, iowait and steal time in /proc/stat, which this kernel keeps exactly, unlike its tick-sampled busy counters) from the window's start until every event of it was handled, divided by those events: producers, consumer or worker, server, and whatever else ran on the machine meanwhile"},
 	{name: "1,000 tx/s, 4 producers: CPU per event, bench, River program and server", unit: "µs", mode: benchPeersLatency,
 		get:  func(w benchPeersWindow) float64 { return w.ownUS },
 		note: "the same span, counting only the bench process (getrusage), the River program (/proc/<pid>/stat) and the server's processes (the postmaster's tree; 0 with DATABASE_URL): the figure above without other work on the machine"},

@@ -126,13 +126,14 @@ func TestBenchPeersResults(t *testing.T) {
 // program, the server), each over the events handled.
 func TestBenchPeersWindowSetCPU(t *testing.T) {
 	at := time.Now()
-	r0 := benchPeersReading{cpu: benchCPU{machineBusy: 10 * time.Second, machineAll: 40 * time.Second, server: 3 * time.Second, self: 2 * time.Second, at: at},
+	r0 := benchPeersReading{cpu: benchCPU{machineIdle: 30 * time.Second, cpus: 2, statAt: at, server: 3 * time.Second, self: 2 * time.Second, at: at},
 		child: time.Second}
-	r1 := benchPeersReading{cpu: benchCPU{machineBusy: 26 * time.Second, machineAll: 60 * time.Second, server: 8 * time.Second, self: 4 * time.Second, at: at.Add(10 * time.Second)},
-		child: 6 * time.Second}
+	r1 := benchPeersReading{cpu: benchCPU{machineIdle: 34 * time.Second, cpus: 2, statAt: at.Add(10 * time.Second), server: 8 * time.Second, self: 4 * time.Second,
+		at: at.Add(10 * time.Second)}, child: 6 * time.Second}
 	var w benchPeersWindow
 	w.setCPU(r0, r1, 8000)
-	// Busy 16 s of 20 s; own 2 + 5 + 5 = 12 s; other processes 4 s.
+	// The cores' 20 s less 4 s idle: busy 16 s; own 2 + 5 + 5 = 12 s;
+	// other processes 4 s.
 	if w.events != 8000 || w.seconds != 10 || w.machineUS != 2000 || w.ownUS != 1500 || w.busy != 0.8 || w.foreign != 0.2 {
 		t.Fatalf("window %+v", w)
 	}
@@ -140,5 +141,32 @@ func TestBenchPeersWindowSetCPU(t *testing.T) {
 	w.setCPU(r0, r0, 0)
 	if w.machineUS != 0 || w.ownUS != 0 || w.busy != 0 {
 		t.Fatalf("empty window %+v", w)
+	}
+}
+
+// TestBenchCPUMachine checks the machine's busy time between two
+// readings: the cores' time less their idle time, nothing when /proc/stat
+// was not read, and on this machine no more than the cores' time.
+func TestBenchCPUMachine(t *testing.T) {
+	at := time.Now()
+	a := benchCPU{machineIdle: time.Second, cpus: 4, statAt: at}
+	b := benchCPU{machineIdle: 3 * time.Second, cpus: 4, statAt: at.Add(time.Second)}
+	if busy, all := b.machine(a); busy != 2*time.Second || all != 4*time.Second {
+		t.Fatalf("busy %s of %s, want 2s of 4s", busy, all)
+	}
+	if d := b.since(a); d.busy != 0.5 {
+		t.Fatalf("since: busy %v, want 0.5", d.busy)
+	}
+	if busy, all := b.machine(benchCPU{}); busy != 0 || all != 0 {
+		t.Fatalf("without a first reading: %s of %s", busy, all)
+	}
+	r0 := readBenchCPU(0)
+	if r0.cpus == 0 {
+		t.Skip("no /proc/stat")
+	}
+	time.Sleep(50 * time.Millisecond)
+	busy, all := readBenchCPU(0).machine(r0)
+	if all < time.Duration(r0.cpus)*50*time.Millisecond || busy > all {
+		t.Fatalf("%d cores over 50 ms: busy %s of %s", r0.cpus, busy, all)
 	}
 }
