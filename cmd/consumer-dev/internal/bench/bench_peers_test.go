@@ -170,3 +170,25 @@ func TestBenchCPUMachine(t *testing.T) {
 		t.Fatalf("%d cores over 50 ms: busy %s of %s", r0.cpus, busy, all)
 	}
 }
+
+// TestBenchRiverDir checks that the River program's module is found from
+// inside the repository (tests run in this package's folder), that
+// --river must name it, and that River's version is read from its go.mod.
+func TestBenchRiverDir(t *testing.T) {
+	dir, err := benchRiverDir("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !benchIsRiverModule(dir) || !strings.HasSuffix(dir, "bench/river") {
+		t.Fatalf("found %s", dir)
+	}
+	if v := benchRiverVersion(dir); !strings.HasPrefix(v, "v0.") {
+		t.Fatalf("River version %q in %s/go.mod", v, dir)
+	}
+	if d, err := benchRiverDir(dir); err != nil || d != dir {
+		t.Fatalf("--river %s: %s, %v", dir, d, err)
+	}
+	if _, err := benchRiverDir(t.TempDir()); err == nil || !strings.Contains(err.Error(), "no go.mod of module "+benchRiverModule) {
+		t.Fatalf("--river of an empty folder: %v", err)
+	}
+}
