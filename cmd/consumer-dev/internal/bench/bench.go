@@ -43,6 +43,7 @@ var benchCases = []benchCase{
 	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 3 * time.Minute},
 	{"processes", "the deployments users run: 1, 8 and 16 consumer processes under 1,000 tx/s: schedule, latency, CPU per event, idle", benchProcesses, 6 * time.Minute},
 	{"pgq", "producers of single-event transactions: plain insert, pgevents with and without a consumer, PgQ", benchPgq, 4 * time.Minute},
+	{"peers", "pgevents beside River and PgQ in one run: commit → handler latency, producer transactions and CPU per event at 1,000 tx/s, 3,000 tx/s on schedule, drain", benchPeers, 18 * time.Minute},
 	{"retention", "removing old events: segment drop vs DELETE, under producers", benchRetention, 3 * time.Minute},
 	{"console", "every console page on a 10-million-event log with 10,000 dead letters", benchConsole, 45 * time.Minute},
 	{"kafka", "relay into Kafka (in-process kfake) vs a bare franz-go producer; Kafka clients through the endpoint (consumer kafka): fetch, latency, produce", benchKafka, 10 * time.Minute},
@@ -54,13 +55,14 @@ var benchCases = []benchCase{
 // DATABASE_URL), each in a fresh database, and prints the results table to
 // stdout, or JSON with --json; progress goes to stderr.
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := consumercli.NewFlagSet(ctx, "bench", "[--quick] [--only CASES] [--json] [--dir DIR] [--cpuprofile FILE]",
+	fs := consumercli.NewFlagSet(ctx, "bench", "[--quick] [--only CASES] [--json] [--dir DIR] [--cpuprofile FILE] [--river DIR]",
 		"Runs the benchmark cases of BENCHMARKS.md on a throwaway PostgreSQL (or on DATABASE_URL), each in a fresh database, and prints the results table.")
 	asJSON := fs.Bool("json", false, "print the results as JSON instead of a table")
 	quick := fs.Bool("quick", false, "shorter runs and one repetition (about 2 minutes instead of 10)")
 	only := fs.String("only", "", "comma-separated cases to run (default all): "+strings.Join(benchCaseNames(), ","))
 	dir := fs.String("dir", ".pgevents-bench", "folder of the throwaway PostgreSQL, unless DATABASE_URL is set")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (producers and in-process consumers) to `file`")
+	riverDir := fs.String("river", "", "the River program's module `folder` for the peers case (default: bench/river of the repository around the current directory)")
 	if err := consumercli.ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
@@ -77,6 +79,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer env.close()
+	env.riverDir = *riverDir
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {

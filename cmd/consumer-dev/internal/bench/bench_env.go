@@ -41,6 +41,7 @@ type benchEnv struct {
 	serverPID int                    // the postmaster's pid when the bench started it
 	dbURL     func(db string) string // the URL of database db on the server
 	admin     *pgxpool.Pool          // on the server's maintenance database
+	riverDir  string                 // the River program's module, when --river names it
 
 	mu  sync.Mutex
 	seq int
@@ -232,6 +233,24 @@ func (e *benchEnv) newDB(ctx context.Context, partitions int) (*benchDB, error) 
 
 // newModeDB is newDB with the bench topic in mode m (its topic is ignored).
 func (e *benchEnv) newModeDB(ctx context.Context, partitions int, m benchProducerMode) (*benchDB, error) {
+	d, err := e.newBareDB(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := schema.Migrate(ctx, d.pool); err != nil {
+		d.close()
+		return nil, err
+	}
+	if err := m.create(ctx, d.pool, benchTopic, partitions); err != nil {
+		d.close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// newBareDB creates a fresh, empty database: no pgevents schema, for a
+// peer's tables.
+func (e *benchEnv) newBareDB(ctx context.Context) (*benchDB, error) {
 	e.mu.Lock()
 	e.seq++
 	name := fmt.Sprintf("%s%d_%d", benchDBPrefix, os.Getpid(), e.seq)
@@ -246,14 +265,6 @@ func (e *benchEnv) newModeDB(ctx context.Context, partitions int, m benchProduce
 		return nil, err
 	}
 	d.pool = pool
-	if _, err := schema.Migrate(ctx, pool); err != nil {
-		d.close()
-		return nil, err
-	}
-	if err := m.create(ctx, pool, benchTopic, partitions); err != nil {
-		d.close()
-		return nil, err
-	}
 	return d, nil
 }
 

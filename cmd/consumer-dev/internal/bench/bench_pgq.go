@@ -24,23 +24,43 @@ const benchPgqProducers = 16
 // consumer.
 const benchPgqQueue = "bench"
 
-// PgQ statements. The ticker tick at most benchPgqTick apart while events
-// arrive (ticker_max_lag), as pgqd does with a short period; the consumer
-// reads a batch, its events and finishes it in one transaction.
+// PgQ statements. The ticker ticks at most a loop's maxLag apart while
+// events arrive (ticker_max_lag), as pgqd does with a short period; the
+// consumer reads a batch, its events and finishes it in one transaction.
 const (
 	benchPgqSetupSQL = `CREATE EXTENSION IF NOT EXISTS pgq;
 SELECT pgq.create_queue('` + benchPgqQueue + `');
-SELECT pgq.set_queue_config('` + benchPgqQueue + `', 'ticker_max_lag', '50 milliseconds');
 SELECT pgq.register_consumer('` + benchPgqQueue + `', '` + benchPgqQueue + `');`
+	benchPgqMaxLagSQL    = `SELECT pgq.set_queue_config('` + benchPgqQueue + `', 'ticker_max_lag', $1)`
 	benchPgqInsertSQL    = `SELECT pgq.insert_event('` + benchPgqQueue + `', $1, $2)`
 	benchPgqTickerSQL    = `SELECT pgq.ticker()`
+	benchPgqTickQueueSQL = `SELECT pgq.ticker('` + benchPgqQueue + `')`
 	benchPgqNextBatchSQL = `SELECT pgq.next_batch('` + benchPgqQueue + `', '` + benchPgqQueue + `')`
 	benchPgqEventsSQL    = `SELECT ev_id, ev_type, ev_data FROM pgq.get_batch_events($1)`
 	benchPgqFinishSQL    = `SELECT pgq.finish_batch($1)`
 )
 
-// benchPgqTick is how often the ticker goroutine calls pgq.ticker().
-const benchPgqTick = 50 * time.Millisecond
+// benchPgqLoop is how PgQ's ticker and consumer run beside the producers.
+type benchPgqLoop struct {
+	// tick is how often the ticker goroutine calls pgq.ticker(), and
+	// maxLag the queue's ticker_max_lag: with events waiting, a tick
+	// closes a batch once maxLag has passed since the last one. With tick
+	// 0 there is no ticker goroutine: the consumer calls the queue's
+	// ticker itself whenever it finds no batch ready, and looks again at
+	// once when that made a tick, so that ticks never outrun it (a batch
+	// runs from one tick to the next, and a consumer slower than the
+	// ticks falls behind for good).
+	tick, maxLag time.Duration
+	// idle is how long the consumer waits after finding no batch.
+	idle time.Duration
+	// handled, when not nil, is called with each event's payload as the
+	// consumer reads it, and the time.
+	handled func(payload []byte, at time.Time)
+}
+
+// benchPgqLoopPgq is the pgq case's loop: a tick every 50 ms, as pgqd
+// does with a short period, the consumer polling every 20 ms when idle.
+var benchPgqLoopPgq = benchPgqLoop{tick: 50 * time.Millisecond, maxLag: 50 * time.Millisecond, idle: 20 * time.Millisecond}
 
 // benchPgqVariant is a producer transaction of the pgq case and how to
 // tell that its consumer, if any, has caught up.
@@ -116,13 +136,13 @@ func benchPgq(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		}
 		variants = append(variants, v)
 	}
-	q, skipped := benchStartPgq(ctx, e, db)
+	q, skipped := benchStartPgq(ctx, e, db, benchPgqLoopPgq)
 	if q != nil {
 		defer q.stop()
 		variants = append(variants, benchPgqVariant{name: "PgQ insert_event", fn: benchPgqTx, appended: &q.appended,
 			caughtUp: q.caughtUp,
 			note: fmt.Sprintf("BEGIN, then SELECT pgq.insert_event(queue, type, payload) pipelined with COMMIT; pgq.ticker() called every %s (ticker_max_lag 50 ms); a consumer loops next_batch, get_batch_events (rows read), finish_batch in one transaction each, polling every 20 ms when no batch is ready, caught up before every slice",
-				benchPgqTick)})
+				benchPgqLoopPgq.tick)})
 	} else {
 		e.logf("pgq: PgQ rows skipped: %s", skipped)
 	}
@@ -235,54 +255,85 @@ type benchPgqRun struct {
 	appended atomic.Int64
 	consumed atomic.Int64
 	batches  atomic.Int64
+	handled  func(payload []byte, at time.Time) // see benchPgqLoop
+	pools    []*pgxpool.Pool
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	err      error
 }
 
-// benchStartPgq installs PgQ in db (and, when the extension is missing
+// benchStartPgq installs PgQ in db and starts its ticker and consumer as
+// loop says (see benchSetupPgq and benchStartPgqLoops); or returns nil and
+// why not.
+func benchStartPgq(ctx context.Context, e *benchEnv, db *benchDB, loop benchPgqLoop) (*benchPgqRun, string) {
+	if skipped := benchSetupPgq(ctx, e, db, loop); skipped != "" {
+		return nil, skipped
+	}
+	q, err := benchStartPgqLoops(ctx, db, loop)
+	if err != nil {
+		return nil, err.Error()
+	}
+	return q, ""
+}
+
+// benchSetupPgq installs PgQ in db (and, when the extension is missing
 // from the bench's own server and the bench runs as root, its Debian
-// package), creates the queue and its consumer, and starts the ticker and
-// the consumer; or returns nil and why not.
-func benchStartPgq(ctx context.Context, e *benchEnv, db *benchDB) (*benchPgqRun, string) {
+// package) and creates the queue, with loop's ticker_max_lag, and its
+// consumer; or returns why it could not. Running it again changes nothing
+// but the queue's ticker_max_lag.
+func benchSetupPgq(ctx context.Context, e *benchEnv, db *benchDB, loop benchPgqLoop) string {
 	if err := db.exec(ctx, benchPgqSetupSQL); err != nil {
 		if !strings.Contains(err.Error(), "extension control file") || e.cluster == nil {
-			return nil, err.Error()
+			return err.Error()
 		}
 		var major int
 		if err := db.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int / 10000`).Scan(&major); err != nil {
-			return nil, err.Error()
+			return err.Error()
 		}
 		pkg := fmt.Sprintf("postgresql-%d-pgq3", major)
 		if os.Geteuid() != 0 {
-			return nil, fmt.Sprintf("the pgq extension is not installed (Debian package %s), and the bench is not root to install it", pkg)
+			return fmt.Sprintf("the pgq extension is not installed (Debian package %s), and the bench is not root to install it", pkg)
 		}
 		e.logf("pgq: installing %s with apt-get ...", pkg)
 		cmd := exec.CommandContext(ctx, "apt-get", "install", "-y", "-q", pkg)
 		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-			return nil, fmt.Sprintf("apt-get install %s: %v: %s", pkg, err, lines[len(lines)-1])
+			return fmt.Sprintf("apt-get install %s: %v: %s", pkg, err, lines[len(lines)-1])
 		}
 		if err := db.exec(ctx, benchPgqSetupSQL); err != nil {
-			return nil, err.Error()
+			return err.Error()
 		}
 	}
+	if err := db.exec(ctx, benchPgqMaxLagSQL, fmt.Sprintf("%d microseconds", loop.maxLag.Microseconds())); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// benchStartPgqLoops starts PgQ's ticker and consumer on db, whose queue
+// benchSetupPgq created, each on a connection of its own that stop
+// closes.
+func benchStartPgqLoops(ctx context.Context, db *benchDB, loop benchPgqLoop) (*benchPgqRun, error) {
 	tpool, err := db.openPool(ctx, "bench-pgq-ticker", 1, nil)
 	if err != nil {
-		return nil, err.Error()
+		return nil, err
 	}
 	cpool, err := db.openPool(ctx, "bench-pgq-consumer", 1, nil)
 	if err != nil {
-		return nil, err.Error()
+		tpool.Close()
+		return nil, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	q := &benchPgqRun{cancel: cancel}
-	q.wg.Add(2)
+	q := &benchPgqRun{cancel: cancel, handled: loop.handled, pools: []*pgxpool.Pool{tpool, cpool}}
+	q.wg.Add(1)
 	go func() {
 		defer q.wg.Done()
-		t := time.NewTicker(benchPgqTick)
+		if loop.tick == 0 {
+			return
+		}
+		t := time.NewTicker(loop.tick)
 		defer t.Stop()
 		for {
 			select {
@@ -296,6 +347,7 @@ func benchStartPgq(ctx context.Context, e *benchEnv, db *benchDB) (*benchPgqRun,
 			}
 		}
 	}()
+	q.wg.Add(1)
 	go func() {
 		defer q.wg.Done()
 		for rctx.Err() == nil {
@@ -309,13 +361,23 @@ func benchStartPgq(ctx context.Context, e *benchEnv, db *benchDB) (*benchPgqRun,
 				q.batches.Add(1)
 				continue
 			}
+			if loop.tick == 0 {
+				var tick *int64
+				if err := cpool.QueryRow(rctx, benchPgqTickQueueSQL).Scan(&tick); err != nil {
+					q.fail(rctx, fmt.Errorf("consumer's ticker: %w", err))
+					return
+				}
+				if tick != nil {
+					continue
+				}
+			}
 			select {
 			case <-rctx.Done():
-			case <-time.After(20 * time.Millisecond):
+			case <-time.After(loop.idle):
 			}
 		}
 	}()
-	return q, ""
+	return q, nil
 }
 
 // readBatch reads the next batch, if any, in one transaction: its
@@ -336,7 +398,13 @@ func (q *benchPgqRun) readBatch(ctx context.Context, pool *pgxpool.Pool) (n int6
 		}
 		var evID int64
 		var evType, evData *string
-		if _, err := pgx.ForEachRow(rows, []any{&evID, &evType, &evData}, func() error { n++; return nil }); err != nil {
+		if _, err := pgx.ForEachRow(rows, []any{&evID, &evType, &evData}, func() error {
+			n++
+			if q.handled != nil && evData != nil {
+				q.handled([]byte(*evData), time.Now())
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, benchPgqFinishSQL, *id)
@@ -372,8 +440,11 @@ func (q *benchPgqRun) caughtUp(ctx context.Context) error {
 	})
 }
 
-// stop stops the ticker and the consumer.
+// stop stops the ticker and the consumer and closes their connections.
 func (q *benchPgqRun) stop() {
 	q.cancel()
 	q.wg.Wait()
+	for _, p := range q.pools {
+		p.Close()
+	}
 }
