@@ -151,6 +151,9 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 		return nil, err
 	}
 	defer db.close()
+	if err := db.countStatements(ctx); err != nil {
+		return nil, err
+	}
 	if err := db.exec(ctx, benchSeenDDL); err != nil {
 		return nil, err
 	}
@@ -283,7 +286,7 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 		newBenchResult("processes", name("machine CPU busy"), "%", col(func(w benchProcessesWindow) float64 { return 100 * w.busy })).
 			noted("the share of all cores busy (/proc/stat) over the same span, whoever used them: producers, bench and other work on the machine included"),
 		newBenchResult("processes", name("consumer statements per event, client"), "1", col(func(w benchProcessesWindow) float64 { return w.consumers.top })).
-			noted("pg_stat_statements (track = all) of the consumers' role over the window and the catch-up after it, per event appended in the window: the statements the consumer processes sent (BEGIN and COMMIT included); 0 without pg_stat_statements"),
+			noted("pg_stat_statements (track = all for this case's database) of the consumers' role over the window and the catch-up after it, per event appended in the window: the statements the consumer processes sent (BEGIN and COMMIT included); 0 without pg_stat_statements"),
 		newBenchResult("processes", name("consumer statements per event, with nested"), "1", col(func(w benchProcessesWindow) float64 { return w.consumers.all })).
 			noted("the same, with the statements run inside functions"),
 		newBenchResult("processes", name("producer statements per event, with nested"), "1", col(func(w benchProcessesWindow) float64 { return w.producers.all })).

@@ -5,18 +5,24 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // What each side runs per event, from pg_stat_statements.
 //
-// The bench's throwaway cluster loads pg_stat_statements with track = all,
-// so that statements run inside PL/pgSQL functions (append_event's, the
-// commit's) are counted beside the statements clients send. Consumers, in
-// process and as `consumer run` processes, connect as benchConsumerRole,
-// producers and the bench itself as the cluster's owner: the role tells one
-// side's statements from the other's. A case resets the counters before
-// its window (pg_stat_statements_reset, for the whole cluster: the cases
-// run one at a time) and reads them after it.
+// The bench's throwaway cluster loads pg_stat_statements, tracking nothing
+// by default (its hooks then return at once: the other cases, and the
+// peers the bench compares pgevents with, do not pay for it). A case that
+// counts statements turns tracking on for its own database (countStatements:
+// track = all, so that statements run inside PL/pgSQL functions, append
+// _event's, the claim's, are counted beside the statements clients send),
+// before its sessions connect. Consumers, in process and as `consumer run`
+// processes, connect as benchConsumerRole, producers as benchProducerRole,
+// the bench itself as the cluster's owner: the role tells one side's
+// statements from the other's. The case resets the counters before its
+// window (pg_stat_statements_reset, for the whole cluster: the cases run
+// one at a time) and reads them after it.
 
 // The roles consumers and the producers of the cases that count
 // statements connect as.
@@ -28,7 +34,7 @@ const (
 // benchStatementSettings load pg_stat_statements in the throwaway cluster.
 var benchStatementSettings = map[string]string{
 	"shared_preload_libraries":         "pg_stat_statements",
-	"pg_stat_statements.track":         "all",
+	"pg_stat_statements.track":         "none",
 	"pg_stat_statements.max":           "10000",
 	"pg_stat_statements.track_utility": "on",
 }
@@ -64,6 +70,16 @@ ORDER BY s.calls DESC`
 type benchStatements struct {
 	top, all float64 // per event
 	lines    []string
+}
+
+// countStatements makes pg_stat_statements count every statement run on the
+// database (track = all) by the sessions that connect from now on.
+func (d *benchDB) countStatements(ctx context.Context) error {
+	if d.env.cluster == nil {
+		return nil // a server of the user's: its settings stay
+	}
+	_, err := d.env.admin.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{d.name}.Sanitize()+` SET pg_stat_statements.track = 'all'`)
+	return err
 }
 
 // resetStatements zeroes pg_stat_statements' counters; false when the
