@@ -46,9 +46,10 @@ UPDATE partition_counters pc
 -- taken exclusive by hold_group and shared by register_replica for their
 -- transactions: whichever comes second sees the other's work (a replica's
 -- committed heartbeat, or the holder key, which is not transactional).
--- A holder also frees the leases of the group's replicas that are no longer
--- live (frozen or cut off): one that wakes up commits nothing (its epoch is
--- gone) and its next heartbeat is refused.
+-- A holder also ends the batch a replica of the group that is no longer
+-- live (frozen or cut off) still runs, and frees their leases: one that
+-- wakes up has no batch left to commit, claims nothing (its lease is gone)
+-- and its next heartbeat is refused.
 CREATE TABLE group_holders (
     group_id text        PRIMARY KEY CHECK (group_id <> ''),
     holder   text        NOT NULL,
