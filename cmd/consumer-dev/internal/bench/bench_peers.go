@@ -136,8 +136,8 @@ type benchPeer struct {
 	window func(ctx context.Context, m benchPeersMode) (benchPeersWindow, error)
 }
 
-// benchPeers measures pgevents (a new topic's default mode, and scope
-// partition), River and PgQ side by side, each on a database of its own
+// benchPeers measures pgevents (a new topic's default mode, scope
+// partition and a sequenced topic), River and PgQ side by side, each on a database of its own
 // on the same server: at 1,000 single-event transactions/s from 4 paced
 // producers, commit → handler latency, the producers' transactions and
 // the machine's CPU per event; at 3,000/s from 16 producers for 10 s, the
@@ -156,6 +156,10 @@ func benchPeers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	for _, m := range []benchProducerMode{
 		{name: "pgevents"},
 		{name: "pgevents partition scope", scope: schema.ScopePartition},
+		// A sequenced topic's producers take no lock (the sequencer, in
+		// the consumer's process, gives the offsets after commit): the
+		// candidate for a new topic's default mode.
+		{name: "pgevents sequenced", scope: schema.ScopeSequenced},
 	} {
 		p, db, err := benchPeersPgevents(ctx, e, m)
 		if err != nil {
