@@ -1,0 +1,297 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgevents/pgevents/internal/pgtest"
+	"github.com/pgevents/pgevents/schema"
+)
+
+// sampleTopic returns a pool on a fresh database holding topic 1 of 3
+// partitions in scope, with group g subscribed at its earliest events.
+func sampleTopic(t *testing.T, scope string) (context.Context, *pgxpool.Pool) {
+	t.Helper()
+	ctx := pgtest.Context(context.Background())
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 3, Scope: scope})
+	if _, _, err := Subscribe(ctx, pool, "g", 1, Start{Kind: "earliest"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, pool
+}
+
+// sampleNow samples topic 1 in a period of its own (1 ms periods: it
+// tries again in the rare case that the previous call's period is not
+// over).
+func sampleNow(t *testing.T, ctx context.Context, pool *pgxpool.Pool) Sampled {
+	t.Helper()
+	for range 100 {
+		s, err := Sample(ctx, pool, 1, time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Wrote {
+			return s
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("no sample written in 100 periods of 1 ms")
+	return Sampled{}
+}
+
+// groupRow is the newest group_samples row of g.
+type groupRow struct {
+	Seconds                  *float64
+	Handled, DeadLettered    *int64
+	Lag, DeadLetters         int64
+	LagCapped                bool
+	LagSeconds               float64
+	Positions, PartHandled   []*int64
+	PartLag, DeadLettersSeen []int64
+	PartLagSeconds           []float64
+	TakenAt, TopicTakenAt    time.Time
+	Appended                 *int64
+	TopicSeconds             *float64
+	Writer                   string
+}
+
+func newestSample(t *testing.T, ctx context.Context, pool *pgxpool.Pool) groupRow {
+	t.Helper()
+	var r groupRow
+	err := pool.QueryRow(ctx, `SELECT g.seconds, g.handled, g.dead_lettered, g.lag, g.dead_letters, g.lag_capped, g.lag_seconds,
+		g.positions, g.part_handled, g.part_lag, g.dead_letters_seen, g.part_lag_seconds, g.taken_at, s.taken_at, s.appended, s.seconds, s.writer
+		FROM group_samples g JOIN topic_samples s USING (topic_id, bucket)
+		WHERE g.group_id = 'g' ORDER BY g.bucket DESC LIMIT 1`).Scan(&r.Seconds, &r.Handled, &r.DeadLettered, &r.Lag, &r.DeadLetters,
+		&r.LagCapped, &r.LagSeconds, &r.Positions, &r.PartHandled, &r.PartLag, &r.DeadLettersSeen, &r.PartLagSeconds,
+		&r.TakenAt, &r.TopicTakenAt, &r.Appended, &r.TopicSeconds, &r.Writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func qInt(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func qExec(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := pool.Exec(ctx, sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// TestSampleFigures: in both offset scopes, a sample says what the log
+// and the group's positions say. The first has no rates (nothing to
+// compare with); the next counts the events appended and those the group
+// handled between the two (as the log counts them between the positions),
+// the lag as the log counts it from the positions, and the dead letters
+// written since, even when one was resolved meanwhile.
+func TestSampleFigures(t *testing.T) {
+	t.Parallel()
+	for _, scope := range []string{schema.ScopeTopic, schema.ScopePartition} {
+		t.Run(scope, func(t *testing.T) {
+			t.Parallel()
+			ctx, pool := sampleTopic(t, scope)
+			appendN := func(n, from int) {
+				qExec(t, ctx, pool, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h' || (i % 11), 'event_type', 't'))
+					FROM generate_series($1::int, $1::int + $2::int - 1) i))`, from, n)
+			}
+			positions := func() []int64 {
+				rows, err := pool.Query(ctx, `SELECT next_offset FROM consumer_offsets WHERE group_id = 'g' ORDER BY partition_id`)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			lagOf := func(p int, pos int64) int64 {
+				return qInt(t, ctx, pool, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1 AND partition_id = $1 AND c_offset >= $2`, p, pos)
+			}
+			appendN(40, 0)
+			s := sampleNow(t, ctx, pool)
+			if s.Groups != 1 {
+				t.Fatalf("first sample: %+v, want the row of group g", s)
+			}
+			r := newestSample(t, ctx, pool)
+			if r.Seconds != nil || r.Handled != nil || r.DeadLettered != nil || r.Appended != nil || r.TopicSeconds != nil {
+				t.Errorf("the first sample has rates: %+v", r)
+			}
+			if r.Lag != 40 || r.LagCapped || r.LagSeconds <= 0 || !r.TakenAt.Equal(r.TopicTakenAt) {
+				t.Errorf("first sample: lag %d (capped %v, %.3fs), want the 40 events with an age; taken at %v and %v", r.Lag, r.LagCapped, r.LagSeconds, r.TakenAt, r.TopicTakenAt)
+			}
+			before := positions()
+
+			// 25 more events; the group moves to the 8th event of each
+			// partition; two dead letters in partition 0.
+			appendN(25, 40)
+			qExec(t, ctx, pool, `UPDATE consumer_offsets o SET next_offset = (SELECT m.c_offset FROM outbox_message_t m
+				WHERE m.topic_id = 1 AND m.partition_id = o.partition_id ORDER BY m.c_offset OFFSET 7 LIMIT 1) WHERE o.group_id = 'g'`)
+			addDeadLetter := func(p int) int64 {
+				var id int64
+				if err := pool.QueryRow(ctx, `INSERT INTO dead_letter_queue (group_id, topic_id, partition_id, first_offset, last_offset,
+					transaction_id, event_ids, host_ids, events, error, attempts, first_failed_at, last_failed_at)
+					VALUES ('g', 1, $1, 1, 1, 1, '{}', '{}', '[]', 'x', 1, now(), now()) RETURNING id`, p).Scan(&id); err != nil {
+					t.Fatal(err)
+				}
+				return id
+			}
+			first := addDeadLetter(0)
+			addDeadLetter(0)
+			sampleNow(t, ctx, pool)
+			r = newestSample(t, ctx, pool)
+			after := positions()
+			var handled, lag int64
+			for p := range 3 {
+				n := qInt(t, ctx, pool, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1 AND partition_id = $1 AND c_offset >= $2 AND c_offset < $3`,
+					p, before[p], after[p])
+				handled += n
+				if r.PartHandled[p] == nil || *r.PartHandled[p] != n {
+					t.Errorf("partition %d: handled %v, the log holds %d events between %d and %d", p, r.PartHandled[p], n, before[p], after[p])
+				}
+				if l := lagOf(p, after[p]); r.PartLag[p] != l {
+					t.Errorf("partition %d: lag %d, the log holds %d events from %d", p, r.PartLag[p], l, after[p])
+				} else {
+					lag += l
+				}
+				if r.Positions[p] == nil || *r.Positions[p] != after[p] {
+					t.Errorf("partition %d: position %v, want %d", p, r.Positions[p], after[p])
+				}
+			}
+			if r.Handled == nil || *r.Handled != handled || r.Lag != lag {
+				t.Errorf("group: handled %v, lag %d; the log says %d and %d", r.Handled, r.Lag, handled, lag)
+			}
+			if r.Appended == nil || *r.Appended != 25 {
+				t.Errorf("appended %v since the previous sample, want 25", r.Appended)
+			}
+			if r.Seconds == nil || r.TopicSeconds == nil || *r.Seconds <= 0 || *r.Seconds != *r.TopicSeconds {
+				t.Errorf("seconds since the previous sample: group %v, topic %v", r.Seconds, r.TopicSeconds)
+			}
+			if r.DeadLettered == nil || *r.DeadLettered != 2 || r.DeadLetters != 2 {
+				t.Errorf("dead letters: %v new, %d open; want 2 and 2", r.DeadLettered, r.DeadLetters)
+			}
+
+			// One resolved, one more written: one new, two open.
+			qExec(t, ctx, pool, `DELETE FROM dead_letter_queue WHERE id = $1`, first)
+			addDeadLetter(0)
+			sampleNow(t, ctx, pool)
+			r = newestSample(t, ctx, pool)
+			if r.DeadLettered == nil || *r.DeadLettered != 1 || r.DeadLetters != 2 {
+				t.Errorf("after one resolved and one written: %v new, %d open; want 1 and 2", r.DeadLettered, r.DeadLetters)
+			}
+			if r.Handled == nil || *r.Handled != 0 || *r.Appended != 0 {
+				t.Errorf("nothing moved: handled %v, appended %v", r.Handled, r.Appended)
+			}
+		})
+	}
+}
+
+// TestSampleOneWriterPerPeriod: eight sessions sample the topic at once,
+// in one period: one writes the topic's row and the groups', all read by
+// its statement (the groups' rows were taken when the topic's was), the
+// others write nothing and fail nothing.
+func TestSampleOneWriterPerPeriod(t *testing.T) {
+	t.Parallel()
+	ctx, pool := sampleTopic(t, pgtest.Scope())
+	for _, g := range []string{"a", "b"} {
+		if _, _, err := Subscribe(ctx, pool, g, 1, Start{Kind: "earliest"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	qExec(t, ctx, pool, `SELECT append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h' || i, 'event_type', 't'))
+		FROM generate_series(1, 30) i))`)
+	const writers = 8
+	conns := make([]*pgx.Conn, writers)
+	for i := range conns {
+		c, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(ctx)
+		if n := pgtest.Schema(); n != "" {
+			if _, err := c.Exec(ctx, `SELECT set_config('search_path', $1, false)`, pgx.Identifier{n}.Sanitize()+", public"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c.Exec(ctx, `SELECT set_config('application_name', $1, false)`, fmt.Sprintf("writer %d", i)); err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	// An hour's period: every call falls in one (or, across the hour's
+	// end, two).
+	var (
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+		mu    sync.Mutex
+		wrote int
+		errs  []error
+	)
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			s, err := Sample(ctx, c, 1, time.Hour)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if s.Wrote {
+				wrote++
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("concurrent samples failed: %v", errs)
+	}
+	buckets := qInt(t, ctx, pool, `SELECT count(*) FROM topic_samples`)
+	if wrote < 1 || wrote > 2 || int64(wrote) != buckets {
+		t.Fatalf("%d of %d writers wrote, %d topic rows: want one per period", wrote, writers, buckets)
+	}
+	rows, err := pool.Query(ctx, `SELECT s.bucket, s.writer, array_agg(g.group_id ORDER BY g.group_id),
+		bool_and(g.taken_at = s.taken_at)
+		FROM topic_samples s JOIN group_samples g USING (topic_id, bucket) GROUP BY s.bucket, s.writer`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type bucketRow struct {
+		Bucket  time.Time
+		Writer  string
+		Groups  []string
+		OneRead bool
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[bucketRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(got)) != buckets {
+		t.Fatalf("%d periods with group rows, %d topic rows", len(got), buckets)
+	}
+	for _, b := range got {
+		if !slices.Equal(b.Groups, []string{"a", "b", "g"}) || !b.OneRead {
+			t.Errorf("period %v (written by %s): groups %v, all read with the topic's row: %v; want a, b, g, true", b.Bucket, b.Writer, b.Groups, b.OneRead)
+		}
+	}
+	if n := qInt(t, ctx, pool, `SELECT count(*) FROM group_samples`); n != 3*buckets {
+		t.Errorf("%d group rows for %d periods of 3 groups", n, buckets)
+	}
+}
