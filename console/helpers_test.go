@@ -147,6 +147,14 @@ func (e *env) exec(sql string, args ...any) {
 	eventtest.Exec(e.t, e.pool, sql, args...)
 }
 
+// execOn runs sql on the session c.
+func (e *env) execOn(c *pgx.Conn, sql string, args ...any) {
+	e.t.Helper()
+	if _, err := c.Exec(e.ctx, sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
 func (e *env) queryInt(sql string, args ...any) int64 {
 	e.t.Helper()
 	return eventtest.QueryInt(e.t, e.pool, sql, args...)

@@ -117,7 +117,7 @@ func TestOverviewShowsTheSequencer(t *testing.T) {
 	if _, err := conn.Exec(e.ctx, `SELECT set_config('application_name', 'pgevents sequencer maintain', false), pg_advisory_lock(lock_key('sequencer', '2'))`); err != nil {
 		t.Fatal(err)
 	}
-	if s := section(2); !strings.Contains(s, `<dd class="sequencer">pgevents sequencer maintain;`) {
+	if s := section(2); !strings.Contains(s, `<dd class="sequencer">pgevents sequencer maintain</dd>`) {
 		t.Errorf("topic 2 does not name the session holding the sequencer key:\n%s", s)
 	}
 	if _, err := conn.Exec(e.ctx, `SELECT sequence_tick(2)`); err != nil {

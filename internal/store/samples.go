@@ -41,7 +41,7 @@ const (
 	// row per group of the topic (group_samples). $3 caps the events
 	// counted for a lag, $4 those counted for the events a group handled
 	// under offset scope topic. It returns whether it wrote the topic's
-	// row and how many groups' rows it wrote.
+	// row, how many groups' rows it wrote, and when it read them.
 	//
 	// One writer per topic and period (the invariant of migration 0022):
 	// the topic's row is inserted ON CONFLICT DO NOTHING on its key
@@ -213,7 +213,7 @@ ins_groups AS (
     ON CONFLICT DO NOTHING
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM ins_topic), (SELECT count(*) FROM ins_groups)`
+SELECT (SELECT count(*) FROM ins_topic), (SELECT count(*) FROM ins_groups), (SELECT i.taken_at FROM ins_topic i)`
 
 	// pruneSamplesSQL deletes topic $1's samples whose period began more
 	// than $2 ms before the database clock, and returns how many rows it
@@ -234,6 +234,9 @@ type Sampled struct {
 	Wrote bool
 	// Groups counts the groups' rows written.
 	Groups int
+	// At is when the sample was read, on the database clock (its
+	// taken_at); zero when it wrote nothing.
+	At time.Time
 }
 
 // Sample writes topic's sample of the current period of length period
@@ -248,16 +251,23 @@ func Sample(ctx context.Context, db schema.DB, topic int, period time.Duration) 
 		return out, fmt.Errorf("store: sample topic %d: %w", topic, err)
 	}
 	defer rows.Close()
-	var wrote, groups int64
+	var (
+		wrote, groups int64
+		at            *time.Time
+	)
 	if rows.Next() {
-		if err := rows.Scan(&wrote, &groups); err != nil {
+		if err := rows.Scan(&wrote, &groups, &at); err != nil {
 			return out, fmt.Errorf("store: sample topic %d: %w", topic, err)
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return out, fmt.Errorf("store: sample topic %d: %w", topic, err)
 	}
-	return Sampled{Wrote: wrote > 0, Groups: int(groups)}, nil
+	out = Sampled{Wrote: wrote > 0, Groups: int(groups)}
+	if at != nil {
+		out.At = *at
+	}
+	return out, nil
 }
 
 // PruneSamples deletes topic's samples older than keep (SampleKeep in
