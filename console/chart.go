@@ -17,8 +17,10 @@ import (
 // each series' points are samples, merged in consecutive runs when there
 // are more than the chart's width allows (the rate of a run is its events
 // over its seconds; a lag or an age, its largest). Each series carries
-// its points as data: data-t, each point's time in Unix milliseconds,
-// and data-v, its value (what a test, or a curious operator, reads).
+// its points as data: data-t, each point's time in milliseconds from the
+// chart's right edge (data-end, Unix milliseconds: the database clock when
+// the page was read), and data-v, its value (what a test, or a curious
+// operator, reads).
 
 // chartKind is what a chart shows, and how its values read.
 type chartKind int
@@ -38,7 +40,7 @@ type chartSize struct {
 }
 
 var (
-	smallChart = chartSize{W: 130, H: 30, Points: 60}              // a table cell
+	smallChart = chartSize{W: 130, H: 30, Points: 40}              // a table cell
 	wideChart  = chartSize{W: 300, H: 70, Points: 100, Axis: true} // a page's figure
 	topicChart = chartSize{W: 240, H: 36, Points: 60, Axis: true}  // a topic's appended events
 )
@@ -130,7 +132,7 @@ func newChart(name, label string, kind chartKind, size chartSize, end time.Time,
 						ts.WriteByte(' ')
 						vs.WriteByte(' ')
 					}
-					ts.WriteString(strconv.FormatInt(p.At.UnixMilli(), 10))
+					ts.WriteString(strconv.FormatInt(p.At.UnixMilli()-c.EndMS, 10))
 					vs.WriteString(strconv.FormatFloat(p.V, 'g', 6, 64))
 				}
 				continue
@@ -154,7 +156,7 @@ func newChart(name, label string, kind chartKind, size chartSize, end time.Time,
 					ts.WriteByte(' ')
 					vs.WriteByte(' ')
 				}
-				ts.WriteString(strconv.FormatInt(p.At.UnixMilli(), 10))
+				ts.WriteString(strconv.FormatInt(p.At.UnixMilli()-c.EndMS, 10))
 				vs.WriteString(strconv.FormatFloat(p.V, 'g', 6, 64))
 			}
 		}

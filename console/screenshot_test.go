@@ -60,8 +60,14 @@ func seedScenario(t *testing.T, e *env) {
 		'event_type', (ARRAY['order.created', 'order.paid', 'order.shipped', 'invoice.sent'])[1 + i % 4],
 		'payload', jsonb_build_object('order', 1000 + i, 'amount', 10 + i % 90, 'currency', 'EUR')))
 		FROM generate_series(1, $1::int) i))`, events)
-	e.exec(`UPDATE outbox_message_t SET created_at = $1::timestamptz + (c_offset - 1) * ($2::float8 / $3::int) * interval '1 second'
-		WHERE topic_id = 1`, start, hour.Seconds(), events)
+	// (Each partition's spread evenly: hosts do not spread evenly over
+	// the partitions.)
+	e.exec(`UPDATE outbox_message_t m SET created_at = $1::timestamptz + o.f * $2::float8 * interval '1 second'
+		FROM (SELECT partition_id, c_offset,
+		             (row_number() OVER (PARTITION BY partition_id ORDER BY c_offset) - 1)::float8
+		             / count(*) OVER (PARTITION BY partition_id) AS f
+		      FROM outbox_message_t WHERE topic_id = 1) o
+		WHERE m.topic_id = 1 AND m.partition_id = o.partition_id AND m.c_offset = o.c_offset`, start, hour.Seconds())
 	// positionAt moves group's position in every partition (or in
 	// partition only, when >= 0) to the first event created at or after at.
 	positionAt := func(group string, partition int, at time.Time) {
@@ -293,7 +299,7 @@ func TestDocsScreenshots(t *testing.T) {
 				"ledger": "stalled since",
 			} {
 				if got := text(`tr[data-group="` + group + `"] .verdict`); !strings.HasPrefix(got, want) {
-					t.Errorf("group %s: %q, want %q…", group, got, want)
+					t.Errorf("group %s: %q, want %q…\n%s", group, got, want, e.client().mustGet("/"))
 				}
 			}
 			if got := text(`#topic-1 .watcher`); got != "pgevents watcher billing-7f9c" {

@@ -197,6 +197,20 @@ func TestSampleFigures(t *testing.T) {
 			if r.Handled == nil || *r.Handled != 0 || *r.Appended != 0 {
 				t.Errorf("nothing moved: handled %v, appended %v", r.Handled, r.Appended)
 			}
+
+			// More events than a sample counts in each partition: the lag
+			// is an estimate from the offsets, and says so (exact under
+			// scope partition, where a partition's offsets are consecutive).
+			appendN(3600, 100)
+			sampleNow(t, ctx, pool)
+			r = newestSample(t, ctx, pool)
+			lag = 0
+			for p := range 3 {
+				lag += lagOf(p, after[p])
+			}
+			if !r.LagCapped || scope == schema.ScopePartition && r.Lag != lag || r.Lag < lag/2 || r.Lag > 2*lag {
+				t.Errorf("lag of %d events, more than %d in a partition: sampled %d (capped %v)", lag, SampleLagCap, r.Lag, r.LagCapped)
+			}
 		})
 	}
 }
@@ -293,5 +307,81 @@ func TestSampleOneWriterPerPeriod(t *testing.T) {
 	}
 	if n := qInt(t, ctx, pool, `SELECT count(*) FROM group_samples`); n != 3*buckets {
 		t.Errorf("%d group rows for %d periods of 3 groups", n, buckets)
+	}
+}
+
+// BenchmarkSample is the cost of one sample (store.Sample, as maintenance
+// writes it every SamplePeriod) of a topic of 8 partitions and 100,000
+// events with 4 groups, in both offset scopes: groups that keep up (each
+// sample finds 1,000 events handled since the previous, 125 per
+// partition), and groups behind by more than SampleLagCap in every
+// partition (their lag is counted up to the cap, then estimated from the
+// offsets). The
+// timer covers the sample only; between samples 1,000 events are appended
+// and the positions move.
+func BenchmarkSample(b *testing.B) {
+	for _, scope := range []string{schema.ScopeTopic, schema.ScopePartition} {
+		for _, behind := range []bool{false, true} {
+			name := scope + "/keeping-up"
+			if behind {
+				name = scope + "/behind"
+			}
+			b.Run(name, func(b *testing.B) {
+				ctx := pgtest.Context(context.Background())
+				pool := pgtest.TopicPoolSpec(b, schema.TopicSpec{ID: 1, Partitions: 8, Scope: scope})
+				for _, q := range []string{
+					`SELECT count(*) FROM append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h' || i, 'event_type', 't'))
+						FROM generate_series(1, 100000) i))`,
+					`VACUUM ANALYZE`,
+				} {
+					if _, err := pool.Exec(ctx, q); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for _, g := range []string{"a", "b", "c", "d"} {
+					if _, _, err := Subscribe(ctx, pool, g, 1, Start{Kind: "earliest"}, time.Hour); err != nil {
+						b.Fatal(err)
+					}
+				}
+				// Between samples: 1,000 events appended, and the groups'
+				// positions moved past 125 more events of each partition:
+				// to the head (keeping up), or from far behind (behind).
+				move := func(k int) {
+					b.Helper()
+					if _, err := pool.Exec(ctx, `SELECT count(*) FROM append_events(1, (SELECT jsonb_agg(jsonb_build_object('host_id', 'h' || i, 'event_type', 't'))
+						FROM generate_series(1, 1000) i))`); err != nil {
+						b.Fatal(err)
+					}
+					q := `UPDATE consumer_offsets o SET next_offset = (SELECT max(m.c_offset) + 1 FROM outbox_message_t m
+						WHERE m.topic_id = 1 AND m.partition_id = o.partition_id)`
+					if behind {
+						q = `UPDATE consumer_offsets o SET next_offset = (SELECT m.c_offset FROM outbox_message_t m
+							WHERE m.topic_id = 1 AND m.partition_id = o.partition_id ORDER BY m.c_offset OFFSET 1000 + 125 * $1::int LIMIT 1)`
+					}
+					args := []any{}
+					if behind {
+						args = append(args, k)
+					}
+					if _, err := pool.Exec(ctx, q, args...); err != nil {
+						b.Fatal(err)
+					}
+				}
+				move(0)
+				if _, err := Sample(ctx, pool, 1, time.Millisecond); err != nil {
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+				for i := range b.N {
+					b.StopTimer()
+					move(i + 1)
+					time.Sleep(time.Millisecond) // a period of its own
+					b.StartTimer()
+					s, err := Sample(ctx, pool, 1, time.Millisecond)
+					if err != nil || !s.Wrote || s.Groups != 4 {
+						b.Fatalf("Sample = %+v, %v", s, err)
+					}
+				}
+			})
+		}
 	}
 }
