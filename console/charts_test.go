@@ -51,7 +51,7 @@ func TestNoSampleYet(t *testing.T) {
 	lag := e.queryInt(`SELECT count(*) FROM outbox_message_t m JOIN consumer_offsets o ON o.partition_id = m.partition_id
 		WHERE o.group_id = 'g' AND m.c_offset >= o.next_offset`)
 	if !strings.Contains(row, `title="one sample so far: a rate needs the next, within 10 s">—</td>`) ||
-		!strings.Contains(row, fmt.Sprintf(`data-series="lag" data-t="`)) || find(t, row, `data-series="lag" data-t="-?\d+" data-v="(\d+)"`) != fmt.Sprint(lag) {
+		!strings.Contains(row, `data-series="lag" data-t="`) || find(t, row, `data-series="lag" data-t="-?\d+" data-v="(\d+)"`) != fmt.Sprint(lag) {
 		t.Errorf("after one sample, group g (lag %d): %s", lag, row)
 	}
 	if strings.Contains(overview, "never ran") {

@@ -127,7 +127,7 @@ func (c *Console) overview(r *http.Request) (string, string, any, error) {
 		appended := ratePoints(topicRates(hist.Samples))
 		t.AppendedChart = newChart("appended", "events appended per second, last hour", kindRate, topicChart, st.DatabaseTime,
 			emptyChart(len(hist.Samples)), chartSeries{Name: "appended", Points: appended, Data: true})
-		samples, err := c.groupSamples(ctx, t.ID, "")
+		samples, err := c.groupSamples(ctx, t.ID)
 		if err != nil {
 			return "", "", nil, err
 		}

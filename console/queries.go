@@ -37,14 +37,12 @@ WHERE s.topic_id = $1
 ORDER BY s.bucket`
 
 	// groupSamplesSQL reads the samples of the last $2 ms of the groups
-	// of topic $1 (of group $3 only, unless ''), by group, oldest first:
-	// the groups' totals, not the partitions' arrays. The rows of the
-	// period are read through the key (topic_id, bucket, group_id).
+	// of topic $1, by group, oldest first: the groups' totals, not the
+	// partitions' arrays, through the key (topic_id, bucket, group_id).
 	groupSamplesSQL = `SELECT s.group_id, s.taken_at, s.seconds, s.handled, s.lag, s.lag_capped, s.lag_seconds,
        s.dead_letters, s.dead_lettered
 FROM {schema}group_samples s
 WHERE s.topic_id = $1 AND s.bucket > clock_timestamp() - $2 * interval '1 millisecond'
-  AND ($3::text = '' OR s.group_id = $3)
 ORDER BY s.group_id, s.bucket`
 
 	// partitionSamplesSQL reads group $3's samples of the last $2 ms on

@@ -90,10 +90,10 @@ func (c *Console) topicSamples(ctx context.Context, topic int) (topicHistory, er
 	return h, nil
 }
 
-// groupSamples reads the samples of the window of topic's groups (of
-// group only, unless ""), by group (groupSamplesSQL).
-func (c *Console) groupSamples(ctx context.Context, topic int, group string) (map[string][]groupSample, error) {
-	rows, err := c.pool.Query(ctx, schema.SQL(ctx, groupSamplesSQL), topic, chartWindow.Milliseconds(), group)
+// groupSamples reads the samples of the window of topic's groups, by
+// group (groupSamplesSQL).
+func (c *Console) groupSamples(ctx context.Context, topic int) (map[string][]groupSample, error) {
+	rows, err := c.pool.Query(ctx, schema.SQL(ctx, groupSamplesSQL), topic, chartWindow.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("console: samples of topic %d: %w", topic, err)
 	}
