@@ -77,6 +77,14 @@ func newestSample(t *testing.T, ctx context.Context, pool *pgxpool.Pool) groupRo
 	return r
 }
 
+// ptr writes *v, or nil.
+func ptr[T any](v *T) string {
+	if v == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*v)
+}
+
 func qInt(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) int64 {
 	t.Helper()
 	var n int64
@@ -162,7 +170,7 @@ func TestSampleFigures(t *testing.T) {
 					p, before[p], after[p])
 				handled += n
 				if r.PartHandled[p] == nil || *r.PartHandled[p] != n {
-					t.Errorf("partition %d: handled %v, the log holds %d events between %d and %d", p, r.PartHandled[p], n, before[p], after[p])
+					t.Errorf("partition %d: handled %s, the log holds %d events between %d and %d", p, ptr(r.PartHandled[p]), n, before[p], after[p])
 				}
 				if l := lagOf(p, after[p]); r.PartLag[p] != l {
 					t.Errorf("partition %d: lag %d, the log holds %d events from %d", p, r.PartLag[p], l, after[p])
@@ -170,20 +178,20 @@ func TestSampleFigures(t *testing.T) {
 					lag += l
 				}
 				if r.Positions[p] == nil || *r.Positions[p] != after[p] {
-					t.Errorf("partition %d: position %v, want %d", p, r.Positions[p], after[p])
+					t.Errorf("partition %d: position %s, want %d", p, ptr(r.Positions[p]), after[p])
 				}
 			}
 			if r.Handled == nil || *r.Handled != handled || r.Lag != lag {
-				t.Errorf("group: handled %v, lag %d; the log says %d and %d", r.Handled, r.Lag, handled, lag)
+				t.Errorf("group: handled %s, lag %d; the log says %d and %d", ptr(r.Handled), r.Lag, handled, lag)
 			}
 			if r.Appended == nil || *r.Appended != 25 {
-				t.Errorf("appended %v since the previous sample, want 25", r.Appended)
+				t.Errorf("appended %s since the previous sample, want 25", ptr(r.Appended))
 			}
 			if r.Seconds == nil || r.TopicSeconds == nil || *r.Seconds <= 0 || *r.Seconds != *r.TopicSeconds {
-				t.Errorf("seconds since the previous sample: group %v, topic %v", r.Seconds, r.TopicSeconds)
+				t.Errorf("seconds since the previous sample: group %s, topic %s", ptr(r.Seconds), ptr(r.TopicSeconds))
 			}
 			if r.DeadLettered == nil || *r.DeadLettered != 2 || r.DeadLetters != 2 {
-				t.Errorf("dead letters: %v new, %d open; want 2 and 2", r.DeadLettered, r.DeadLetters)
+				t.Errorf("dead letters: %s new, %d open; want 2 and 2", ptr(r.DeadLettered), r.DeadLetters)
 			}
 
 			// One resolved, one more written: one new, two open.
@@ -192,10 +200,10 @@ func TestSampleFigures(t *testing.T) {
 			sampleNow(t, ctx, pool)
 			r = newestSample(t, ctx, pool)
 			if r.DeadLettered == nil || *r.DeadLettered != 1 || r.DeadLetters != 2 {
-				t.Errorf("after one resolved and one written: %v new, %d open; want 1 and 2", r.DeadLettered, r.DeadLetters)
+				t.Errorf("after one resolved and one written: %s new, %d open; want 1 and 2", ptr(r.DeadLettered), r.DeadLetters)
 			}
 			if r.Handled == nil || *r.Handled != 0 || *r.Appended != 0 {
-				t.Errorf("nothing moved: handled %v, appended %v", r.Handled, r.Appended)
+				t.Errorf("nothing moved: handled %s, appended %s", ptr(r.Handled), ptr(r.Appended))
 			}
 
 			// More events than a sample counts in each partition: the lag
@@ -383,5 +391,62 @@ func BenchmarkSample(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestSampleLaterWriterAddsNothing: a writer whose sample of a period
+// loses the race to another's does not add to that period what the other
+// did not see. Writer A has sampled the period, not committed yet; a
+// group subscribes; writer B samples the same period, sees the new group,
+// and waits for A's insert. Once A commits, B writes nothing: the period
+// holds A's rows only, read by A's statement (not B's row of the new
+// group, read later).
+func TestSampleLaterWriterAddsNothing(t *testing.T) {
+	t.Parallel()
+	ctx, pool := sampleTopic(t, pgtest.Scope())
+	a, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Rollback(ctx) //nolint:errcheck // committed below
+	if s, err := Sample(ctx, a, 1, time.Hour); err != nil || !s.Wrote || s.Groups != 1 {
+		t.Fatalf("writer A: %+v, %v", s, err)
+	}
+	if _, _, err := Subscribe(ctx, pool, "late", 1, Start{Kind: "earliest"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	b, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	var pid int
+	if err := b.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		s   Sampled
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := Sample(ctx, b, 1, time.Hour)
+		done <- result{s, err}
+	}()
+	pgtest.WaitFor(t, 10*time.Second, "writer B waits for A's insert", func() bool {
+		return qInt(t, ctx, pool, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, pid) == 1
+	})
+	if err := a.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.s.Wrote || r.s.Groups != 0 {
+		t.Fatalf("writer B, after A: %+v, %v; want nothing written", r.s, r.err)
+	}
+	if n := qInt(t, ctx, pool, `SELECT count(*) FROM group_samples WHERE group_id = 'late'`); n != 0 {
+		t.Errorf("the period has %d rows of the group only writer B saw", n)
+	}
+	if n := qInt(t, ctx, pool, `SELECT count(*) FROM group_samples g JOIN topic_samples s USING (topic_id, bucket) WHERE g.taken_at = s.taken_at`); n != 1 {
+		t.Errorf("%d rows read with the topic's, want group g's", n)
 	}
 }
