@@ -288,6 +288,28 @@ func TestDocsScreenshots(t *testing.T) {
 		}
 		return s
 	}
+	// Every header sits as its column's cells do: a right-aligned number
+	// under a right-aligned header.
+	aligned := func(table string) {
+		t.Helper()
+		bad, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => {
+			const out = [];
+			document.querySelectorAll(`+fmt.Sprintf("%q", table)+`).forEach(tb => {
+				const ths = tb.querySelectorAll('thead th');
+				tb.querySelectorAll('tbody tr').forEach(tr => tr.querySelectorAll('td').forEach((td, i) => {
+					if (!ths[i] || tr.children.length !== ths.length) return;
+					const a = getComputedStyle(ths[i]).textAlign, b = getComputedStyle(td).textAlign;
+					if (a !== b) out.push(ths[i].textContent + ': header ' + a + ', cell ' + b);
+				}));
+			});
+			return [...new Set(out)]; })()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(bad) > 0 {
+			t.Errorf("%s: columns not aligned with their headers: %q", table, bad)
+		}
+	}
 	shots := []struct {
 		file, path, ready string
 		w, h              int64
@@ -317,11 +339,13 @@ func TestDocsScreenshots(t *testing.T) {
 			if got := text(`#topic-1 .retention`); got != "7 d; 24 h without groups" {
 				t.Errorf("topic 1's retention reads %q", got)
 			}
+			aligned(`table.groups`)
 		}},
 		{"console-group.png", "/topics/1/groups/emails", `#group-lag`, 1360, 1000, func() {
 			if got := text(`#group-verdict`); !strings.HasPrefix(got, "falling behind since") {
 				t.Errorf("emails: %q", got)
 			}
+			aligned(`table.partitions`)
 		}},
 	}
 	for _, s := range shots {
