@@ -184,6 +184,11 @@ func seedScenario(t *testing.T, e *env) {
 	}
 	const period = 10 * time.Second
 	buckets := int(hour / period)
+	var batch pgx.Batch
+	finals := map[string][]int64{}
+	for _, s := range stories {
+		finals[s.group] = lagNow(s.group, s.topic)
+	}
 	for b := 0; b <= buckets; b++ {
 		at := start.Add(time.Duration(b) * period)
 		if b == buckets {
@@ -203,7 +208,7 @@ func seedScenario(t *testing.T, e *env) {
 				}
 				staged = &n
 			}
-			e.exec(`INSERT INTO topic_samples (topic_id, bucket, taken_at, seconds, appended, heads, staged, writer)
+			batch.Queue(`INSERT INTO topic_samples (topic_id, bucket, taken_at, seconds, appended, heads, staged, writer)
 				VALUES ($1, $2, $3, $4, $5, '{}', $6, 'pgevents maintenance billing-7f9c')`,
 				topic, bucket, at, nilIfFirst(b, period.Seconds()), nilIfFirstInt(b, appended), staged)
 		}
@@ -213,7 +218,7 @@ func seedScenario(t *testing.T, e *env) {
 			if behind {
 				frac = 1 - now.Sub(at).Seconds()/s.since.Seconds()
 			}
-			final := lagNow(s.group, s.topic)
+			final := finals[s.group]
 			if s.group == "ledger" {
 				final = []int64{350, 350} // the staged events, each partition's share
 			}
@@ -246,12 +251,15 @@ func seedScenario(t *testing.T, e *env) {
 			if s.dead > 0 && rng.Float64() < s.dead*period.Minutes() {
 				dead = 1
 			}
-			e.exec(`INSERT INTO group_samples (topic_id, bucket, group_id, taken_at, seconds, handled, lag, lag_capped, lag_seconds,
+			batch.Queue(`INSERT INTO group_samples (topic_id, bucket, group_id, taken_at, seconds, handled, lag, lag_capped, lag_seconds,
 				dead_letters, dead_lettered, positions, part_handled, part_lag, part_lag_seconds, dead_letters_seen)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, false, $8, 0, $9, '{}', $10, $11, $12, '{}')`,
 				s.topic, bucket, s.group, at, nilIfFirst(b, period.Seconds()), nilIfFirstInt(b, handled), lag, maxAge,
 				nilIfFirstInt(b, dead), partHandled, partLag, partAge)
 		}
+	}
+	if err := e.pool.SendBatch(e.ctx, &batch).Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 
