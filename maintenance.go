@@ -48,9 +48,14 @@ type Maintenance struct {
 	DeadGroups []string
 	// Pruned counts the rows deleted from partition_tails and
 	// consumer_positions (all but the newest of each partition, which are
-	// what appends and batches read) and from idempotency_keys (those past
-	// the topic's window).
+	// what appends and batches read), from idempotency_keys (those past
+	// the topic's window) and from the samples (those older than
+	// store.SampleKeep).
 	Pruned int64
+	// Sampled says that the pass wrote the topic's sample of the current
+	// period (store.SamplePeriod): the console's charts. False when the
+	// period had one, written by another pass of this process or another.
+	Sampled bool
 	// Retention is what retention found and removed.
 	Retention pgeventstype.Retention
 }
@@ -58,8 +63,10 @@ type Maintenance struct {
 // Maintain runs one pass of a topic's maintenance: it creates the log's
 // next segments (and moves rows that landed in the DEFAULT partition into
 // theirs), marks the groups without a live replica DEAD, prunes the tails
-// and positions that appends and batches left behind, and applies
-// retention. It holds the topic's maintenance key (a session advisory
+// and positions that appends and batches left behind, samples the topic
+// and its groups for the console's charts (once per store.SamplePeriod,
+// whichever process's pass comes first; samples older than
+// store.SampleKeep are deleted), and applies retention. It holds the topic's maintenance key (a session advisory
 // lock) so that one process at a time does it for a topic; the others
 // skip the pass (Ran false), unless the holder is frozen (a process
 // stopped or cut off in the middle of a pass, whose session keeps the
@@ -133,6 +140,16 @@ func maintainAs(ctx context.Context, pool *pgxpool.Pool, topic int, holder strin
 		log.Warn().Err(err).Msg("could not delete the idempotency keys past the topic's window")
 	} else {
 		out.Pruned += keys
+	}
+	if s, err := store.Sample(ctx, conn, topic, store.SamplePeriod); err != nil {
+		log.Warn().Err(err).Msg("could not sample the topic (the console's charts miss this period)")
+	} else {
+		out.Sampled = s.Wrote
+	}
+	if n, err := store.PruneSamples(ctx, conn, topic, store.SampleKeep); err != nil {
+		log.Warn().Err(err).Msg("could not delete the samples older than the console's charts")
+	} else {
+		out.Pruned += n
 	}
 	if out.Retention, err = store.ApplyRetention(ctx, conn, topic); err != nil {
 		return out, fmt.Errorf("pgevents: retention of topic %d: %w", topic, err)

@@ -261,7 +261,16 @@ type Config struct {
 	// items may not name the same group of the same topic, even on two
 	// databases. See [Config.GroupConfigs].
 	Groups []Config `yaml:"groups"`
+
+	// warnings are what Parse read with a warning (Warnings).
+	warnings []Warning
 }
+
+// Warnings returns what the file says that was read but should be said
+// otherwise (a deprecated key, such as console.addr), in document order,
+// each naming its key (and file and line, from [Load]). The commands log
+// each one at start; nil when there is none.
+func (c *Config) Warnings() []Warning { return c.warnings }
 
 // groupKeys are the keys a groups item may set.
 var groupKeys = []string{keyDatabaseURL, keySchema, "groupId", "topicId", "totalPartitions", "partitionId", "batchSize",

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -21,7 +22,7 @@ const MinConsoleTokenLen = 16
 const keyConsole = "console"
 
 // consoleKeys are the keys of the console section, for error messages.
-const consoleKeys = "addr, token, readOnly, pagesNeedToken, allowedHosts, trustedProxies"
+const consoleKeys = "listen, token, readOnly, pagesNeedToken, allowedHosts, trustedProxies"
 
 // decodeStrings reads a list of strings (what names its items), or a
 // single string as a list of one; it returns why it cannot.
@@ -50,10 +51,12 @@ func decodeStrings(v *yaml.Node, what string) ([]string, string) {
 // `consumer console`, and by `consumer run` beside the consumers when the
 // file has this section. Without it no console is served.
 type Console struct {
-	// Addr is the address the console listens on, "host:port" or ":port";
-	// required. Pages are readable by anyone who reaches it: bind it to a
-	// private address.
-	Addr string `yaml:"addr"`
+	// Listen is the address the console listens on, "host:port" or
+	// ":port"; required. Pages are readable by anyone who reaches it: bind
+	// it to a private address. The key was named addr before, as the
+	// Kafka endpoint's is kafka.listen: a file that still says
+	// console.addr is read, with a warning (see [Config.Warnings]).
+	Listen string `yaml:"listen"`
 
 	// Token is the credential for actions (a reset, a pause, a replay...):
 	// operators type it in the sign-in form, scripts send it as
@@ -92,6 +95,9 @@ type Console struct {
 	// ignored, and behind a proxy every client has the proxy's address.
 	TrustedProxies []string `yaml:"trustedProxies"`
 
+	// listenKey is the key the file gave the address under: "listen",
+	// or "addr" (deprecated); what the problems of the address name.
+	listenKey string
 	// tokenErr is why the file's token could not be read (a ${NAME} that
 	// is not set), for ConsoleError.
 	tokenErr string
@@ -107,14 +113,22 @@ func (p *parser) console(v *yaml.Node) *Error {
 	if v.Kind != yaml.MappingNode {
 		return &Error{Key: keyConsole, Line: p.lines[keyConsole], Msg: "must be a mapping (" + consoleKeys + "), got " + describe(v)}
 	}
-	c := &Console{}
+	c := &Console{listenKey: "listen"}
 	p.cfg.Console = c
 	return p.mapping(v, keyConsole+".", func(name string, k, v *yaml.Node) *Error {
 		key := keyConsole + "." + name
 		var msg string
 		switch name {
-		case "addr":
-			msg = decodeString(v, &c.Addr)
+		case "listen", "addr":
+			if other := map[string]string{"listen": "addr", "addr": "listen"}[name]; p.lines[keyConsole+"."+other] != 0 {
+				return &Error{Key: keyConsole + ".addr", Line: p.lines[keyConsole+".addr"],
+					Msg: "is the old name of console.listen, which the file gives too: keep console.listen only"}
+			}
+			msg = decodeString(v, &c.Listen)
+			c.listenKey = name
+			if name == "addr" {
+				p.warn(key, k.Line, "is deprecated: name it console.listen (as kafka.listen); console.addr is still read")
+			}
 		case "token":
 			if msg = decodeString(v, &c.Token); msg == "" {
 				var err error
@@ -154,10 +168,11 @@ func (c *Config) consoleProblems(add func(key, format string, args ...any)) {
 	if k == nil {
 		return
 	}
-	if k.Addr == "" {
-		add(keyConsole+".addr", "is required: the address to serve the console on, host:port")
-	} else if _, port, err := net.SplitHostPort(k.Addr); err != nil || port == "" {
-		add(keyConsole+".addr", "must be host:port or :port, got %q", k.Addr)
+	listen := keyConsole + "." + cmp.Or(k.listenKey, "listen")
+	if k.Listen == "" {
+		add(listen, "is required: the address to serve the console on, host:port")
+	} else if _, port, err := net.SplitHostPort(k.Listen); err != nil || port == "" {
+		add(listen, "must be host:port or :port, got %q", k.Listen)
 	}
 	if k.ReadOnly && k.PagesNeedToken {
 		add(keyConsole+".pagesNeedToken", "needs the token, which a readOnly console does not take: set one of them")

@@ -52,3 +52,24 @@ func (e *Error) Error() string {
 // Unwrap returns the underlying cause, such as the [fs.ErrNotExist] behind a
 // missing file, or nil.
 func (e *Error) Unwrap() error { return e.err }
+
+// Warning is what the file says that is read, but should be said
+// otherwise: a deprecated key. It names the key as an [*Error] does; the
+// commands log each at start (see [Config.Warnings]).
+type Warning struct {
+	// File is the path of the configuration file, or empty.
+	File string
+	// Key is the YAML path of the key.
+	Key string
+	// Line is the 1-based line of the key, or 0 when unknown.
+	Line int
+	// Msg describes what to do.
+	Msg string
+}
+
+// String formats the warning as an Error formats an error:
+// "config db-event-consumer.yml: console.addr: is deprecated: ... (line 12)".
+func (w Warning) String() string {
+	e := Error{File: w.File, Key: w.Key, Line: w.Line, Msg: w.Msg}
+	return e.Error()
+}

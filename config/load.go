@@ -37,6 +37,9 @@ func Load(path string) (*Config, error) {
 		}
 		return nil, err
 	}
+	for i := range c.warnings {
+		c.warnings[i].File = path
+	}
 	return c, nil
 }
 
@@ -150,6 +153,11 @@ func decodeDocument(data []byte) (*yaml.Node, *Error) {
 type parser struct {
 	cfg   Config
 	lines map[string]int // key path → line of the key
+}
+
+// warn records a warning about key, at line, in the configuration.
+func (p *parser) warn(key string, line int, msg string) {
+	p.cfg.warnings = append(p.cfg.warnings, Warning{Key: key, Line: line, Msg: msg})
 }
 
 // lineOf returns the line of key, or of the nearest enclosing key present
@@ -483,6 +491,7 @@ func (p *parser) groups(v *yaml.Node) *Error {
 		g.GroupID = ""
 		g.DatabaseURL = "" // the top level's after DATABASE_URL, unless the group sets its own
 		g.Console, g.Tracing, g.Kafka = nil, nil, nil
+		g.warnings = nil
 		err := p.mapping(item, path+".", func(name string, k, v *yaml.Node) *Error {
 			key := path + "." + name
 			if !slices.Contains(groupKeys, name) {

@@ -29,7 +29,7 @@ var referenceDefaults = map[string]string{
 	"tracing.endpoint":             "the environment's, else http://localhost:4318",
 	"tracing.serviceName":          DefaultTracingServiceName,
 	"kafka.advertisedAddr":         "the listener's",
-	"console.addr":                 "required",
+	"console.listen":               "required",
 	"console.token":                "required",
 	"handlers[].key":               kafkasink.DefaultKey,
 	"handlers[].source":            kafkasink.DefaultSource,

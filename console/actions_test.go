@@ -27,8 +27,9 @@ import (
 // startGroup runs a consumer of group g on env's topic (partitions
 // partitions, failure policy policy) whose handler records each event in
 // public.handled and fails permanently on a payload holding "poison"
-// while poisoned is set. Its log goes to the returned buffer.
-func (e *env) startGroup(partitions int, policy pgevents.FailurePolicy, poisoned *atomic.Bool) (*pgevents.Consumer, *logtest.Buffer) {
+// while poisoned is set. Its log goes to the returned buffer. edit, when
+// given, adjusts its configuration.
+func (e *env) startGroup(partitions int, policy pgevents.FailurePolicy, poisoned *atomic.Bool, edit ...func(*pgevents.Config)) (*pgevents.Consumer, *logtest.Buffer) {
 	e.t.Helper()
 	e.exec(eventtest.HandledTable)
 	record := pgevents.SQLHandler("g", eventtest.RecordSQL)
@@ -41,8 +42,12 @@ func (e *env) startGroup(partitions int, policy pgevents.FailurePolicy, poisoned
 	}))
 	logs := logtest.New(e.t)
 	log := zerolog.New(logs).Level(zerolog.TraceLevel)
-	c, _ := pgeventstest.StartConsumer(e.t, e.url, pgevents.Config{GroupID: "g", TotalPartitions: partitions, Handlers: hs,
-		OnPermanentFailure: policy, DeadAfter: 2 * time.Second, Schema: pgtest.Schema(), Logger: &log})
+	cfg := pgevents.Config{GroupID: "g", TotalPartitions: partitions, Handlers: hs,
+		OnPermanentFailure: policy, DeadAfter: 2 * time.Second, Schema: pgtest.Schema(), Logger: &log}
+	for _, f := range edit {
+		f(&cfg)
+	}
+	c, _ := pgeventstest.StartConsumer(e.t, e.url, cfg)
 	return c, logs
 }
 

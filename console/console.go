@@ -127,7 +127,6 @@ type Console struct {
 	signins  *limiter
 	hosts    hostRule       // the Host headers served
 	proxies  []netip.Prefix // Options.TrustedProxies
-	rates    *rates
 	pages    templates
 	dbLabel  string // user@host:port/database, never the password
 	password string // removed from anything shown
@@ -190,7 +189,6 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 		signins:  newLimiter(maxFailures, time.Minute),
 		hosts:    hosts,
 		proxies:  proxies,
-		rates:    newRates(),
 		pages:    pages,
 		dbLabel:  fmt.Sprintf("%s@%s:%d/%s", cc.User, cc.Host, cc.Port, cc.Database),
 		password: cc.Password,

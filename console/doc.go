@@ -5,11 +5,17 @@
 //
 // # Pages
 //
-//   - Overview: each topic with its partitions, offset scope and
-//     retention; each group with its state, total lag and live rate.
-//   - Group: per partition, the owner replica, its epoch and lease
+//   - Overview: each topic with its partitions, offset scope, retention,
+//     appending rate, and the roles that keep it moving (the elected
+//     watcher, the sequencer of a sequenced topic with its last tick and
+//     the events staged, maintenance's last pass, the notification
+//     queue), red when nobody holds one; each group with its state,
+//     whether it keeps up and since when it does not, its lag, lag age
+//     and handling rate, and the last hour of its rate and lag.
+//   - Group: its last hour (rate, lag, lag age, dead letters per
+//     minute); per partition, the owner replica, its epoch and lease
 //     expiry, the group's position, the partition's head, the lag, the
-//     halt and the parked hosts; pause and resume, reset to
+//     rate, the halt and the parked hosts; pause and resume, reset to
 //     earliest/latest/offset/time after a confirmation that shows how many
 //     events it replays or skips, unhalt.
 //   - Dead letters: filtered by group, host, event type, reason and time;
@@ -29,6 +35,18 @@
 // (assets/console.js, no build step, no CDN) fetches the page again every
 // few seconds and swaps the elements marked data-live. Pages work without
 // it.
+//
+// # Charts and samples
+//
+// The history the pages draw comes from the database, not from the
+// process that serves them: maintenance writes a sample of each topic and
+// its groups once per store.SamplePeriod (migration 0022; one writer per
+// topic and period, however many processes run it), and keeps the last
+// store.SampleKeep. Rates are a sample's events over the seconds since the
+// one before it; a figure without a sample shows "—", its title saying
+// why. Charts are inline SVG drawn by the server (chart.go), each series
+// carrying its points as data-t and data-v attributes. A console reads
+// samples and writes none.
 //
 // # Actions and their guarantees
 //

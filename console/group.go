@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +32,11 @@ type partitionRow struct {
 	Halt        *metrics.Halt
 	Parked      int64
 	ParkedHosts []string
+	// Rate is the partition's rate of events handled, from the samples;
+	// the charts, its last hour.
+	Rate      figure
+	RateChart chart
+	LagChart  chart
 }
 
 // groupData is the group page's.
@@ -42,12 +46,19 @@ type groupData struct {
 	Sub        *subscription
 	Partitions []partitionRow
 	Lag        int64
-	LagCapped  bool // Lag is an estimate (lagEstimate)
-	Rate       float64
-	Hist       []float64
-	DBTime     time.Time
-	Audit      []auditEntry
-	Done       string // what the action just taken did
+	LagCapped  bool    // Lag is an estimate (lagEstimate)
+	LagSeconds float64 // of its most behind partition
+	// Rate is the group's rate of events handled, from the samples;
+	// Verdict whether it keeps up; the charts, its last hour.
+	Rate      figure
+	Verdict   verdict
+	RateChart chart
+	LagChart  chart
+	AgeChart  chart
+	DeadChart chart
+	DBTime    time.Time
+	Audit     []auditEntry
+	Done      string // what the action just taken did
 }
 
 func (c *Console) groupPage(r *http.Request) (string, string, any, error) {
@@ -68,7 +79,7 @@ func (c *Console) groupPage(r *http.Request) (string, string, any, error) {
 
 // groupData reads what the group page shows.
 func (c *Console) groupData(ctx context.Context, topic int, group string) (*groupData, error) {
-	d := &groupData{Topic: topic, Group: group, Rate: -1}
+	d := &groupData{Topic: topic, Group: group}
 	subs, err := c.subscriptions(ctx, topic)
 	if err != nil {
 		return nil, err
@@ -102,7 +113,14 @@ func (c *Console) groupData(ctx context.Context, topic int, group string) (*grou
 	if err != nil {
 		return nil, err
 	}
-	pos := map[int32]int64{}
+	hist, err := c.topicSamples(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	samples, err := c.partitionSamples(ctx, topic, group)
+	if err != nil {
+		return nil, err
+	}
 	for _, p := range st.Partitions {
 		row := partitionRow{Partition: p.Partition, Position: p.NextOffset, Head: p.LogEnd, Lag: lagEstimate(p, scope, partitions),
 			LagCapped: p.LagCapped, LagSeconds: p.LagSeconds, DeadLetters: p.DeadLettersOpen, Halt: p.Halt}
@@ -116,13 +134,29 @@ func (c *Console) groupData(ctx context.Context, topic int, group string) (*grou
 		if p.NextOffset != nil {
 			d.Lag += row.Lag
 			d.LagCapped = d.LagCapped || p.LagCapped
-			pos[int32(p.Partition)] = *p.NextOffset
+			d.LagSeconds = max(d.LagSeconds, p.LagSeconds)
 		}
+		rates := partitionRates(samples, p.Partition)
+		row.Rate = lastPartitionRate(samples, p.Partition)
+		row.RateChart = newChart("rate", "events handled per second, last hour", kindRate, smallChart, st.DatabaseTime, emptyChart(len(samples)),
+			chartSeries{Name: "handled", Points: rates, Data: true})
+		row.LagChart = newChart("lag", "lag in events, last hour", kindCount, smallChart, st.DatabaseTime, "no sample yet",
+			chartSeries{Name: "lag", Points: partitionLags(samples, p.Partition), Data: true})
 		d.Partitions = append(d.Partitions, row)
 	}
-	if len(pos) > 0 {
-		d.Rate, d.Hist = c.rates.observe(ctx, c.pool, "group/"+strconv.Itoa(topic)+"/"+group, topic, pos, st.DatabaseTime)
-	}
+	ss := samples
+	d.Rate = lastRate(groupRates(ss))
+	d.Verdict = judge(d.Lag, d.LagSeconds, st.DatabaseTime, ss)
+	end := st.DatabaseTime
+	d.RateChart = newChart("rate", "events handled per second (line) and appended to the topic (grey), last hour", kindRate, wideChart, end,
+		emptyChart(len(ss)), chartSeries{Name: "appended", Points: ratePoints(topicRates(hist.Samples)), Data: true},
+		chartSeries{Name: "handled", Points: ratePoints(groupRates(ss)), Data: true})
+	d.LagChart = newChart("lag", "lag in events, last hour", kindCount, wideChart, end, emptyChart(0),
+		chartSeries{Name: "lag", Points: groupPoints(ss, lagOf), Data: true})
+	d.AgeChart = newChart("age", "lag age (the oldest unhandled event's), last hour", kindAge, wideChart, end, emptyChart(0),
+		chartSeries{Name: "age", Points: groupPoints(ss, ageOf), Data: true})
+	d.DeadChart = newChart("dead", "dead letters written per minute, last hour", kindPerMinute, wideChart, end, emptyChart(len(ss)),
+		chartSeries{Name: "dead", Points: deadPerMinute(ss), Data: true})
 	if d.Audit, err = c.audit(ctx, group, topic, false, 20); err != nil {
 		return nil, err
 	}

@@ -128,6 +128,33 @@ func (e *env) exec(sql string, args ...any) {
 	eventtest.Exec(e.t, e.pool, sql, args...)
 }
 
+// sample writes a sample of topic 1 now, as maintenance does, in a period
+// of its own (periods of 1 ms: it tries again in the rare case that the
+// previous sample's period is not over), and returns it.
+func (e *env) sample() store.Sampled {
+	e.t.Helper()
+	for range 100 {
+		s, err := store.Sample(e.ctx, e.pool, 1, time.Millisecond)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if s.Wrote {
+			return s
+		}
+		time.Sleep(time.Millisecond)
+	}
+	e.t.Fatal("no sample written in 100 periods of 1 ms")
+	return store.Sampled{}
+}
+
+// execOn runs sql on the session c.
+func (e *env) execOn(c *pgx.Conn, sql string, args ...any) {
+	e.t.Helper()
+	if _, err := c.Exec(e.ctx, sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
 func (e *env) queryInt(sql string, args ...any) int64 {
 	e.t.Helper()
 	return eventtest.QueryInt(e.t, e.pool, sql, args...)

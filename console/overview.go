@@ -5,35 +5,54 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgevents/pgevents/metrics"
+	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/schema"
 )
 
 // topicView is a topic on the overview.
 type topicView struct {
-	ID           int
-	Partitions   int
-	Scope        string
-	Allocation   string
-	SegmentSize  int64
-	Channel      string
-	Wake         string
-	Retention    string
-	MaxRetention string
-	ZeroSubs     string
+	ID          int
+	Partitions  int
+	Scope       string
+	Allocation  string
+	SegmentSize int64
+	Channel     string
+	Wake        string
+	// Retention, MaxRetention and ZeroSubs are the topic's retention
+	// settings, in seconds; nil: none.
+	Retention    *float64
+	MaxRetention *float64
+	ZeroSubs     *float64
 	RemovedBelow int64
 	Head         *int64
-	Rate         float64 // appended events per second; -1: unknown
-	Hist         []float64
-	Groups       []groupSummary
-	// Sequencer is the topic's sequencer, for a sequenced topic; nil
-	// otherwise.
-	Sequencer *metrics.Sequencer
+	// Appended is the rate of events appended, from the samples, and
+	// AppendedChart its last hour.
+	Appended      figure
+	AppendedChart chart
+	Groups        []groupSummary
+	// The roles that keep the topic moving: the elected watcher, the
+	// sequencer (a sequenced topic's; nil otherwise), maintenance (its
+	// last pass, from the samples), and the server's notification queue.
+	Watcher     offsets.Watcher
+	Sequencer   *metrics.Sequencer
+	Maintenance maintenanceView
+	QueueUsage  float64
+}
+
+// maintenanceView is the topic's maintenance as its samples show it.
+type maintenanceView struct {
+	Never  bool    // no sample was ever written
+	Writer string  // the session of the newest sample's pass
+	Age    float64 // seconds since it
+	Stale  bool    // older than staleAfter: no process runs maintenance
+	Limit  float64 // staleAfter, in seconds
 }
 
 // groupSummary is a group on the overview.
@@ -49,8 +68,12 @@ type groupSummary struct {
 	Owned       int // partitions with a live lease
 	Partitions  int
 	LastSeen    time.Time
-	Rate        float64 // handled events per second; -1: unknown
-	Hist        []float64
+	// Rate is the rate of events handled, from the samples; Verdict
+	// whether it keeps up; the charts, its last hour.
+	Rate      figure
+	Verdict   verdict
+	RateChart chart
+	LagChart  chart
 }
 
 // subscription is a row of subscriptions.
@@ -91,21 +114,35 @@ func (c *Console) overview(r *http.Request) (string, string, any, error) {
 			return "", "", nil, err
 		}
 		d.DBTime = st.DatabaseTime
-		t.Sequencer = st.Sequencer
+		t.Sequencer, t.QueueUsage = st.Sequencer, st.NotificationQueueUsage
+		if t.Watcher, err = offsets.Watchers(ctx, c.pool, t.ID); err != nil {
+			return "", "", nil, fmt.Errorf("console: watcher of topic %d: %w", t.ID, err)
+		}
+		hist, err := c.topicSamples(ctx, t.ID)
+		if err != nil {
+			return "", "", nil, err
+		}
+		t.Maintenance = maintenanceOf(hist, st.DatabaseTime)
+		t.Appended = lastRate(topicRates(hist.Samples))
+		appended := ratePoints(topicRates(hist.Samples))
+		t.AppendedChart = newChart("appended", "events appended per second, last hour", kindRate, topicChart, st.DatabaseTime,
+			emptyChart(len(hist.Samples)), chartSeries{Name: "appended", Points: appended, Data: true})
+		samples, err := c.groupSamples(ctx, t.ID)
+		if err != nil {
+			return "", "", nil, err
+		}
 		byGroup := map[string]*groupSummary{}
 		var order []string
 		for _, s := range subs {
 			if s.Topic == t.ID {
-				byGroup[s.Group] = &groupSummary{Topic: t.ID, Group: s.Group, State: s.State, LastSeen: s.LastSeen, Rate: -1}
+				byGroup[s.Group] = &groupSummary{Topic: t.ID, Group: s.Group, State: s.State, LastSeen: s.LastSeen}
 				order = append(order, s.Group)
 			}
 		}
-		heads := map[int32]int64{}
-		positions := map[string]map[int32]int64{}
 		for _, p := range st.Partitions {
 			g := byGroup[p.Group]
 			if g == nil {
-				g = &groupSummary{Topic: t.ID, Group: p.Group, State: "-", Rate: -1}
+				g = &groupSummary{Topic: t.ID, Group: p.Group, State: "-"}
 				byGroup[p.Group] = g
 				order = append(order, p.Group)
 			}
@@ -120,30 +157,34 @@ func (c *Console) overview(r *http.Request) (string, string, any, error) {
 			if p.Lease != nil {
 				g.Owned++
 			}
-			if p.LogEnd != nil {
-				heads[int32(p.Partition)] = max(heads[int32(p.Partition)], *p.LogEnd+1)
-			}
-			if p.NextOffset != nil {
-				if positions[p.Group] == nil {
-					positions[p.Group] = map[int32]int64{}
-				}
-				positions[p.Group][int32(p.Partition)] = *p.NextOffset
-			}
-		}
-		t.Rate = -1
-		if len(heads) > 0 {
-			t.Rate, t.Hist = c.rates.observe(ctx, c.pool, "topic/"+strconv.Itoa(t.ID), t.ID, heads, st.DatabaseTime)
 		}
 		for _, name := range order {
 			g := byGroup[name]
-			if pos := positions[name]; len(pos) > 0 {
-				g.Rate, g.Hist = c.rates.observe(ctx, c.pool, "group/"+strconv.Itoa(t.ID)+"/"+name, t.ID, pos, st.DatabaseTime)
-			}
+			ss := samples[name]
+			g.Rate = lastRate(groupRates(ss))
+			g.Verdict = judge(g.Lag, g.LagSeconds, st.DatabaseTime, ss)
+			g.RateChart = newChart("rate", "events handled per second (line) and appended (grey), last hour", kindRate, smallChart,
+				st.DatabaseTime, emptyChart(len(ss)),
+				chartSeries{Name: "appended", Points: slices.Clone(appended)},
+				chartSeries{Name: "handled", Points: ratePoints(groupRates(ss)), Data: true})
+			g.LagChart = newChart("lag", "lag in events, last hour", kindCount, smallChart, st.DatabaseTime, "no sample yet",
+				chartSeries{Name: "lag", Points: groupPoints(ss, lagOf), Data: true})
 			t.Groups = append(t.Groups, *g)
 		}
 	}
 	d.Topics = topics
 	return "overview", "Overview", d, nil
+}
+
+// maintenanceOf is what the samples say of the topic's maintenance at
+// the database time now.
+func maintenanceOf(h topicHistory, now time.Time) maintenanceView {
+	if h.Newest == nil {
+		return maintenanceView{Never: true, Stale: true}
+	}
+	limit := staleAfter(h.Samples)
+	age := max(now.Sub(h.Newest.At), 0)
+	return maintenanceView{Writer: h.Newest.Writer, Age: age.Seconds(), Stale: age > limit, Limit: limit.Seconds()}
 }
 
 // lagCountCap caps the events counted for a partition's lag (through the

@@ -9,12 +9,13 @@ package console
 // topic) costs at most that.
 const (
 	// topicsSQL lists every topic with its partitions, offset scope,
-	// allocation, retention settings and head (highest offset: one
+	// allocation, retention settings (in seconds; NULL: none) and head (highest offset: one
 	// descending probe of the log's index, topic_id, partition_id,
 	// c_offset, per partition of any layout; max(c_offset) over the topic
 	// has no index in that order and read the whole log).
 	topicsSQL = `SELECT c.topic_id, c.total_partitions, CASE WHEN c.sequenced THEN 'sequenced' ELSE c.offset_scope END, c.allocation, c.segment_size, c.channel, c.wake,
-       coalesce(r.retention::text, ''), coalesce(r.max_retention::text, ''), coalesce(r.zero_subscription_retention::text, ''),
+       extract(epoch FROM r.retention)::float8, extract(epoch FROM r.max_retention)::float8,
+       extract(epoch FROM r.zero_subscription_retention)::float8,
        coalesce(r.removed_below, 1),
        (SELECT max(h.o) FROM generate_series(0, greatest(c.total_partitions,
                                           (SELECT max(l.total_partitions) FROM {schema}topic_layouts l WHERE l.topic_id = c.topic_id)) - 1) AS p
@@ -23,6 +24,34 @@ const (
 FROM {schema}log_counter c
 LEFT JOIN {schema}topic_retention r ON r.topic_id = c.topic_id
 ORDER BY c.topic_id`
+
+	// topicSamplesSQL reads topic $1's samples (migration 0022) of the
+	// last $2 ms on the database clock, oldest first, and the newest one
+	// whatever its age (what says when maintenance last ran): through the
+	// key (topic_id, bucket), at most SampleKeep / SamplePeriod rows.
+	topicSamplesSQL = `SELECT s.taken_at, s.seconds, s.appended, s.staged, s.writer, clock_timestamp()
+FROM {schema}topic_samples s
+WHERE s.topic_id = $1
+  AND (s.bucket > clock_timestamp() - $2 * interval '1 millisecond'
+       OR s.bucket = (SELECT max(x.bucket) FROM {schema}topic_samples x WHERE x.topic_id = $1))
+ORDER BY s.bucket`
+
+	// groupSamplesSQL reads the samples of the last $2 ms of the groups
+	// of topic $1, by group, oldest first: the groups' totals, not the
+	// partitions' arrays, through the key (topic_id, bucket, group_id).
+	groupSamplesSQL = `SELECT s.group_id, s.taken_at, s.seconds, s.handled, s.lag, s.lag_capped, s.lag_seconds,
+       s.dead_letters, s.dead_lettered
+FROM {schema}group_samples s
+WHERE s.topic_id = $1 AND s.bucket > clock_timestamp() - $2 * interval '1 millisecond'
+ORDER BY s.group_id, s.bucket`
+
+	// partitionSamplesSQL reads group $3's samples of the last $2 ms on
+	// topic $1, oldest first, with its partitions' figures.
+	partitionSamplesSQL = `SELECT s.taken_at, s.seconds, s.handled, s.lag, s.lag_capped, s.lag_seconds, s.dead_letters, s.dead_lettered,
+       s.part_handled, s.part_lag, s.part_lag_seconds
+FROM {schema}group_samples s
+WHERE s.topic_id = $1 AND s.bucket > clock_timestamp() - $2 * interval '1 millisecond' AND s.group_id = $3
+ORDER BY s.bucket`
 
 	// topicScopeSQL reads topic $1's offset scope and partition count,
 	// for the lag estimate (lagEstimate).

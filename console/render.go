@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pgevents/pgevents/internal/human"
 )
 
 //go:embed templates/*.html
@@ -223,6 +225,9 @@ var funcs = template.FuncMap{
 	"ts":         formatTime,
 	"ago":        formatAgo,
 	"dur":        formatDur,
+	"count":      formatCount,
+	"clock":      formatClock,
+	"pct":        func(f float64) string { return strconv.FormatFloat(f*100, 'f', 1, 64) + " %" },
 	"lagCap":     func() int { return lagCountCap },
 	"previewCap": func() int { return previewCountCap },
 	"opt": func(v *int64) string {
@@ -231,14 +236,13 @@ var funcs = template.FuncMap{
 		}
 		return strconv.FormatInt(*v, 10)
 	},
-	"rate": func(r float64) string {
-		if r < 0 {
-			return "-"
+	// rate writes a figure of the samples, "—" when there is none (its
+	// Title says why).
+	"rate": func(f figure) string {
+		if !f.OK {
+			return "—"
 		}
-		if r < 10 {
-			return strconv.FormatFloat(r, 'f', 1, 64) + "/s"
-		}
-		return strconv.FormatFloat(r, 'f', 0, 64) + "/s"
+		return human.Rate(f.V)
 	},
 	"short": func(s string, n int) string {
 		s = strings.Join(strings.Fields(s), " ")
@@ -247,9 +251,8 @@ var funcs = template.FuncMap{
 		}
 		return s
 	},
-	"spark": sparkPoints,
-	"seq":   func(n int) []struct{} { return make([]struct{}, n) },
-	"join":  strings.Join,
+	"seq":  func(n int) []struct{} { return make([]struct{}, n) },
+	"join": strings.Join,
 }
 
 // prettyJSON indents a JSON document for reading; anything else comes back
@@ -282,45 +285,62 @@ func formatTime(v any) string {
 	return t.UTC().Format("2006-01-02 15:04:05.000Z")
 }
 
+// formatClock writes the time of day of a time.Time or *time.Time in
+// UTC, "15:04:05Z"; "-" for none.
+func formatClock(v any) string {
+	var t time.Time
+	switch x := v.(type) {
+	case time.Time:
+		t = x
+	case *time.Time:
+		if x != nil {
+			t = *x
+		}
+	}
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("15:04:05Z")
+}
+
 // formatAgo is the time from t to now, on the server's clock.
 func formatAgo(t time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	return formatDur(time.Since(t).Seconds())
+	return human.Duration(time.Since(t))
 }
 
-// formatDur renders seconds: "0s", "850ms", "12.3s", "4m5s".
-func formatDur(s float64) string {
-	d := time.Duration(s * float64(time.Second))
-	switch {
-	case d <= 0:
-		return "0s"
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
+// formatDur writes a duration for a reader (human.Duration), given as
+// seconds (a float64, or a *float64: "none" when nil) or a
+// time.Duration: the console's one way of writing durations.
+func formatDur(v any) string {
+	switch x := v.(type) {
+	case float64:
+		return human.Seconds(x)
+	case *float64:
+		if x == nil {
+			return "none"
+		}
+		return human.Seconds(*x)
+	case time.Duration:
+		return human.Duration(x)
 	}
-	return d.Round(time.Second).String()
+	return fmt.Sprint(v)
 }
 
-// sparkPoints draws samples as the points of an SVG polyline 120×24.
-func sparkPoints(samples []float64) string {
-	if len(samples) < 2 {
-		return ""
+// formatCount writes a count with thousands separators (human.Count).
+func formatCount(v any) string {
+	switch x := v.(type) {
+	case int64:
+		return human.Count(x)
+	case int:
+		return human.Count(int64(x))
+	case *int64:
+		if x == nil {
+			return "-"
+		}
+		return human.Count(*x)
 	}
-	top := 0.0
-	for _, v := range samples {
-		top = max(top, v)
-	}
-	if top == 0 {
-		top = 1
-	}
-	var b strings.Builder
-	for i, v := range samples {
-		x := float64(i) * 120 / float64(len(samples)-1)
-		y := 23 - v/top*22
-		fmt.Fprintf(&b, "%.1f,%.1f ", x, y)
-	}
-	return strings.TrimSpace(b.String())
+	return fmt.Sprint(v)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pgevents/pgevents/console"
+	"github.com/pgevents/pgevents/internal/human"
 )
 
 // move is a row of the reset confirmation.
@@ -19,7 +20,7 @@ type move struct {
 	from, to, replay, skip int64
 }
 
-var moveRow = regexp.MustCompile(`<tr class="move" data-partition="(\d+)"><td class="num">\d+</td><td class="num">(-|\d+)</td><td class="num to">(\d+)</td>\s*<td class="num replay">(\d+)</td><td class="num skip">(\d+)</td></tr>`)
+var moveRow = regexp.MustCompile(`<tr class="move" data-partition="(\d+)"><td class="num">\d+</td><td class="num">(-|\d+)</td><td class="num to">(\d+)</td>\s*<td class="num replay">([\d,]+)</td><td class="num skip">([\d,]+)</td></tr>`)
 
 // parseMoves reads the confirmation's rows and its hidden expect field.
 func parseMoves(t *testing.T, body string) ([]move, string) {
@@ -33,8 +34,8 @@ func parseMoves(t *testing.T, body string) ([]move, string) {
 			mv.from, _ = strconv.ParseInt(m[2], 10, 64)
 		}
 		mv.to, _ = strconv.ParseInt(m[3], 10, 64)
-		mv.replay, _ = strconv.ParseInt(m[4], 10, 64)
-		mv.skip, _ = strconv.ParseInt(m[5], 10, 64)
+		mv.replay, _ = strconv.ParseInt(strings.ReplaceAll(m[4], ",", ""), 10, 64)
+		mv.skip, _ = strconv.ParseInt(strings.ReplaceAll(m[5], ",", ""), 10, 64)
 		out = append(out, mv)
 	}
 	if len(out) == 0 {
@@ -71,10 +72,10 @@ func (e *env) checkPreview(what string, moves []move, body string) {
 		replay += wantReplay
 		skip += wantSkip
 	}
-	if got := find(e.t, body, `id="reset-replay">(\d+)<`); got != strconv.FormatInt(replay, 10) {
+	if got := find(e.t, body, `id="reset-replay">([\d,]+)<`); got != human.Count(replay) {
 		e.t.Errorf("%s: the confirmation's total replayed is %s, the database's %d", what, got, replay)
 	}
-	if got := find(e.t, body, `id="reset-skip">(\d+)<`); got != strconv.FormatInt(skip, 10) {
+	if got := find(e.t, body, `id="reset-skip">([\d,]+)<`); got != human.Count(skip) {
 		e.t.Errorf("%s: the confirmation's total skipped is %s, the database's %d", what, got, skip)
 	}
 }

@@ -17,7 +17,8 @@ import (
 // pgevents' tables and views, as the migrations name them.
 var tables = []string{"log_counter", "outbox_message_t", "consumer_offsets", "dead_letter_queue", "parked_hosts",
 	"parked_events", "partition_halts", "consumer_replicas", "partition_leases", "partition_ownership", "topic_layouts",
-	"group_layouts", "subscriptions", "topic_retention", "retention_skips", "partition_counters", "pgevents_schema_migrations", "console_audit"}
+	"group_layouts", "subscriptions", "topic_retention", "retention_skips", "partition_counters", "pgevents_schema_migrations", "console_audit",
+	"topic_samples", "group_samples"}
 
 // TestStatementsNameTheSchema reads the statements in the Go source of
 // pgevents' packages and fails on any that names one of pgevents' tables

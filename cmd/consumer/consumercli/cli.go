@@ -67,7 +67,7 @@
 //	consumer maintain [--once]       segments, dead groups, retention and sequencers without a consumer
 //	consumer adopt   [--partitions N] [--dry-run|--print] [--bridge] | --unbridge
 //	                                   move a seed-style deployment onto pgevents
-//	consumer console [--config FILE] [--addr HOST:PORT]
+//	consumer console [--config FILE] [--listen HOST:PORT]
 //	                                   the operator console, without consumers
 //	consumer kafka   [--config FILE] [--listen HOST:PORT]
 //	                                   the Kafka protocol endpoint, without consumers
@@ -165,7 +165,7 @@ commands:
            create segments, sweep dead groups, apply retention, sequence sequenced topics (where no consumer runs)
   adopt    [--partitions N] [--dry-run | --print] [--bridge] | --unbridge
            move a seed-style deployment (its log and every group's position) onto pgevents
-  console  [--addr HOST:PORT]
+  console  [--listen HOST:PORT]
            serve the operator console (the file's console section), without consumers
   kafka    [--listen HOST:PORT]
            serve the Kafka protocol (the file's kafka section) to Kafka clients, without consumers

@@ -25,7 +25,7 @@ const consolePoolSize = 4
 const consoleAbout = `Serves the operator console (see package console), without consumers:
 pages on the log, the groups, dead letters, hosts and replicas, and, with
 the token, actions (pause, resume, reset, unhalt, replay, discard). The
-file's console section configures it (addr, token, readOnly,
+file's console section configures it (listen, token, readOnly,
 pagesNeedToken, allowedHosts, trustedProxies; PGEVENTS_CONSOLE_TOKEN
 replaces the token); replay and discard run the
 handlers of the file's groups.
@@ -34,11 +34,19 @@ handlers of the file's groups.
 // consoleCmd is `consumer console`: the console alone, apart from the
 // consumers.
 func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := NewFlagSet(ctx, "console", "[--config FILE] [--addr HOST:PORT]", consoleAbout)
+	fs := NewFlagSet(ctx, "console", "[--config FILE] [--listen HOST:PORT]", consoleAbout)
 	path := fs.String("config", defaultConfigPath, "configuration file: the database, the console section and the groups whose handlers replay dead letters")
-	addr := fs.String("addr", "", "address to listen on (default: the file's console.addr)")
+	listen := fs.String("listen", "", "address to listen on (default: the file's console.listen)")
+	addr := fs.String("addr", "", "deprecated: the old name of --listen")
 	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
+	}
+	if *addr != "" {
+		if *listen != "" && *listen != *addr {
+			return usagef("console: --addr is the old name of --listen: give one of them")
+		}
+		fmt.Fprintln(stderr, "consumer console: --addr is deprecated: name it --listen")
+		*listen = *addr
 	}
 	if fs.NArg() != 0 {
 		return usagef("console: unexpected argument %q", fs.Arg(0))
@@ -47,12 +55,12 @@ func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
-	if *addr != "" {
+	if *listen != "" {
 		if cfg.Console == nil {
 			cfg.Console = &config.Console{}
 			cfg.Console.Token = os.Getenv(config.EnvConsoleToken)
 		}
-		cfg.Console.Addr = *addr
+		cfg.Console.Listen = *listen
 		if err := cfg.Validate(); err != nil {
 			var ce *config.Error
 			if errors.As(err, &ce) {
@@ -62,13 +70,14 @@ func (c *CLI) consoleCmd(ctx context.Context, args []string, stdout, stderr io.W
 		}
 	}
 	if cfg.Console == nil {
-		return &config.Error{File: *path, Key: "console.addr",
-			Msg: "the file has no console section: add `console: {addr: 127.0.0.1:8080, token: ...}`, or give --addr"}
+		return &config.Error{File: *path, Key: "console.listen",
+			Msg: "the file has no console section: add `console: {listen: 127.0.0.1:8080, token: ...}`, or give --listen"}
 	}
 	if err := cfg.ConsoleError(); err != nil {
 		return inFile(err, *path)
 	}
 	log := newLogger(cfg, stderr)
+	logWarnings(cfg, &log)
 	pool, err := openConsolePool(ctx, cfg, *path)
 	if err != nil {
 		return err
@@ -124,7 +133,7 @@ func startConsole(ctx context.Context, g *errgroup.Group, cfg *config.Config, po
 		Token:          cfg.Console.Token,
 		ReadOnly:       cfg.Console.ReadOnly,
 		PagesNeedToken: cfg.Console.PagesNeedToken,
-		Addr:           cfg.Console.Addr,
+		Addr:           cfg.Console.Listen,
 		AllowedHosts:   cfg.Console.AllowedHosts,
 		TrustedProxies: cfg.Console.TrustedProxies,
 		Logger:         log,
@@ -135,9 +144,9 @@ func startConsole(ctx context.Context, g *errgroup.Group, cfg *config.Config, po
 	if err != nil {
 		return err
 	}
-	srv, err := console.Listen(cfg.Console.Addr, c)
+	srv, err := console.Listen(cfg.Console.Listen, c)
 	if err != nil {
-		return fmt.Errorf("console.addr %s: %w", cfg.Console.Addr, err)
+		return fmt.Errorf("console.listen %s: %w", cfg.Console.Listen, err)
 	}
 	log.Info().Str("addr", srv.Addr()).Bool("read_only", cfg.Console.ReadOnly).Msg("console listening")
 	fmt.Fprintf(stdout, "console: %s\n", srv.URL())
@@ -174,4 +183,13 @@ func serveConsole(ctx context.Context, g *errgroup.Group, cfg *config.Config, co
 		return nil
 	})
 	return nil
+}
+
+// logWarnings logs what the configuration file says that is read but
+// should be said otherwise (a deprecated key), one line each, naming the
+// key.
+func logWarnings(cfg *config.Config, log *zerolog.Logger) {
+	for _, w := range cfg.Warnings() {
+		log.Warn().Str("key", w.Key).Int("line", w.Line).Msg(w.String())
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,7 +50,7 @@ func httpDo(t *testing.T, method, u, token string) (int, string) {
 	return res.StatusCode, string(b)
 }
 
-// TestConsoleCommand: `consumer console` exits 2 naming console.addr
+// TestConsoleCommand: `consumer console` exits 2 naming console.listen
 // without a console section, and console.token without a token; with
 // them, it serves the pages (without the URL's password) and acts with
 // the token, which PGEVENTS_CONSOLE_TOKEN gives; SIGTERM stops it, exit 0.
@@ -68,8 +69,8 @@ func TestConsoleCommand(t *testing.T) {
 	}
 	base := recordingConfig(2, -1, 10)
 	for _, tt := range []struct{ file, key string }{
-		{base, "console.addr"},
-		{base + "console: {addr: '127.0.0.1:0'}\n", "console.token"},
+		{base, "console.listen"},
+		{base + "console: {listen: '127.0.0.1:0'}\n", "console.token"},
 	} {
 		if code, out := runOnce(t, u.String(), "console", "--config", writeConfig(t, tt.file)); code != 2 || !strings.Contains(out, tt.key) {
 			t.Errorf("consumer console: exit %d, want 2 naming %s\n%s", code, tt.key, out)
@@ -77,7 +78,7 @@ func TestConsoleCommand(t *testing.T) {
 	}
 
 	t.Setenv(config.EnvConsoleToken, consoleTestToken)
-	p := start(t, u.String(), "console", "--config", writeConfig(t, base+"console: {addr: '127.0.0.1:0'}\n"))
+	p := start(t, u.String(), "console", "--config", writeConfig(t, base+"console: {listen: '127.0.0.1:0'}\n"))
 	addr := waitURL(t, p, `console: (http://\S+/)`)
 	status, body := httpDo(t, http.MethodGet, addr, "")
 	if status != http.StatusOK || !strings.Contains(body, `data-group="g"`) {
@@ -102,6 +103,8 @@ func TestConsoleCommand(t *testing.T) {
 
 // TestRunServesConsole: `consumer run` with a console section serves the
 // console beside the consumers, which it shows owning their partitions.
+// The section names its address with the old key, console.addr: it is
+// read, and a warning at start names the key and its line.
 func TestRunServesConsole(t *testing.T) {
 	t.Parallel()
 	dbURL, _ := migrated(t, 2)
@@ -115,6 +118,10 @@ func TestRunServesConsole(t *testing.T) {
 	})
 	if code := p.stop(t, 15*time.Second); code != 0 {
 		t.Fatalf("consumer run exited %d after SIGTERM", code)
+	}
+	line := strings.Count(cfg, "\n") // the console section is the file's last line
+	if out := p.out.String(); !regexp.MustCompile(`"level":"warn"[^\n]*"key":"console.addr","line":` + strconv.Itoa(line) + `[^\n]*is deprecated: name it console.listen`).MatchString(out) {
+		t.Errorf("no warning naming console.addr (line %d) at start:\n%s", line, out)
 	}
 }
 

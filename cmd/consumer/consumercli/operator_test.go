@@ -239,7 +239,7 @@ func TestDLQListHostAndTypeAudited(t *testing.T) {
 func TestMigrateChecks(t *testing.T) {
 	t.Setenv(config.EnvConsoleToken, "")
 	url := pgtest.NewDB(t)
-	noToken := recordingConfig(2, -1, 10) + "console: {addr: '127.0.0.1:0', token: '${CONSOLE_TOKEN_NOT_SET_HERE}'}\n"
+	noToken := recordingConfig(2, -1, 10) + "console: {listen: '127.0.0.1:0', token: '${CONSOLE_TOKEN_NOT_SET_HERE}'}\n"
 	if code, out := runOnce(t, url, "migrate", "--config", writeConfig(t, noToken)); code != 0 {
 		t.Fatalf("migrate without the console's token: exit %d, want 0\n%s", code, out)
 	}

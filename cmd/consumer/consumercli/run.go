@@ -49,6 +49,7 @@ func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Write
 		return inFile(err, *path)
 	}
 	log := newLogger(cfg, stderr)
+	logWarnings(cfg, &log)
 
 	// One consumer per group, all on the pool, stopped together.
 	groups := cfg.GroupConfigs()

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents/config"
+	"github.com/pgevents/pgevents/internal/human"
 	"github.com/pgevents/pgevents/metrics"
 	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/schema"
@@ -225,7 +226,7 @@ var statusColumns = []statusColumn{
 		if p.NextOffset == nil {
 			return "-"
 		}
-		return formatSeconds(p.LagSeconds)
+		return human.Seconds(p.LagSeconds)
 	}},
 	{header: "DEAD LETTERS", cell: func(p *partitionStatus) string { return strconv.FormatInt(p.DeadLettersOpen, 10) }},
 	{header: "HALTED", cell: func(p *partitionStatus) string {
@@ -271,20 +272,6 @@ func optInt(v *int64) string {
 		return "-"
 	}
 	return strconv.FormatInt(*v, 10)
-}
-
-// formatSeconds renders a lag age: "0s", "850ms", "12.3s", "4m5s".
-func formatSeconds(s float64) string {
-	d := time.Duration(s * float64(time.Second))
-	switch {
-	case d <= 0:
-		return "0s"
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	}
-	return d.Round(time.Second).String()
 }
 
 // writeStatusTable renders the status document as an aligned table,
@@ -350,9 +337,9 @@ func (sq *sequencerStatus) describe() string {
 		if sq.StagedCapped {
 			n = ">=" + n
 		}
-		staged = fmt.Sprintf("%s events staged, not sequenced (oldest %s)", n, formatSeconds(sq.StagedSeconds))
+		staged = fmt.Sprintf("%s events staged, not sequenced (oldest %s)", n, human.Seconds(sq.StagedSeconds))
 	}
-	return fmt.Sprintf("%s; last tick %s ago; %s", holder, formatSeconds(sq.LastTickSeconds), staged)
+	return fmt.Sprintf("%s; last tick %s ago; %s", holder, human.Seconds(sq.LastTickSeconds), staged)
 }
 
 func anyCell(ps []partitionStatus, c statusColumn) bool {
