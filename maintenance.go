@@ -60,6 +60,11 @@ type Maintenance struct {
 	Retention pgeventstype.Retention
 }
 
+// SamplePeriod is how often maintenance samples a topic and its groups
+// for the console's charts: one sample per topic and period, written by
+// whichever process's pass comes first in the period.
+const SamplePeriod = store.SamplePeriod
+
 // Maintain runs one pass of a topic's maintenance: it creates the log's
 // next segments (and moves rows that landed in the DEFAULT partition into
 // theirs), marks the groups without a live replica DEAD, prunes the tails

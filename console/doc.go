@@ -40,9 +40,9 @@
 //
 // The history the pages draw comes from the database, not from the
 // process that serves them: maintenance writes a sample of each topic and
-// its groups once per store.SamplePeriod (migration 0022; one writer per
+// its groups once per pgevents.SamplePeriod (10 s; migration 0022; one writer per
 // topic and period, however many processes run it), and keeps the last
-// store.SampleKeep. Rates are a sample's events over the seconds since the
+// hour and a minute. Rates are a sample's events over the seconds since the
 // one before it; a figure without a sample shows "—", its title saying
 // why. Charts are inline SVG drawn by the server (chart.go), each series
 // carrying its points as data-t and data-v attributes. A console reads

@@ -6,13 +6,13 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/human"
-	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
 // The history the pages draw is the samples maintenance writes
-// (store.Sample, migration 0022): one per topic and period, in the
+// (pgevents.Maintain, migration 0022): one per topic and period, in the
 // database, so that every console, restarted or not, draws the same
 // picture. A console reads them; it writes none.
 const (
@@ -147,7 +147,7 @@ type figure struct {
 }
 
 // noSample is what a figure says before the first sample of a topic.
-var noSample = "no sample yet: maintenance writes one every " + human.Duration(store.SamplePeriod) +
+var noSample = "no sample yet: maintenance writes one every " + human.Duration(pgevents.SamplePeriod) +
 	" while a consumer (or consumer maintain) runs"
 
 // emptyChart is what a chart of n samples says when it has nothing to
@@ -173,7 +173,7 @@ func lastRate(samples []rateSample) figure {
 	if len(samples) == 0 {
 		return figure{Title: noSample}
 	}
-	return figure{Title: "one sample so far: a rate needs the next, within " + human.Duration(store.SamplePeriod)}
+	return figure{Title: "one sample so far: a rate needs the next, within " + human.Duration(pgevents.SamplePeriod)}
 }
 
 // lastPartitionRate is lastRate of partition p's events handled.
