@@ -30,9 +30,13 @@ func TestMaintenanceSamplesOncePerPeriod(t *testing.T) {
 		replicas[store.RoleMaintenance.ApplicationName(c.ReplicaID())] = true
 	}
 	// Events flow until three periods have their sample.
-	var all time.Time // every group subscribed
-	if err := pool.QueryRow(ctx, `SELECT max(created_at) FROM subscriptions`).Scan(&all); err != nil {
-		t.Fatal(err)
+	// Every group's subscription is committed by now. A sample of a period
+	// that starts after this clock reading took its snapshot after it
+	// (created_at, its transaction's start, would not do: a sample whose
+	// snapshot preceded the subscription's commit may be taken after it).
+	var all time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp() FROM subscriptions HAVING count(*) = 3`).Scan(&all); err != nil {
+		t.Fatalf("the three groups' subscriptions: %v", err)
 	}
 	start := time.Now()
 	for i := 0; queryInt(t, pool, `SELECT count(*) FROM topic_samples`) < 3; i++ {
@@ -61,7 +65,7 @@ func TestMaintenanceSamplesOncePerPeriod(t *testing.T) {
 		if !replicas[writer] {
 			t.Errorf("period %v written by %q, not by a consumer's maintenance (%v)", bucket, writer, replicas)
 		}
-		if want := 3; at.After(all) && (groups != want || atOne != want) || groups != atOne {
+		if want := 3; bucket.After(all) && (groups != want || atOne != want) || groups != atOne {
 			t.Errorf("period %v: %d group rows, %d read with the topic's; want 3 and 3", bucket, groups, atOne)
 		}
 		if !prev.IsZero() && bucket.Sub(prev) < store.SamplePeriod {
