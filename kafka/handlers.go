@@ -240,22 +240,55 @@ func (s *Server) topicBounds(ctx context.Context, t *topic, ps []int32) (int, ma
 	return n, bs, err
 }
 
-// readBounds reads the bounds of topic t's partitions ps.
+// readBounds reads the bounds of topic t's partitions ps: one statement
+// (boundsSQL), and a second one for the partitions without a tail row
+// (logEndSQL), which an empty partition is.
 func (s *Server) readBounds(ctx context.Context, t *topic, ps []int32) (map[int32]bounds, error) {
 	rows, err := s.pool.Query(ctx, schema.SQL(ctx, boundsSQL), t.id, ps)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: bounds of topic %d: %w", t.id, err)
 	}
-	out := map[int32]bounds{}
+	out := make(map[int32]bounds, len(ps))
 	var (
-		p     int32
-		start int64
-		hw    int64
+		p      int32
+		start  int64
+		tail   *int64
+		noTail []int32
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&p, &start, &hw}, func() error { out[p] = bounds{start, hw}; return nil }); err != nil {
+	if _, err := pgx.ForEachRow(rows, []any{&p, &start, &tail}, func() error {
+		if tail == nil {
+			noTail = append(noTail, p)
+		}
+		out[p] = boundsOf(start, tail)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("kafka: bounds of topic %d: %w", t.id, err)
+	}
+	if len(noTail) == 0 {
+		return out, nil
+	}
+	rows, err = s.pool.Query(ctx, schema.SQL(ctx, logEndSQL), t.id, noTail)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: bounds of topic %d: %w", t.id, err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&p, &tail}, func() error {
+		out[p] = boundsOf(out[p].start, tail)
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("kafka: bounds of topic %d: %w", t.id, err)
 	}
 	return out, nil
+}
+
+// boundsOf is a partition's bounds from its log start and its tail (nil:
+// none): the high watermark is the offset after the tail, and never below
+// the log start, nor the log start above it.
+func boundsOf(start int64, tail *int64) bounds {
+	hw := start
+	if tail != nil {
+		hw = max(*tail+1, start)
+	}
+	return bounds{start: min(start, hw), hw: hw}
 }
 
 func (s *Server) listOffsets(ctx context.Context, r *kmsg.ListOffsetsRequest) (kmsg.Response, error) {
