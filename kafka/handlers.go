@@ -476,9 +476,13 @@ func (s *Server) fetchOnce(ctx context.Context, r *kmsg.FetchRequest) (*kmsg.Fet
 
 // readRecords reads partition p's events from offset from, below hw,
 // as record batches of at most fetchRows events each, until they hold
-// limit bytes or more (at least one batch).
+// limit bytes or more (at least one batch). The buffer grows by what the
+// rows read need (bytes, an upper bound of their records' size), not by
+// the limit: a client's limit is a megabyte a partition, and a fetch woken
+// by one event allocated and cleared that megabyte (a fifth of the
+// endpoint's CPU at 1,000 events/s, most of it in memclr and the GC).
 func (s *Server) readRecords(ctx context.Context, t *topic, p int32, from, hw int64, limit int) ([]byte, error) {
-	out := make([]byte, 0, min(limit, 8<<20)+4096)
+	var out []byte
 	evs := make([]event, 0, 64)
 	for from < hw && len(out) < limit {
 		evs = evs[:0]
@@ -502,7 +506,7 @@ func (s *Server) readRecords(ctx context.Context, t *topic, p int32, from, hw in
 		if len(evs) == 0 {
 			break
 		}
-		out = appendBatch(out, evs)
+		out = appendBatch(slices.Grow(out, batchHeaderSize+bytes), evs)
 		from = evs[len(evs)-1].offset + 1
 		if len(evs) < fetchRows {
 			break

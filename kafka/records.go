@@ -46,6 +46,10 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// batchHeaderSize is the size of a record batch's header (magic 2), from
+// its base offset to its record count.
+const batchHeaderSize = 61
+
 // appendBatch appends to dst one record batch (magic 2, uncompressed)
 // holding evs, which are in offset order: record i has offset delta
 // evs[i].offset - evs[0].offset, so that a partition's offsets with gaps
@@ -189,11 +193,11 @@ func parseProduced(raw []byte, limit int) (out producerBatch, err error) {
 	}()
 	out.producerID = -1
 	for len(raw) > 0 {
-		if len(raw) < 61 {
+		if len(raw) < batchHeaderSize {
 			return out, fmt.Errorf("%w: %d bytes left, less than a batch header", errCorrupt, len(raw))
 		}
 		n := int(int32(binary.BigEndian.Uint32(raw[8:]))) + 12
-		if n < 61 || n > len(raw) {
+		if n < batchHeaderSize || n > len(raw) {
 			return out, fmt.Errorf("%w: batch length %d of %d bytes", errCorrupt, n, len(raw))
 		}
 		var b kmsg.RecordBatch
