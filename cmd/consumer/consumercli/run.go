@@ -82,6 +82,9 @@ func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Write
 	if err := checkStatements(ctx, cfg, pools, *path); err != nil {
 		return err
 	}
+	if ctx.Err() != nil {
+		return nil // stopped (SIGTERM, Ctrl-C) before any consumer started
+	}
 	ctx = schema.WithName(ctx, cfg.Schema)
 	return groupError(cfg, runConsumers(ctx, cfg, pools, ccfgs), *path)
 }
@@ -91,18 +94,28 @@ func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Write
 // (pools, in GroupConfigs order), before any consumer starts: a statement
 // the server cannot prepare (a missing table or column, $1, a parameter
 // a sql handler does not bind) is a configuration error naming its key,
-// with the server's message, rather than a batch retried for ever.
+// with the server's message, rather than a batch retried for ever. What
+// is not the statement's fault is not a configuration error: a session
+// that could not be had or was lost while preparing (the server gone, the
+// network cut) is an error of its own, and a stop (ctx ended: SIGTERM
+// while starting) returns nil, the caller seeing ctx's end.
 func checkStatements(ctx context.Context, cfg *config.Config, pools []*pgxpool.Pool, path string) error {
 	for g, group := range cfg.GroupConfigs() {
 		for i, h := range group.Handlers {
 			if h.Type != "sql" || !h.PreparesAtStart() {
 				continue
 			}
+			var checked, lost bool
 			err := pools[g].AcquireFunc(ctx, func(c *pgxpool.Conn) error {
-				return pgevents.CheckSQLHandler(ctx, c.Conn(), h.Statement)
+				err := pgevents.CheckSQLHandler(ctx, c.Conn(), h.Statement)
+				checked, lost = true, err != nil && c.Conn().IsClosed()
+				return err
 			})
+			if err != nil && ctx.Err() != nil {
+				return nil
+			}
 			var pgErr *pgconn.PgError
-			if err != nil && errors.As(err, &pgErr) && !strings.HasPrefix(pgErr.Code, "42") {
+			if err != nil && (!checked || lost || errors.As(err, &pgErr) && !strings.HasPrefix(pgErr.Code, "42")) {
 				return fmt.Errorf("group %s: handlers[%d]: %w", group.GroupID, i, err) // not the statement's fault
 			}
 			if err != nil {

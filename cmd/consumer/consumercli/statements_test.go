@@ -2,12 +2,16 @@ package consumercli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/internal/eventtest"
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
@@ -110,5 +114,43 @@ groups:
 	})
 	if code := p.stop(t, 20*time.Second); code != 0 {
 		t.Fatalf("run exited %d", code)
+	}
+}
+
+// TestStatementsCheckNotTheStatementsFault: what stops the check without
+// the statement being at fault is no configuration error. A consumer
+// stopped as it prepares (SIGTERM while starting: ctx ended) is not
+// refused, and run returns as a stop does (a run of processes stopped
+// during their start once exited 2 naming handlers[0].statement, "cannot
+// be prepared: context canceled"); a session that cannot be had (the
+// server gone) is an error of its own, not the statement's.
+func TestStatementsCheckNotTheStatementsFault(t *testing.T) {
+	t.Parallel()
+	url, _ := migrated(t, 4)
+	path := writeConfig(t, fmt.Sprintf("databaseUrl: %q\n", url)+sqlHandlerConfig(`INSERT INTO paid_invoices (id) VALUES (@c_offset)`, ""))
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := pgtest.Context(context.Background())
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	stopped, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := checkStatements(stopped, cfg, []*pgxpool.Pool{pool}, path); err != nil {
+		t.Errorf("check stopped as it started: %v, want nil (a stop, not a refusal)", err)
+	}
+	gone, err := pgxpool.New(ctx, "postgres://pgevents@127.0.0.1:1/none?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	err = checkStatements(ctx, cfg, []*pgxpool.Pool{gone}, path)
+	var ce *config.Error
+	if err == nil || errors.As(err, &ce) {
+		t.Errorf("check on a server that is gone: %v, want an error that is not the configuration's", err)
 	}
 }
