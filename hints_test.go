@@ -77,9 +77,10 @@ func TestNotificationAboveTheLog(t *testing.T) {
 // TestTwoInstallationsInOneDatabase: two pgevents installations in one
 // database (the schema key), each with its own topic 1 and consumer. Were
 // both to notify one channel, installation A's consumer would read B's
-// payloads as its own: offsets above A's log, which stall A. Each
-// installation's topics get a channel of their own by default, so A's
-// consumer neither claims for B's appends nor misses its own.
+// payloads as its own. Each installation's topics get a channel of their
+// own by default (asserted), each consumer handles its own events, in
+// order, once, and ChannelUsers finds a channel set by hand to another
+// installation's.
 func TestTwoInstallationsInOneDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -119,7 +120,6 @@ func TestTwoInstallationsInOneDatabase(t *testing.T) {
 		return queryInt(t, pool, `SELECT count(*) FROM public.handled_by WHERE inst = $1`, s)
 	}
 	pgtest.WaitFor(t, 10*time.Second, "A's consumer serves its partition", func() bool { return len(consumers["inst_a"].Partitions()) == 1 })
-	emptyBefore := consumers["inst_a"].Stats().EmptyClaims
 	appendIn("inst_b", 100)
 	for i := range 5 {
 		appendIn("inst_a", 1)
@@ -129,9 +129,11 @@ func TestTwoInstallationsInOneDatabase(t *testing.T) {
 	if chA == chB {
 		t.Fatalf("both installations notify channel %q", chA)
 	}
-	if n := consumers["inst_a"].Stats().EmptyClaims - emptyBefore; n != 0 {
-		t.Fatalf("A's consumer claimed %d times for nothing while B appended: it heard B's notifications", n)
-	}
+	// The channels differing is the property. A's empty claims are not
+	// checked: with both installations on one channel (set by hand), A's
+	// consumer claimed for nothing 0 times in 3 runs, so the count could
+	// not show the bug, while one of A's own hints racing its batch costs
+	// an empty claim now and then on a loaded machine (unit.go).
 	// Order and uniqueness per installation.
 	if n := queryInt(t, pool, `SELECT count(*) FROM (SELECT c_offset, lag(c_offset) OVER (PARTITION BY inst ORDER BY seq) AS prev
 		FROM public.handled_by) x WHERE prev >= c_offset`); n != 0 {
