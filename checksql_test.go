@@ -31,7 +31,7 @@ func TestCheckSQLHandler(t *testing.T) {
 		`INSERT INTO paid (id, at) VALUES ((@payload::jsonb->>'id')::bigint, @created_at) ON CONFLICT (id) DO NOTHING`,
 		`INSERT INTO paid (id) SELECT @c_offset WHERE @event_type = 'invoice.paid' AND @epoch > 0 AND @group_id <> ''`,
 		`UPDATE paid SET at = now() WHERE id = 1; DELETE FROM paid WHERE id = 2`, // several commands, no parameter
-		`INSERT INTO paid (id) SELECT 1 WHERE '{"a":1}'::jsonb @> '{"a":1}'`,    // @> is an operator
+		`INSERT INTO paid (id) SELECT 1 WHERE '{"a":1}'::jsonb @> '{"a":1}'`,     // @> is an operator
 	} {
 		if err := check(ok); err != nil {
 			t.Errorf("CheckSQLHandler(%q) = %v, want nil", ok, err)

@@ -63,7 +63,7 @@ func TestRotationAfterAnOpenProducer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)                              //nolint:errcheck
 	if _, err := tx.Exec(ctx, `SELECT 1`); err != nil { // the snapshot: generation g0 current
 		t.Fatal(err)
 	}
