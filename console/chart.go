@@ -120,20 +120,20 @@ func newChart(name, label string, kind chartKind, size chartSize, end time.Time,
 			x := float64(size.W) * float64(at.Sub(start)) / float64(chartWindow)
 			x = math.Min(math.Max(x, 0), float64(size.W))
 			y := float64(size.H) - padBottom - p.V/top*(float64(size.H)-padTop-padBottom)
+			if s.Data {
+				if i > 0 {
+					ts.WriteByte(' ')
+					vs.WriteByte(' ')
+				}
+				ts.WriteString(strconv.FormatInt(p.At.UnixMilli()-c.EndMS, 10))
+				vs.WriteString(strconv.FormatFloat(p.V, 'g', 6, 64))
+			}
 			if kind == kindPerMinute { // a bar per minute; none for 0
 				if p.V > 0 {
 					if d.Len() > 0 {
 						d.WriteByte(' ')
 					}
 					d.WriteString("M" + fmtCoord(x) + " " + fmtCoord(float64(size.H)) + "V" + fmtCoord(y))
-				}
-				if s.Data {
-					if i > 0 {
-						ts.WriteByte(' ')
-						vs.WriteByte(' ')
-					}
-					ts.WriteString(strconv.FormatInt(p.At.UnixMilli()-c.EndMS, 10))
-					vs.WriteString(strconv.FormatFloat(p.V, 'g', 6, 64))
 				}
 				continue
 			}
@@ -150,14 +150,6 @@ func newChart(name, label string, kind chartKind, size chartSize, end time.Time,
 			d.WriteString(fmtCoord(x) + " " + fmtCoord(y))
 			if first && last { // a lone point: a short stroke to see it by
 				d.WriteString(" h-2")
-			}
-			if s.Data {
-				if i > 0 {
-					ts.WriteByte(' ')
-					vs.WriteByte(' ')
-				}
-				ts.WriteString(strconv.FormatInt(p.At.UnixMilli()-c.EndMS, 10))
-				vs.WriteString(strconv.FormatFloat(p.V, 'g', 6, 64))
 			}
 		}
 		c.Paths = append(c.Paths, chartPath{Name: s.Name, D: d.String(), T: ts.String(), V: vs.String()})

@@ -269,25 +269,15 @@ func prettyJSON(b []byte) string {
 }
 
 // formatTime renders a time.Time or *time.Time in UTC; "-" for none.
-func formatTime(v any) string {
-	var t time.Time
-	switch x := v.(type) {
-	case time.Time:
-		t = x
-	case *time.Time:
-		if x != nil {
-			t = *x
-		}
-	}
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format("2006-01-02 15:04:05.000Z")
-}
+func formatTime(v any) string { return formatUTC(v, "2006-01-02 15:04:05.000Z") }
 
 // formatClock writes the time of day of a time.Time or *time.Time in
 // UTC, "15:04:05Z"; "-" for none.
-func formatClock(v any) string {
+func formatClock(v any) string { return formatUTC(v, "15:04:05Z") }
+
+// formatUTC formats a time.Time or *time.Time in UTC with layout; "-" for
+// none (a nil pointer, a zero time, another type).
+func formatUTC(v any, layout string) string {
 	var t time.Time
 	switch x := v.(type) {
 	case time.Time:
@@ -300,7 +290,7 @@ func formatClock(v any) string {
 	if t.IsZero() {
 		return "-"
 	}
-	return t.UTC().Format("15:04:05Z")
+	return t.UTC().Format(layout)
 }
 
 // formatAgo is the time from t to now, on the server's clock.
