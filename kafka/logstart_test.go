@@ -3,11 +3,13 @@ package kafka_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -276,5 +278,60 @@ func (e *env) checkEmptyPartition(t *testing.T, n int, p int32, fill int) {
 	if b.FirstOffset != first || b.NumRecords != 1 || len(fp.RecordBatches) != 12+int(b.Length) {
 		t.Errorf("partition %d: the fetch at 1 served a batch from offset %d of %d records (%d bytes in all), want the one event at %d",
 			p, b.FirstOffset, b.NumRecords, len(fp.RecordBatches), first)
+	}
+}
+
+// TestHighWatermarkFromTheTails: ListOffsets latest is the offset after
+// each partition's highest event, read from partition_tails (the row each
+// append writes with its events), and from the log itself for a partition
+// without a tail row (here its rows deleted by hand, as no path of
+// pgevents leaves it: the log's answer is kept for events that reached it
+// otherwise).
+func TestHighWatermarkFromTheTails(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4, "", kafka.Options{})
+	e.produceRandom(7, 60, 12)
+	want := map[int32]int64{}
+	rows, err := e.pool.Query(e.ctx, `SELECT partition_id, max(c_offset) + 1 FROM outbox_message_t WHERE topic_id = 1 GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		p  int32
+		hw int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&p, &hw}, func() error { want[p] = hw; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	latest := func() map[int32]int64 {
+		t.Helper()
+		lo := kmsg.NewPtrListOffsetsRequest()
+		lo.SetVersion(7)
+		lt := kmsg.NewListOffsetsRequestTopic()
+		lt.Topic = "events"
+		for p := range int32(4) {
+			lp := kmsg.NewListOffsetsRequestTopicPartition()
+			lp.Partition, lp.Timestamp = p, -1
+			lt.Partitions = append(lt.Partitions, lp)
+		}
+		lo.Topics = append(lo.Topics, lt)
+		resp, err := dialRaw(t, e.addr).do(lo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[int32]int64{}
+		for _, lp := range resp.(*kmsg.ListOffsetsResponse).Topics[0].Partitions {
+			got[lp.Partition] = lp.Offset
+		}
+		return got
+	}
+	if got := latest(); !maps.Equal(got, want) {
+		t.Errorf("latest offsets %v, want the log's ends %v", got, want)
+	}
+	if _, err := e.pool.Exec(e.ctx, `DELETE FROM partition_tails WHERE topic_id = 1 AND partition_id = 2`); err != nil {
+		t.Fatal(err)
+	}
+	if got := latest(); !maps.Equal(got, want) {
+		t.Errorf("latest offsets with partition 2's tail rows gone %v, want the log's ends %v", got, want)
 	}
 }
