@@ -6,7 +6,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all build static image test vet staticcheck demo bench clean
+.PHONY: all build static image test vet staticcheck demo bench clean schema
 
 # The image deploy/k8s/deployment.yaml runs, and what `consumer version`
 # reports: git describe and git rev-parse, computed by the build script.
@@ -51,6 +51,13 @@ SCOPED_PKGS := . ./cmd/consumer/consumercli ./metrics ./offsets ./partition ./in
 test: vet staticcheck
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	PGEVENTS_TEST_OFFSET_SCOPE=partition $(GO) test -race -count=1 -timeout 20m $(SCOPED_PKGS)
+
+# schema/current/*.sql: every table, view and function as the migrations
+# leave it, one file per concern, read back from a freshly migrated database.
+# make test fails (TestCurrentSchema) when a migration changes the schema and
+# these files were not regenerated.
+schema:
+	$(GO) test -count=1 -run '^TestCurrentSchema$$' ./schema -update
 
 # Producers and a consumer group against a local PostgreSQL kept under
 # .pgevents-demo/ (or DATABASE_URL); prints live progress, stops by itself.

@@ -3,33 +3,42 @@
 //
 // # Objects
 //
-// The migrations create, in pgevents' schema (see WithName: a schema of its
-// own, or the first schema of the search_path):
+// The migrations (migrations/*.sql) are the history: each states the
+// invariant its objects uphold and why it changed them. The current
+// definition of every table, view and function is in schema/current, one
+// file per concern, generated from a migrated database by `make schema` and
+// checked by TestCurrentSchema in `make test`, so it cannot drift:
 //
-//   - log_counter: one row per topic: its partition count, offset scope
-//     ('topic' or 'partition'), allocation, channel, wake-up mode and, under
-//     scope 'topic', the next offset to hand out. Appends reserve offsets by
-//     updating it and keep it locked until they commit, which makes offsets
-//     gapless and commit-ordered across the topic.
-//   - partition_counters: one row per partition: its next offset under scope
-//     'partition' (the same guarantee, per partition, with no lock shared
-//     across partitions) and its waiting flag (appends notify a partition
-//     only while its worker may be waiting).
-//   - outbox_message_t: the log, partitioned by (topic_id, partition_id)
-//     into one table per partition of a topic, each partitioned by c_offset
-//     into segments that retention drops whole; the partition of each event
-//     is computed once, at append, and a partition's rows are stored
-//     together.
-//   - consumer_offsets: the next offset to read, per group, topic and
-//     partition, updated in the consumer's own transaction.
-//   - dead_letter_queue: units that failed permanently, with their reason.
-//   - the SQL functions append_event and append_events (usable from any
-//     language, inside the caller's transaction, notifying the channel of
-//     the topic, log_counter.channel, for waiting partitions),
-//     event_partition, reserve_offsets, ensure_outbox_segments,
-//     repartition_topic, layout_start and layout_cut.
-//
-// Each migration file states the invariant every object upholds beside it.
+//   - log.sql: log_counter, one row per topic (its partition count, offset
+//     scope 'topic' or 'partition', allocation, channel, wake-up mode,
+//     idempotency window, whether it is sequenced); partition_counters, one
+//     row per partition (its log start; its waiting column is unused since
+//     migration 0009); partition_tails, the offsets appends inserted, never
+//     updated, whose newest row per partition is the partition's tail (the
+//     next offset is the tail + 1, read under an advisory lock held to the
+//     append's commit: gapless and commit-ordered); outbox_message_t, the
+//     events, partitioned by (topic_id, partition_id) and each partition
+//     into offset segments that retention drops whole; lock_key, which
+//     names every advisory lock of this installation.
+//   - append.sql: append_event and append_events (callable from any
+//     language, in the caller's READ COMMITTED transaction) and what they
+//     dispatch to: append_one, append_many, append_keyed_one; idempotency
+//     keys.
+//   - sequenced.sql: sequenced topics, whose appends stage events without a
+//     lock held through the commit and whose sequencer gives them offsets
+//     (staged_events, sequence_tick).
+//   - wake.sql: the sleep and flight advisory locks and the notifications
+//     that wake a sleeping partition (mark_flight, await_flight,
+//     wake_sleepers); the protocol is described once, in docs/concepts.md,
+//     "How a sleeping partition wakes".
+//   - positions.sql: consumer_positions, one row inserted per batch (a
+//     group's position is its newest row), the claim (claim_state) and the
+//     commit (commit_position) of a batch, and consumer_offsets, a view of
+//     the newest positions kept for tools that read it.
+//   - ownership.sql, layouts.sql, failures.sql, maintenance.sql, tools.sql:
+//     leases and replicas, repartitioning, dead letters and parked events,
+//     retention and samples, the console's audit and the Kafka endpoint's
+//     gateways.
 //
 // # Applying migrations
 //
