@@ -269,16 +269,22 @@ func (c *Consumer) ReplicaID() string { return c.replicaID }
 // in-flight batch within ShutdownTimeout, and Run returns nil. It returns an
 // error when the consumer cannot start, when the topic's partition count
 // differs from the configuration (*PartitionMismatchError), or when a
-// consumer of another kind holds the group's name (*GroupInUseError). A Consumer
-// runs once: a second call returns ErrAlreadyStarted.
+// consumer of another kind holds the group's name (*GroupInUseError): find
+// them with errors.As. A Consumer runs once: a second call returns
+// ErrAlreadyStarted. Every error it returns starts with "pgevents: ".
 func (c *Consumer) Run(ctx context.Context) error {
+	return prefixed(c.run(ctx))
+}
+
+// run is Run without the package's prefix on its errors.
+func (c *Consumer) run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return ErrAlreadyStarted
 	}
 	ctx = schema.WithName(ctx, c.cfg.Schema)
 	topic, err := schema.LookupTopic(ctx, c.pool, c.cfg.TopicID)
 	if err != nil {
-		return fmt.Errorf("pgevents: %w", err)
+		return err
 	}
 	if topic.Partitions != c.cfg.TotalPartitions {
 		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
@@ -290,7 +296,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.warnSharedChannel(ctx, topic.Channel)
 	var idleMs int64
 	if err := c.pool.QueryRow(ctx, idleTimeoutSQL).Scan(&idleMs); err != nil {
-		return fmt.Errorf("pgevents: read idle_in_transaction_session_timeout: %w", err)
+		return fmt.Errorf("read idle_in_transaction_session_timeout: %w", err)
 	}
 	if idle := time.Duration(idleMs) * time.Millisecond; idle > 0 {
 		if idle <= c.cfg.HandlerTimeout {
@@ -302,10 +308,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	state, isNew, err := store.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start.internal(), c.cfg.DeadAfter)
 	if err != nil {
-		return fmt.Errorf("pgevents: %w", err)
+		return err
 	}
 	if state == store.StateCancelled {
-		return fmt.Errorf("pgevents: group %q on topic %d: %w", c.cfg.GroupID, c.cfg.TopicID, ErrSubscriptionCancelled)
+		return fmt.Errorf("group %q on topic %d: %w", c.cfg.GroupID, c.cfg.TopicID, ErrSubscriptionCancelled)
 	}
 	if isNew {
 		c.log.Info().Str("start_from", c.start.String()).Msg("new group: subscribed to the topic")
@@ -316,14 +322,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// replica's registration refuses it too, when the name is taken
 	// between this look and the first heartbeat).
 	if by, err := store.GroupHolder(ctx, c.pool, c.cfg.GroupID); err != nil {
-		return fmt.Errorf("pgevents: %w", err)
+		return err
 	} else if by != "" {
 		return &GroupInUseError{Group: c.cfg.GroupID, By: by}
 	}
 	c.reportSkips(ctx)
 	// Groups from before subscriptions and layouts existed.
 	if err := store.InitGroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID); err != nil {
-		return fmt.Errorf("pgevents: %w", err)
+		return err
 	}
 
 	ln, err := listener.New(listener.Config{
@@ -337,7 +343,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		Sink:   (*sink)(c),
 	})
 	if err != nil {
-		return fmt.Errorf("pgevents: %w", err)
+		return err
 	}
 	c.ln.Store(ln)
 

@@ -249,7 +249,7 @@ func ReadySession(ctx context.Context, conn *pgx.Conn) error {
 		return nil
 	}
 	if _, err := conn.Exec(ctx, readySQL); err != nil {
-		return fmt.Errorf("offsets: ready the session: %w", err)
+		return fmt.Errorf("ready the session: %w", err)
 	}
 	cd[readyKey] = true
 	return nil
@@ -264,10 +264,10 @@ func Init(ctx context.Context, q schema.DB, group string, topic int, partitions 
 		return err
 	}
 	if _, err := q.Exec(ctx, schema.SQL(ctx, initSQL), group, topic, partitions); err != nil {
-		return fmt.Errorf("offsets: init group %q: %w", group, err)
+		return fmt.Errorf("init group %q: %w", group, err)
 	}
 	if _, err := q.Exec(ctx, schema.SQL(ctx, initLeasesSQL), group, topic, partitions); err != nil {
-		return fmt.Errorf("offsets: init leases of group %q: %w", group, err)
+		return fmt.Errorf("init leases of group %q: %w", group, err)
 	}
 	return nil
 }
@@ -295,15 +295,15 @@ func Pending(ctx context.Context, db schema.DB, group string, topic int, partiti
 	br := db.SendBatch(ctx, &b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("offsets: pending: %w", err)
+		return nil, time.Time{}, fmt.Errorf("pending: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("offsets: pending: %w", err)
+		return nil, time.Time{}, fmt.Errorf("pending: %w", err)
 	}
 	out, now, err := scanWork(rows)
 	if err != nil {
-		return nil, now, fmt.Errorf("offsets: pending: %w", err)
+		return nil, now, fmt.Errorf("pending: %w", err)
 	}
 	return out, now, nil
 }
@@ -337,14 +337,14 @@ func Position(ctx context.Context, q schema.DB, group string, topic, partition i
 		return 0, false, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("offsets: position: %w", err)
+		return 0, false, fmt.Errorf("position: %w", err)
 	}
 	return next, true, nil
 }
 
 // ErrNoPosition is returned by LockPosition (and a claim) when the group has
 // no position in the partition (Init was not run).
-var ErrNoPosition = errors.New("offsets: no position for the partition (group not initialised)")
+var ErrNoPosition = errors.New("no position for the partition (group not initialised)")
 
 // Claim describes a claim of a partition's next batch.
 type Claim struct {
@@ -411,12 +411,15 @@ func applicationName(name string) string {
 }
 
 // ErrLeaseLost is returned by Claim and Commit when the replica no longer
-// owns the partition's lease with the epoch it claimed under.
-var ErrLeaseLost = errors.New("offsets: partition lease lost")
+// owns the partition's lease with the epoch it claimed under. Its text
+// starts with "pgevents: ", unlike this package's other errors: the root
+// package exports it as pgevents.ErrLeaseLost and hands it to handlers
+// bare, as their context's cause.
+var ErrLeaseLost = errors.New("pgevents: partition lease lost")
 
 // ErrPaused is returned by Claim when the group's subscription is PAUSED:
 // the claim rolled back, and nothing may be handled until a resume.
-var ErrPaused = errors.New("offsets: the group is paused")
+var ErrPaused = errors.New("the group is paused")
 
 // Do begins a transaction on db, locks the group's position in the
 // partition for the rest of it, and appends to buf up to c.Limit events
@@ -446,7 +449,7 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 			_ = out.Tx.Conn().Close(context.WithoutCancel(ctx))
 		}
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
-		return Claimed{Events: out.Events[:len(buf)]}, fmt.Errorf("offsets: claim: %w", err)
+		return Claimed{Events: out.Events[:len(buf)]}, fmt.Errorf("claim: %w", err)
 	}
 	if _, err := br.Exec(); err != nil { // BEGIN
 		return fail(err)
@@ -510,7 +513,7 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 func Fetch(ctx context.Context, q schema.DB, ps *PartitionSQL, topic, partition int, after, below int64, limit int, buf []Event) ([]Event, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, ps.fetch), topic, partition, after, limit, below)
 	if err != nil {
-		return buf, fmt.Errorf("offsets: fetch: %w", err)
+		return buf, fmt.Errorf("fetch: %w", err)
 	}
 	return scanEvents(rows, buf, "fetch")
 }
@@ -547,7 +550,7 @@ func CommitBatch(ctx context.Context, tx pgx.Tx, group string, topic, partition 
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("offsets: commit: %w", err)
+		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
 }

@@ -158,7 +158,7 @@ func WatcherApplicationName(replica string) string {
 // what committed before.
 func Follow(ctx context.Context, db schema.DB, topic int, replica string, check time.Duration) error {
 	if _, err := db.Exec(ctx, schema.SQL(ctx, followSQL), topic, WatcherApplicationName(replica), check.Milliseconds()); err != nil {
-		return fmt.Errorf("offsets: follow the watcher: %w", err)
+		return fmt.Errorf("follow the watcher: %w", err)
 	}
 	return nil
 }
@@ -174,7 +174,7 @@ func Lead(ctx context.Context, db schema.DB, topic int) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("offsets: wait for the watch key: %w", err)
+		return false, fmt.Errorf("wait for the watch key: %w", err)
 	}
 	return true, nil
 }
@@ -208,7 +208,7 @@ type Seen struct {
 func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 	rows, err := db.Query(ctx, schema.SQL(ctx, announceSQL), l.Topic, l.Partitions, l.Known, l.Channel, l.Counter)
 	if err != nil {
-		return Seen{Appends: -1}, fmt.Errorf("offsets: tails: %w", err)
+		return Seen{Appends: -1}, fmt.Errorf("tails: %w", err)
 	}
 	out := Seen{Appends: -1}
 	var (
@@ -223,10 +223,10 @@ func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 		}
 		return nil
 	}); err != nil {
-		return out, fmt.Errorf("offsets: tails: %w", err)
+		return out, fmt.Errorf("tails: %w", err)
 	}
 	if len(out.Tails) != len(l.Partitions) {
-		return out, fmt.Errorf("offsets: tails: %d answers for %d partitions", len(out.Tails), len(l.Partitions))
+		return out, fmt.Errorf("tails: %d answers for %d partitions", len(out.Tails), len(l.Partitions))
 	}
 	return out, nil
 }
@@ -236,7 +236,7 @@ func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 func Appends(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	var n *int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, appendsSQL), topic).Scan(&n); err != nil {
-		return 0, fmt.Errorf("offsets: appends counter: %w", err)
+		return 0, fmt.Errorf("appends counter: %w", err)
 	}
 	if n == nil {
 		return -1, nil
@@ -277,25 +277,25 @@ func Sleep(ctx context.Context, db schema.DB, topic int, partitions []int) ([]As
 	defer br.Close()
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	got, err := pgx.CollectRows(rows, pgx.RowTo[bool])
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	rows, err = br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	tails, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	if len(got) != len(partitions) || len(tails) != len(partitions) {
-		return nil, fmt.Errorf("offsets: sleep: %d answers for %d partitions", len(got), len(partitions))
+		return nil, fmt.Errorf("sleep: %d answers for %d partitions", len(got), len(partitions))
 	}
 	out := make([]Asleep, len(partitions))
 	for i := range out {
@@ -309,7 +309,7 @@ func Sleep(ctx context.Context, db schema.DB, topic int, partitions []int) ([]As
 // consumer sleeps on them).
 func Wake(ctx context.Context, db schema.DB, topic int, partitions []int) error {
 	if _, err := db.Exec(ctx, schema.SQL(ctx, wakeSQL), topic, partitions); err != nil {
-		return fmt.Errorf("offsets: wake: %w", err)
+		return fmt.Errorf("wake: %w", err)
 	}
 	return nil
 }
@@ -320,7 +320,7 @@ func Wake(ctx context.Context, db schema.DB, topic int, partitions []int) error 
 func PruneHistory(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	var n int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, `SELECT {schema}prune_history($1)`), topic).Scan(&n); err != nil {
-		return 0, fmt.Errorf("offsets: prune history: %w", err)
+		return 0, fmt.Errorf("prune history: %w", err)
 	}
 	return n, nil
 }
@@ -330,7 +330,7 @@ func PruneHistory(ctx context.Context, db schema.DB, topic int) (int64, error) {
 func PruneKeys(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	var n int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, `SELECT {schema}prune_keys($1)`), topic).Scan(&n); err != nil {
-		return 0, fmt.Errorf("offsets: prune idempotency keys: %w", err)
+		return 0, fmt.Errorf("prune idempotency keys: %w", err)
 	}
 	return n, nil
 }
