@@ -12,33 +12,13 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
-// The wake-up protocol (see the pgevents package's doc). A consumer learns
-// of new events in a partition in one of three ways:
-//
-//   - while events flow, the topic's elected watcher (one session per topic
-//     and database holds its watch key: Lead) reads the appends counter
-//     every fraction of a millisecond and, when it moved, the partitions'
-//     tails (Watch): the highest offset each append call committed, in
-//     partition_tails, which the appends write anyway. It announces the
-//     tails that moved to the other consumers in one notification of its
-//     own, whose commit does not wait for the WAL flush;
-//   - once a partition has been quiet for a while, the watcher goes to sleep on it
-//     (Sleep): it takes the partition's sleep key, an advisory lock, shared,
-//     and keeps it on its connection, unless an append is in flight there
-//     (it holds the partition's flight key). An append to a partition where
-//     a consumer sleeps notifies the topic's channel; one that finds nobody
-//     asleep holds the key exclusive to commit and notifies nobody. Waking
-//     (Wake) releases the key;
-//   - every WaitPeriod it polls the log itself (Pending), the safety net.
-//
-// The race between an append that found nobody asleep and a consumer that
-// goes to sleep is closed by the locks (SQL wake_sleepers has the whole
-// argument): an append holds the sleep key exclusive from its look to its
-// commit, or else is marked in flight from its start to its commit, or else
-// notifies; a consumer takes the sleep key, then gives it back if an append
-// is in flight, and reads the tail once more after that (in a statement of
-// its own): what an append that committed meanwhile wrote is found there,
-// and every later append notifies.
+// This file: the wake-up step's SQL. The elected watcher follows and leads
+// (Follow, Lead), reads the appends counter (Appends) and the awake
+// partitions' tails while announcing what moved (Watch), and goes to sleep
+// on quiet partitions (Sleep) and wakes them (Wake); the producers' side is
+// SQL: mark_flight, wake_sleepers and the append functions. The protocol,
+// and why no event waits for the poll: see docs/concepts.md, "How a
+// sleeping partition wakes".
 const (
 	// tailsOnlySQL reads the tails of the partitions in $2, for Sleep,
 	// which holds the keys it took: the highest offset committed in each
@@ -265,7 +245,8 @@ type Asleep struct {
 }
 
 // Sleep tries to go to sleep on partitions of topic, on db's session (a
-// connection the caller keeps while asleep): see the protocol above. For
+// connection the caller keeps while asleep): see the protocol in
+// docs/concepts.md, "How a sleeping partition wakes". For
 // each partition it says whether the sleep key is held and, if so, the
 // tail read after taking it; a tail beyond what the caller knew means an
 // append committed meanwhile, and the caller should Wake and handle it.
