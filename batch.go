@@ -4,187 +4,223 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgevents/pgevents/batching"
+	"github.com/pgevents/pgevents/internal/store"
 )
 
-// Batch is one attempt at a batch transaction, as the handlers that run in
-// it see it. It is how a handler whose effect outside PostgreSQL completes
-// after the handler returns — a record produced asynchronously to Kafka, a
-// request sent concurrently with others — keeps the consumer's guarantees:
-//
-//  1. Handle starts the effect and registers, once per batch, a [Flusher]
-//     with [Batch.Flusher]; it returns at once, so that the effects of a
-//     batch's events proceed together instead of one round trip each;
-//  2. after the last unit of the batch, before the group's offset commits,
-//     the consumer calls every Flusher's Flush, which waits until every
-//     effect started in the batch has completed. The offset commits only if
-//     all of them succeeded: an effect is never acknowledged by a commit
-//     before it happened (at least once);
-//  3. a Flush that fails names the earliest event whose effect did not
-//     complete, with an [*EventError]; the consumer blames that event's
-//     unit exactly as if its handler had returned the error (see
-//     [Classify]): the batch rolls back and is retried, or the unit is
-//     dead-lettered and the batch runs again without it;
-//  4. when the attempt ends, committed or not, the consumer calls End on
-//     every Flusher, so that the next attempt never races the last one.
-//
-// A Flusher keeps per-host order by the way it completes effects: a
-// Flusher must never let an effect of a host happen after a later effect
-// of the same host has (sink/kafka relies on the Kafka producer's
-// per-partition order, sink/webhook sends a host's requests one after
-// another). The consumer hands a Batch only to handlers it runs from its
-// workers; a handler called without one (see [BatchFromContext]) must
-// complete its effect before it returns.
-type Batch struct {
-	group     string
-	topic     int
-	partition int
-	start     int64
-	flushers  []keyedFlusher
-	units     []unitSpan // the units handled so far, in offset order
-}
+// This file: one batch transaction, the data path's claim, handler and
+// commit steps in order. worker.batch claims the partition's next events
+// (store.Claim: the position lock, the lease's and the pause's checks and
+// the events, in one round trip), extends to the end of the last producer
+// transaction, hands the events to batchState (handle.go), flushes the
+// effects outside PostgreSQL (flush.go), and writes the position with
+// COMMIT (store.CommitBatch); committed then updates the worker.
 
-// keyedFlusher is a Flusher registered under a key.
-type keyedFlusher struct {
-	key any
-	f   Flusher
-}
-
-// unitSpan is a unit handled in the batch: its first offset and producer
-// transaction.
-type unitSpan struct {
-	first int64
-	txID  int64
-}
-
-// Flusher completes the effects a handler started during one attempt at a
-// batch. Its methods are called by the consumer's worker goroutine, one at
-// a time; the handler that registered it may run other goroutines.
-type Flusher interface {
-	// Flush waits until every effect started in the batch has completed,
-	// or until ctx is done (the handler time budget ran out, the lease was
-	// lost, the process stops). It returns nil when all succeeded.
-	// Otherwise it returns an *EventError naming the earliest event (in
-	// offset order) whose effect did not complete, every effect of an
-	// earlier event having completed; or, when it cannot say which event
-	// failed (ctx ended), any other error, which retries the batch as a
-	// transient failure.
-	Flush(ctx context.Context) error
-	// End is called once the attempt is over: committed says whether the
-	// batch's transaction committed. End stops what is still running, or
-	// makes sure that the next attempt waits for it, so that two attempts'
-	// effects never overlap.
-	End(committed bool)
-}
-
-// EventError is the failure of the effect of one event of a batch,
-// reported by a [Flusher] (or returned by a handler) after the event's
-// handler returned: it names the event by its offset in the batch's
-// partition, so that the consumer blames the event's unit and dead-letters
-// it with Err as the reason when Err is permanent.
-type EventError struct {
-	// Offset is the event's c_offset.
-	Offset int64
-	// Err is why its effect failed; Classify(Err) is the failure's class.
-	Err error
-}
-
-// Error returns the offset and the reason.
-func (e *EventError) Error() string { return fmt.Sprintf("event at offset %d: %v", e.Offset, e.Err) }
-
-// Unwrap returns Err.
-func (e *EventError) Unwrap() error { return e.Err }
-
-type batchKey struct{}
-
-// BatchFromContext returns the batch attempt whose handlers run with ctx,
-// or nil when ctx is not a handler's context from a consumer's worker (a
-// handler called directly, or for a dead-letter replay), in which case
-// the handler must complete its effect before it returns.
-func BatchFromContext(ctx context.Context) *Batch {
-	b, _ := ctx.Value(batchKey{}).(*Batch)
-	return b
-}
-
-// Group returns the consumer group of the batch.
-func (b *Batch) Group() string { return b.group }
-
-// Topic returns the topic of the batch.
-func (b *Batch) Topic() int { return b.topic }
-
-// Partition returns the partition of the batch. One worker handles a
-// partition's batches one after another, so a handler may keep state per
-// (Group, Topic, Partition) across attempts.
-func (b *Batch) Partition() int { return b.partition }
-
-// Start returns the offset the batch starts at, the group's position in
-// the partition: the same for every attempt at one batch, and past it once
-// the batch committed.
-func (b *Batch) Start() int64 { return b.start }
-
-// Flusher returns the Flusher registered under key in this attempt,
-// calling newFlusher to create and register it the first time. Handlers of
-// a batch run one at a time, so Flusher needs no locking; key is usually
-// the handler itself.
-func (b *Batch) Flusher(key any, newFlusher func() Flusher) Flusher {
-	for i := range b.flushers {
-		if b.flushers[i].key == key {
-			return b.flushers[i].f
-		}
+// batch runs one batch transaction and reports whether more events are
+// known to follow it.
+func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) {
+	cfg := &w.c.cfg
+	known := w.highest.Load()
+	start := time.Now()
+	w.last = batchShape{}
+	conn, pinned, err := w.batchConn(ctx)
+	if err != nil {
+		return false, fmt.Errorf("connection: %w", err)
 	}
-	f := newFlusher()
-	b.flushers = append(b.flushers, keyedFlusher{key: key, f: f})
-	return f
-}
-
-// addUnit records that the unit starting at first, of producer transaction
-// txID, is handled in the batch.
-func (b *Batch) addUnit(first, txID int64) {
-	b.units = append(b.units, unitSpan{first: first, txID: txID})
-}
-
-// unitOf returns the handled unit that holds offset.
-func (b *Batch) unitOf(offset int64) (unitSpan, bool) {
-	i := sort.Search(len(b.units), func(i int) bool { return b.units[i].first > offset })
-	if i == 0 {
-		return unitSpan{}, false
+	if !pinned {
+		defer conn.Release() // after the transaction ended (deferred below)
 	}
-	return b.units[i-1], true
-}
-
-// flush calls every Flusher's Flush and returns the failure of the
-// earliest event among theirs: an *EventError if one names an event,
-// otherwise the first other error.
-func (b *Batch) flush(ctx context.Context) error {
-	var (
-		earliest *EventError
-		other    error
-	)
-	for _, kf := range b.flushers {
-		err := kf.f.Flush(ctx)
-		if err == nil {
-			continue
+	cl, err := store.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+		Limit: w.limit + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
+		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql,
+		AwaitAppend: w.inFlight.Swap(false)}.Do(ctx, conn, w.buf[:0])
+	w.buf = cl.Events
+	if err != nil {
+		return false, err
+	}
+	if cl.InFlight != nil {
+		w.slowProducer(*cl.InFlight)
+	}
+	tx := cl.Tx
+	ended := false // CommitBatch committed tx: nothing to roll back
+	defer func() {
+		if ended {
+			return
 		}
-		var ee *EventError
-		if errors.As(err, &ee) {
-			if earliest == nil || ee.Offset < earliest.Offset {
-				earliest = ee
+		if err != nil {
+			// A connection that is gone tells that the server ended the
+			// session (or the network did): decide shrinks the batch.
+			w.last.lost = tx.Conn().IsClosed()
+		}
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the error is the batch's
+	}()
+	evs := cl.Events
+	if len(evs) == 0 {
+		// Nothing at or after the position: another process of the group
+		// handled it, or a hint (a notification's payload, which anyone can
+		// send) named an offset the log does not hold. The worker takes its
+		// position from the database and forgets the hint it claimed on, so
+		// that it claims again only on news of an offset at or after the
+		// position (a hint that arrived meanwhile stays). A hint never moves
+		// the position: one that named an offset above the log costs this
+		// one empty claim, and the events appended later are handled.
+		w.c.empty.Add(1)
+		w.next.Store(cl.Next)
+		w.highest.CompareAndSwap(known, cl.Next-1)
+		if !w.lr.final() {
+			w.c.pollNow(WakePoll) // finished below the cut? the group may move on
+		}
+		return false, nil
+	}
+
+	if w.c.trace != nil {
+		ctx, w.span = w.c.trace.startBatch(ctx, w.partition, evs)
+	}
+	st := batchState{w: w, ctx: ctx, tx: handlerTx{Tx: tx, epoch: epoch}, parked: cl.Parked,
+		first: evs[0].Offset, e2e: w.e2e[:0], lastSQL: start,
+		batch: &Batch{group: cfg.GroupID, topic: cfg.TopicID, partition: w.partition, start: evs[0].Offset}}
+	if w.span != nil {
+		defer func() {
+			if err == nil {
+				// Committed, or ended before its first unit (a halt, a
+				// cut). A failure's span is ended by retry, which decides
+				// what comes next.
+				endBatch(w.span, &st)
+				w.span = nil
 			}
-			continue
-		}
-		if other == nil {
-			other = err
-		}
+		}()
 	}
-	if earliest != nil {
-		return earliest
+	st.arm()
+	defer st.disarm()
+	committed := false
+	defer func() { st.batch.end(committed) }()
+
+	n, extend, more := batching.Cut(keys, evs, w.limit)
+	err = st.handle(evs[:n])
+	for err == nil && extend {
+		// The producer transaction of the last event goes on: read it in
+		// chunks of BatchSize, handling each before reading the next, so
+		// memory stays bounded whatever its size. (A transaction never
+		// straddles a layout's cut: both take the counter row's lock.)
+		txID := st.lastTx
+		evs, err = store.Fetch(ctx, tx, w.sql, cfg.TopicID, w.partition, st.last, w.lr.cut(w.partition), cfg.BatchSize+1, w.buf[:0])
+		w.buf = evs
+		st.lastSQL = time.Now()
+		if err != nil {
+			return false, err
+		}
+		n, extend, more = batching.Continue(keys, txID, evs, cfg.BatchSize)
+		err = st.handle(evs[:n])
 	}
-	return other
+	switch {
+	case errors.Is(err, errHalt):
+		return false, w.halt(ctx)
+	case errors.Is(err, errCut):
+		more = true
+	case err != nil:
+		return false, err
+	}
+	if err := st.closeUnit(); err != nil {
+		return false, err
+	}
+	if !st.started {
+		return more, nil // cut before the first unit: nothing to commit
+	}
+	// Effects that handlers started and that complete outside the
+	// transaction (see Batch) must all have happened before the offset
+	// moves past their events.
+	if err := st.flush(); err != nil {
+		return false, err
+	}
+	// The position, the halt record and COMMIT in one round trip.
+	if err := store.CommitBatch(ctx, tx, cfg.GroupID, cfg.TopicID, w.partition, st.last+1, w.haltRecord); err != nil {
+		w.last.lost = sessionEnded(err)
+		return false, err
+	}
+	ended = true
+	committed = true
+	w.committed(&st, start)
+	if !more && !w.lr.final() {
+		w.c.pollNow(WakePoll) // finished below the cut? the group may move on
+	}
+	return more, nil
 }
 
-// end calls every Flusher's End.
-func (b *Batch) end(committed bool) {
-	for _, kf := range b.flushers {
-		kf.f.End(committed)
+// slowProducerEvery is how often a worker says, at most, that an append
+// in flight on its partition kept it waiting.
+const slowProducerEvery = time.Minute
+
+// slowProducer logs, at most once per slowProducerEvery, that the claim's
+// wait for an append in flight ran out (store.AwaitAppendMax), naming the
+// producer's session that holds it: its events, and every later event of
+// the partition, wait for its commit.
+func (w *worker) slowProducer(holder string) {
+	now := time.Now()
+	if now.Sub(w.slowLogged) < slowProducerEvery {
+		return
 	}
+	w.slowLogged = now
+	w.log.Warn().Str("producer", holder).Int64("waited_ms", store.AwaitAppendMax.Milliseconds()).
+		Msg("an append in flight on the partition has not committed: the partition's next events wait for that producer's transaction")
+}
+
+// sessionEnded says whether a failed COMMIT's error means that the
+// session ended: the server's FATAL errors (25P03 idle in transaction, 57P0x
+// terminated, 08 connection) or no answer from the server at all.
+func sessionEnded(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	return pgErr.Severity == "FATAL" || pgErr.Code == "25P03" || strings.HasPrefix(pgErr.Code, "57P") ||
+		strings.HasPrefix(pgErr.Code, "08")
+}
+
+// committed updates the worker after a batch committed.
+func (w *worker) committed(st *batchState, start time.Time) {
+	w.next.Store(st.last + 1)
+	w.haltRecord = false
+	if st.deadLettered == 0 {
+		w.guard = false // a batch went through without a permanent failure
+	}
+	w.limit = min(w.c.cfg.BatchSize, w.limit*2)
+	for id, f := range w.tries {
+		if f.unitFirst <= st.last {
+			delete(w.tries, id)
+			if w.narrow == id {
+				w.narrow = 0
+			}
+		}
+	}
+	for id, f := range w.poison {
+		if f.unitFirst <= st.last {
+			delete(w.poison, id)
+		}
+	}
+	for id := range w.park {
+		delete(w.park, id) // parked units were all decided by this batch
+	}
+	now := time.Now()
+	for range st.deadLettered {
+		w.deadTimes = append(w.deadTimes, now)
+	}
+	w.c.handled.Add(int64(st.handled))
+	w.c.batches.Add(1)
+	w.c.deadLet.Add(int64(st.deadLettered))
+	w.c.parked.Add(int64(st.parkedUnits))
+	w.e2e = st.e2e
+	cfg := &w.c.cfg
+	cfg.Observer.BatchCommitted(BatchStats{
+		Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+		FirstOffset: st.first, LastOffset: st.last, Events: st.events,
+		Handled: st.handled, DeadLettered: st.deadLettered, ParkedUnits: st.parkedUnits,
+		HandlerDuration: st.handlerTime, Duration: time.Since(start), EndToEnd: st.e2e,
+	})
+	w.log.Debug().Int64("first_offset", st.first).Int64("last_offset", st.last).Int("events", st.events).Int("handled", st.handled).
+		Int("dead_lettered", st.deadLettered).Int("parked", st.parkedUnits).Msg("batch committed")
 }

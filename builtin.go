@@ -82,6 +82,11 @@ var namedParamRE = regexp.MustCompile(`@([A-Za-z_][A-Za-z0-9_]*)`)
 // A statement of several commands (no named parameter: pgx sends it in
 // the simple protocol) cannot be prepared; it is not checked.
 func CheckSQLHandler(ctx context.Context, conn *pgx.Conn, statement string) error {
+	return prefixed(checkSQLHandler(ctx, conn, statement))
+}
+
+// checkSQLHandler is CheckSQLHandler without the package's prefix.
+func checkSQLHandler(ctx context.Context, conn *pgx.Conn, statement string) error {
 	known := pgx.NamedArgs{}
 	for _, p := range sqlHandlerParams {
 		known[p] = p // any value but nil: a nil one is a name SQLHandler does not bind

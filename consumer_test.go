@@ -2,6 +2,7 @@ package pgevents
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -450,9 +451,9 @@ func TestRunRefusesPartitionMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = c.Run(context.Background())
-	mm, ok := err.(*PartitionMismatchError)
-	if !ok || mm.Recorded != 8 || mm.Configured != 6 {
-		t.Fatalf("Run = %v, want a PartitionMismatchError 8 vs 6", err)
+	var mm *PartitionMismatchError
+	if !errors.As(err, &mm) || mm.Recorded != 8 || mm.Configured != 6 || !strings.HasPrefix(err.Error(), "pgevents: ") {
+		t.Fatalf("Run = %v, want a PartitionMismatchError 8 vs 6, starting \"pgevents: \"", err)
 	}
 	if n := queryInt(t, pool, `SELECT count(*) FROM consumer_offsets`); n != 0 {
 		t.Fatalf("a refused consumer created %d positions", n)

@@ -27,20 +27,23 @@ var ErrOtherGroup = errors.New("dead letter belongs to another consumer group")
 // ListDeadLetters returns the dead letters of group, or of every group when
 // group is empty, oldest first.
 func ListDeadLetters(ctx context.Context, q schema.DB, group string) ([]DeadLetter, error) {
-	return store.ListDeadLetters(ctx, q, group)
+	dls, err := store.ListDeadLetters(ctx, q, group)
+	return dls, prefixed(err)
 }
 
 // GetDeadLetter returns dead letter id with its events; the error wraps
 // ErrNoDeadLetter when it does not exist.
 func GetDeadLetter(ctx context.Context, q schema.DB, id int64) (DeadLetter, error) {
-	return store.GetDeadLetter(ctx, q, id)
+	d, err := store.GetDeadLetter(ctx, q, id)
+	return d, prefixed(err)
 }
 
 // ParkedEvents returns the events parked behind dead letter id, in offset
 // order: the units of its hosts that came after it, held back until it is
 // replayed or discarded.
 func ParkedEvents(ctx context.Context, q schema.DB, id int64) ([]Event, error) {
-	return store.ParkedEvents(ctx, q, id)
+	evs, err := store.ParkedEvents(ctx, q, id)
+	return evs, prefixed(err)
 }
 
 // ReplayDeadLetter runs the consumer's handlers again on dead letter id's
@@ -57,7 +60,8 @@ func ParkedEvents(ctx context.Context, q schema.DB, id int64) ([]Event, error) {
 // unit that touches hosts parked behind two dead letters stays parked
 // until both are resolved, so each host's order holds.
 func (c *Consumer) ReplayDeadLetter(ctx context.Context, id int64) (int, error) {
-	return c.resolveDeadLetter(ctx, id, true)
+	n, err := c.resolveDeadLetter(ctx, id, true)
+	return n, prefixed(err)
 }
 
 // DiscardDeadLetter removes dead letter id without handling its unit, and
@@ -65,7 +69,8 @@ func (c *Consumer) ReplayDeadLetter(ctx context.Context, id int64) (int, error) 
 // order, in the same transaction, which holds every partition lock of the
 // group. It returns the number of events handled.
 func (c *Consumer) DiscardDeadLetter(ctx context.Context, id int64) (int, error) {
-	return c.resolveDeadLetter(ctx, id, false)
+	n, err := c.resolveDeadLetter(ctx, id, false)
+	return n, prefixed(err)
 }
 
 func (c *Consumer) resolveDeadLetter(ctx context.Context, id int64, replay bool) (int, error) {

@@ -13,7 +13,7 @@
 // Offsets are allocated per topic in one of three scopes, chosen when the
 // topic is created:
 //
-//   - scope topic (the default, the seed design's): one sequence for the
+//   - scope topic (the default): one sequence for the
 //     topic. An append takes the topic's append lock (an advisory lock),
 //     reads the topic's tail (the highest offset committed) and writes the
 //     offsets after it, holding the lock until the transaction ends, so
@@ -52,48 +52,16 @@
 //
 // A notification at commit takes a database-wide lock held until the
 // commit's WAL flush, so notifying transactions commit one after another.
-// Producers therefore notify only partitions a consumer sleeps on, and
-// while events flow nobody sleeps: one consumer per topic and database, the
-// elected watcher (its session holds the topic's watch key; the others'
-// watchers wait for the key in the server, at no cost, and one takes over
-// when the holder's session ends), reads the topic's appends counter every
-// 0.1 to 1 ms (sooner right after it moved; on Linux the waits sleep on a
-// timerfd, precise where Go's timers round them up to a millisecond) and,
-// when it moved, the tails of every partition of the topic. It hints its
-// own workers, and tells the other consumers which partitions moved in one
-// notification per look, from its own session, whose commit does not wait
-// for the WAL flush (only while some consumer follows it): each consumer's
-// listener wakes the workers of its own partitions. So a wake-up costs per
-// event, not per process: the design card runs a process per partition.
-// A worker of the elected watcher's consumer with nothing to do, whose
-// partition has an append in flight, claims at once and its claim waits for
-// that append's commit; while an append is in flight, the watcher reads
-// the tails at every look, so that its commit is announced within a
-// millisecond. A partition quiet for a while (eight of its mean gaps between
-// events, from 50 ms to 2 s) goes to sleep: the elected watcher takes its
-// sleep key, an advisory lock, shared, on its connection, unless an append
-// is in flight there, and stops reading its tail. An append tries to take
-// the sleep key of each partition it writes, exclusive: if it can, nobody
-// sleeps there, it holds the key to commit and sends nothing; if a
-// consumer sleeps there, it notifies once per call, and every consumer's
-// listener hears it. A notification (or the listener's reconnect) wakes
-// the partition: the watcher releases its key and reads its tail again.
-//
-// The race between an append that found nobody asleep and a consumer
-// going to sleep is closed by the keys: the append holds the sleep key, or
-// is marked in flight, from its look to its commit (or notifies), and the
-// consumer takes the sleep key, gives it back while an append is in
-// flight, and reads the tail once more, in a statement of its own, after
-// that (the SQL function wake_sleepers has the argument). So no event waits
-// for the poll: it is found in a tail, or in flight, or announced. A
-// consumer that starts following the elected watcher polls once it
-// follows: what committed before is found by the poll, what commits after
-// is announced. An idle consumer runs no statement but its heartbeats and
-// its poll every WaitPeriod, which stays as the safety net for lost
-// notifications: it waits for the watch key, or holds it asleep on every
-// partition; then, ten times a second, it checks without a statement that
-// its session still exists, and wakes every partition when it does not (an
-// ended session takes the keys with it, and appends would notify nobody).
+// Producers therefore notify only partitions a consumer sleeps on, and while
+// events flow nobody sleeps: one consumer per topic and database, the
+// elected watcher, reads the topic's appends counter every 0.1 to 1 ms and,
+// when it moved, the tails of the awake partitions (rows of
+// partition_tails), hints its own workers and tells the other consumers
+// which partitions moved in one notification per look. A quiet partition
+// goes to sleep: the watcher holds its sleep key, and the next append to it
+// notifies. No event waits for the poll, which stays as the safety net for
+// lost notifications. The protocol, the tables and keys it uses and why it
+// is race-free: see docs/concepts.md, "How a sleeping partition wakes".
 //
 // A partition that is not eligible (its group paused, the partition
 // halted, its lease elsewhere) ignores what the watcher says of it. Every

@@ -13,6 +13,23 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
+// errPrefix starts every error an exported function of this package
+// returns: an error message starts with the name of the package the caller
+// imported. internal/store's messages name only the operation ("claim: …"),
+// and get this prefix where this package returns them.
+const errPrefix = "pgevents: "
+
+// prefixed returns err starting with errPrefix, wrapped with %w so that
+// errors.Is and errors.As still find what it wraps; nil stays nil, and an
+// error that starts with the prefix already is returned as it is (never
+// "pgevents: pgevents: ").
+func prefixed(err error) error {
+	if err == nil || strings.HasPrefix(err.Error(), errPrefix) {
+		return err
+	}
+	return fmt.Errorf("%s%w", errPrefix, err)
+}
+
 // Class says what the consumer does with a failed batch.
 type Class int
 

@@ -44,7 +44,7 @@ func JSONHandler[T any](fn func(ctx context.Context, tx pgx.Tx, ev *Event, paylo
 
 // GroupHandler handles runs of events: the consecutive events of one
 // (host_id, user_id) inside one producer transaction's unit, in offset order,
-// at once, for bulk work (the seed design's per-user batching). Like Handler
+// at once, for bulk work (per-user batching). Like Handler
 // it runs in the consumer's transaction. A run of a producer transaction
 // larger than the batch size may arrive in several calls, each in order, in
 // the same transaction.

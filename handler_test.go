@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -208,5 +209,38 @@ func TestEventTypeRouting(t *testing.T) {
 	if back := queryInt(t, pool, `SELECT count(*) FROM (SELECT c_offset, lag(c_offset) OVER (PARTITION BY host_id ORDER BY seq) AS prev
 		FROM public.routed) s WHERE prev > c_offset`); back != 0 {
 		t.Errorf("%d events handled before an earlier event of their host", back)
+	}
+}
+
+// TestGroupHandlerReceivesRuns: a group handler gets each run of one
+// (host, user) inside a unit at once, in order.
+func TestGroupHandlerReceivesRuns(t *testing.T) {
+	t.Parallel()
+	pool := newTopic(t, 1)
+	var (
+		mu   sync.Mutex
+		runs []string
+	)
+	hs := &Handlers{}
+	hs.HandleGroups(GroupHandlerFunc(func(ctx context.Context, tx pgx.Tx, run []Event) error {
+		var b strings.Builder
+		for _, e := range run {
+			fmt.Fprintf(&b, "%d%s/%s ", e.Offset, e.HostID, e.UserID)
+		}
+		mu.Lock()
+		runs = append(runs, strings.TrimSpace(b.String()))
+		mu.Unlock()
+		return nil
+	}))
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: hs})
+	u := func(host, user string) Event { return Event{HostID: host, UserID: user, EventType: "t"} }
+	appendTx(t, pool, u("a", "1"), u("a", "1"), u("a", "2"), u("b", "1"), u("a", "2"))
+	appendTx(t, pool, u("a", "2"))
+	pgtest.WaitFor(t, 10*time.Second, "6 events handled", func() bool { return c.Stats().Handled == 6 })
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"1a/1 2a/1", "3a/2", "4b/1", "5a/2", "6a/2"}
+	if fmt.Sprint(runs) != fmt.Sprint(want) {
+		t.Fatalf("runs %q, want %q", runs, want)
 	}
 }

@@ -64,7 +64,7 @@ func TestNotificationAboveTheLog(t *testing.T) {
 			}
 			checkHandled(t, pool)
 			// One empty claim on the false hint. A hint that arrives while a
-			// claim runs stays (unit.go), so on a loaded machine a later
+			// claim runs stays (batch.go), so on a loaded machine a later
 			// append's hint may race its own batch and cost one more; a
 			// worker that kept the false hint would claim without end.
 			if n := c.Stats().EmptyClaims - before; n < 1 || n > 3 {
@@ -133,7 +133,7 @@ func TestTwoInstallationsInOneDatabase(t *testing.T) {
 	// checked: with both installations on one channel (set by hand), A's
 	// consumer claimed for nothing 0 times in 3 runs, so the count could
 	// not show the bug, while one of A's own hints racing its batch costs
-	// an empty claim now and then on a loaded machine (unit.go).
+	// an empty claim now and then on a loaded machine (batch.go).
 	// Order and uniqueness per installation.
 	if n := queryInt(t, pool, `SELECT count(*) FROM (SELECT c_offset, lag(c_offset) OVER (PARTITION BY inst ORDER BY seq) AS prev
 		FROM public.handled_by) x WHERE prev >= c_offset`); n != 0 {

@@ -82,7 +82,8 @@ const SamplePeriod = store.SamplePeriod
 // without it the counter outruns the segments, events land in the DEFAULT
 // partition, and nothing removes them until maintenance runs again.
 func Maintain(ctx context.Context, pool *pgxpool.Pool, topic int, logger *zerolog.Logger) (Maintenance, error) {
-	return maintainAs(ctx, pool, topic, "maintain", logger)
+	m, err := maintainAs(ctx, pool, topic, "maintain", logger)
+	return m, prefixed(err)
 }
 
 // maintainAs is Maintain by holder, the replica id (or process name) its

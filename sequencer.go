@@ -86,7 +86,7 @@ func Sequence(ctx context.Context, pool *pgxpool.Pool, topic int, name string, l
 		}
 	}
 	s.retry.Ok()
-	return s.run(ctx)
+	return prefixed(s.run(ctx))
 }
 
 // ErrNotSequenced is returned by Sequence for a topic that is not
@@ -231,7 +231,7 @@ func SequenceStaged(ctx context.Context, pool *pgxpool.Pool, topic int, log *zer
 	var st Staged
 	ok, err := store.Sequenced(ctx, pool, topic)
 	if err != nil || !ok {
-		return st, err
+		return st, prefixed(err)
 	}
 	st.Sequenced = true
 	conn, err := pool.Acquire(ctx)

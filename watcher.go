@@ -16,22 +16,21 @@ import (
 // The watcher's timing.
 const (
 	// watchMin and watchMax bound how often, while some partition of the
-	// consumer is awake, the watcher reads the topic's appends counter: a
+	// topic is awake, the watcher reads the topic's appends counter: a
 	// round trip and a buffer read. Right after the counter moved it reads
 	// it again after watchMin, and each read that finds it still doubles
 	// the wait, up to watchMax: events close together are found within
 	// watchMin of their append's start (and, in flight, at their commit),
 	// while a partition awake between sparse events costs at most one read
-	// per watchMax. (A fixed 100 µs cost the consumer about 0.4 ms of CPU
-	// per event at 1,000 events/s, and as much on the server: the bench's
-	// notify and resources cases. A watchMax of 400 µs cut the p50 at 100
-	// events/s from 1.25 to 0.68 ms and cost 2.1–2.2 ms of CPU per event
-	// there, against 1.5.) The waits are kept with a finetimer: Go's
-	// timers would round each of them up to about 1.09 ms. When the
-	// counter moved, or moved within settle, or fullEvery has passed, the
-	// watcher also reads the awake partitions' tails (one statement, one
-	// index lookup per partition; in the counter's round trip when it
-	// moved lately), and looks for appends in flight.
+	// per watchMax. A fixed short wait would cost the consumer and the
+	// server CPU for every read that finds nothing; a longer watchMax
+	// would add its length to the latency of sparse events. The waits are
+	// kept with a finetimer: Go's timers round each of them up to about a
+	// millisecond. When the counter moved, or moved within settle, or
+	// fullEvery has passed, the watcher also reads the awake partitions'
+	// tails (one statement, one index lookup per partition; in the
+	// counter's round trip when it moved lately), and looks for appends in
+	// flight.
 	watchMin  = 100 * time.Microsecond
 	watchMax  = time.Millisecond
 	settle    = 2 * time.Millisecond
@@ -40,10 +39,10 @@ const (
 	// without a new event before the watcher goes to sleep on it: quietGaps
 	// of its mean gaps between events, so that a partition of steady
 	// traffic stays awake (each sleep costs one notification, by the next
-	// append). With events at random (a Poisson stream), a gap longer than
-	// k means comes once in e^k events: 8 makes it one in 3,000 (5 made it
-	// one in 150, above the bound of one notification per hundred
-	// transactions).
+	// append, and a notifying commit serialises on the server). With events
+	// at random (a Poisson stream), a gap longer than k means comes once in
+	// e^k events: 8 makes it about one in 3,000, so that a steady stream
+	// sends well under one notification per hundred transactions.
 	quietGaps = 8
 	quietMin  = 50 * time.Millisecond
 	quietMax  = 2 * time.Second
@@ -86,29 +85,26 @@ const (
 // ends; every followCheck a waiting watcher looks whether the holder is
 // frozen, and ends its session when it is (a frozen process keeps its
 // sessions; roles.go). The elected watcher watches every partition of the
-// topic, whoever consumes it, so that its cost is paid once per event, whatever the number
-// of consumer processes (the design card runs one per partition; a watcher
-// each, polling the topic's appends counter, woke every process for every
-// event of every partition). It tells the other consumers which
-// partitions moved in one notification per look, of the form the
-// producers' notifications have ("<topic>:<partition>/<tail>,..."), from
-// its own session, whose commits do not wait for the WAL flush; a
-// consumer's listener wakes only the workers of the partitions it runs.
-// The notification is sent only while some watcher waits for the key
-// (store.Lead): a lone consumer hints its workers directly. A notification stays a hint: a worker reads what its claim
-// finds, and polls every WaitPeriod.
+// topic, whoever consumes it, so that its cost is paid once per event,
+// whatever the number of consumer processes (a deployment may run one per
+// partition; a watcher in each, polling the topic's appends counter, would
+// wake every process for every event of every partition). It tells the
+// other consumers which partitions moved in one notification per look, of
+// the form the producers' notifications have
+// ("<topic>:<partition>/<tail>,..."), from its own session, whose commits
+// do not wait for the WAL flush; a consumer's listener wakes only the
+// workers of the partitions it runs. The notification is sent only while
+// some watcher waits for the key (store.Lead): a lone consumer hints its
+// workers directly. A notification stays a hint: a worker reads what its
+// claim finds, and polls every WaitPeriod.
 //
 // # What it watches
 //
-// The protocol, and why no event waits for the poll, is in internal/store
-// (wake.go): in short, a partition is awake, and the watcher reads the
-// topic's appends counter every watchMin to watchMax and the tails when it
-// moved; or, once quiet, asleep, and the watcher holds its sleep key on its
-// connection, so that the next append notifies (every consumer's listener
-// hears it). A notification, or the listener's reconnect, wakes it. While
-// an append is seen in flight, the tails are read at every look, so that
-// its commit is announced within watchMax; a worker of this consumer that
-// is caught up waits for that commit in its claim instead.
+// A partition is awake, and the watcher reads the topic's appends counter
+// every watchMin to watchMax and the tails when it moved; or, once quiet,
+// asleep, and the watcher holds its sleep key so that the next append
+// notifies. The whole protocol, and why no event waits for the poll: see
+// docs/concepts.md, "How a sleeping partition wakes".
 //
 // Without a connection, or after a failed statement, it waits (retry's
 // backoff, up to backoff.DefaultMax) before the next attempt, waking
@@ -133,10 +129,11 @@ type watcher struct {
 	asleep map[int]bool
 	parts  map[int]*watched
 	// The appends counter as last read, when it last moved, and when the
-	// tails were last read; force makes the next step read them.
-	appends              int64
-	appendsMoved, tailed time.Time
-	force                bool
+	// tails were last read; readTailsNext makes the next step read them
+	// (a partition woke, or the watcher was elected).
+	appends                     int64
+	appendsMovedAt, tailsReadAt time.Time
+	readTailsNext               bool
 	// When the wake-up mode was last seen to become 'always' (zero: it is
 	// 'waiting'), and whether the last tails read found an append in
 	// flight: the watcher stops watching once alwaysGrace has passed and
@@ -147,10 +144,10 @@ type watcher struct {
 
 // watched is what the watcher knows of one partition.
 type watched struct {
-	tail  int64         // the highest tail read
-	news  time.Time     // when the tail last moved, or the partition woke
-	moved time.Time     // when the tail last moved (zero: not yet)
-	gap   time.Duration // mean gap between the tail's moves, smoothed
+	tail     int64         // the highest tail read
+	activeAt time.Time     // when the tail last moved, an append was seen in flight, or the partition woke
+	movedAt  time.Time     // when the tail last moved (zero: not since it was first seen or last slept)
+	meanGap  time.Duration // mean gap between the tail's moves, smoothed
 }
 
 func newWatcher(c *Consumer) *watcher {
@@ -239,7 +236,7 @@ func (w *watcher) lead(ctx context.Context) bool {
 	w.c.log.Info().Msg("elected the topic's watcher: it watches every partition and tells the other consumers which moved")
 	// Everything is read, and announced, anew.
 	clear(w.parts)
-	w.force = true
+	w.readTailsNext = true
 	w.wakeAll()
 	return true
 }
@@ -255,12 +252,12 @@ func (w *watcher) watch(ctx context.Context, t *time.Timer) {
 	fine := finetimer.New()
 	defer fine.Close()
 	for ctx.Err() == nil && w.conn != nil {
-		moved := w.appendsMoved
+		moved := w.appendsMovedAt
 		awake := w.step(ctx)
 		if w.wait > 0 || w.conn == nil {
 			return // a statement failed: back off, and wait for the key again
 		}
-		if w.appendsMoved != moved {
+		if w.appendsMovedAt != moved {
 			interval = watchMin
 		} else {
 			interval = min(2*interval, watchMax)
@@ -329,21 +326,55 @@ func (w *watcher) checkKeys(ctx context.Context) {
 // step reads the tails of the awake partitions, announces what moved,
 // hints this consumer's workers, and goes to sleep on the quiet ones. It
 // reports whether a partition is still awake, that is, whether it should
-// run again (after watchMin to watchMax).
+// run again (after watchMin to watchMax). A failed statement ends the step
+// (fail has dropped the connection; watch sees it and backs off).
 func (w *watcher) step(ctx context.Context) bool {
-	c := w.c
 	now := time.Now()
-	// Every partition of the topic is watched, whoever consumes it. The
-	// workers this consumer runs are hinted directly; an append in flight
-	// on one of them, caught up, is waited for by its claim.
+	parts, hintable := w.partitions()
+	always, watchAlways := w.wakeMode(now)
+	if !w.wakeAsked(ctx, len(parts), always, now) {
+		return true
+	}
+	if always && !watchAlways {
+		return false // every append notifies
+	}
+	awake := w.awakePartitions(parts, now)
+	if len(awake) == 0 {
+		return false
+	}
+	due, withCounter := w.tailsDue(ctx, now)
+	if !due {
+		return true
+	}
+	seen, ok := w.look(ctx, awake, withCounter, now)
+	if !ok {
+		return true
+	}
+	quiet := w.takeNews(awake, seen.Tails, hintable, now)
+	if len(quiet) == 0 || always {
+		return true
+	}
+	if !w.sleep(ctx, quiet, now) {
+		return true
+	}
+	return len(w.asleep) < len(parts)
+}
+
+// partitions returns the partitions of the topic's layout, 0 to n-1 (every
+// one is watched, whoever consumes it), and the workers of this consumer
+// that may be hinted directly: those that hold their lease, are not halted,
+// and whose group is not paused. An append in flight on one of them,
+// caught up, is waited for by its claim.
+func (w *watcher) partitions() ([]int, map[int]*worker) {
+	c := w.c
 	var parts []int
-	local := map[int]*worker{}
+	hintable := map[int]*worker{}
 	if rt := c.rt.Load(); rt != nil {
 		parts = rt.order
 		paused := c.paused.Load()
 		for p, wk := range rt.workers {
 			if wk.epoch.Load() > 0 && !wk.halted.Load() && !paused {
-				local[p] = wk
+				hintable[p] = wk
 			}
 		}
 	} else {
@@ -351,181 +382,219 @@ func (w *watcher) step(ctx context.Context) bool {
 			parts = append(parts, p)
 		}
 	}
-	// watching says whether p is a partition of the layout watched (parts
-	// is 0 to n-1).
-	watching := func(p int) bool { return p >= 0 && p < len(parts) }
-	w.mu.Lock()
-	woken, all := w.woken, w.all
-	w.woken, w.all = map[int]bool{}, false
-	w.mu.Unlock()
+	return parts, hintable
+}
 
-	// Under 'always' every append notifies, and nobody sleeps; the
-	// appends that started under 'waiting' are watched to their commit
-	// first (alwaysGrace).
-	always := c.wakeAlways.Load()
+// wakeMode reports whether the topic's wake-up mode is 'always' (every
+// append notifies, and nobody sleeps), and if so whether the watcher must
+// still watch: the appends that started under 'waiting' notify nobody, so
+// they are watched to their commit first (alwaysGrace, then until none is
+// in flight).
+func (w *watcher) wakeMode(now time.Time) (always, watchAlways bool) {
+	always = w.c.wakeAlways.Load()
 	switch {
 	case !always:
 		w.alwaysAt = time.Time{}
 	case w.alwaysAt.IsZero():
 		w.alwaysAt = now
 	}
-	watchAlways := always && (now.Sub(w.alwaysAt) < alwaysGrace || w.inFlight)
+	return always, always && (now.Sub(w.alwaysAt) < alwaysGrace || w.inFlight)
+}
 
-	// Wake what was asked (a notification: an append found the partition
-	// asleep), and what the layout no longer has.
-	var release []int
+// wakeAsked wakes the sleeping partitions that were asked to wake (by
+// wake: a notification said an append found the partition asleep; by
+// wakeAll; or by the mode 'always') and those the layout of n partitions
+// no longer has, and forgets the latter. It reports false when the
+// statement failed.
+func (w *watcher) wakeAsked(ctx context.Context, n int, always bool, now time.Time) bool {
+	w.mu.Lock()
+	woken, all := w.woken, w.all
+	w.woken, w.all = map[int]bool{}, false
+	w.mu.Unlock()
+	inLayout := func(p int) bool { return p >= 0 && p < n }
+	var toWake []int
 	for p := range w.asleep {
-		if !watching(p) || all || woken[p] || always {
-			release = append(release, p)
+		if !inLayout(p) || all || woken[p] || always {
+			toWake = append(toWake, p)
 		}
 	}
-	if len(release) > 0 {
-		if err := store.Wake(ctx, w.conn, c.cfg.TopicID, release); err != nil {
+	if len(toWake) > 0 {
+		if err := store.Wake(ctx, w.conn, w.c.cfg.TopicID, toWake); err != nil {
 			w.fail(ctx, err)
-			return true
+			return false
 		}
-		for _, p := range release {
+		for _, p := range toWake {
 			delete(w.asleep, p)
 			if wp := w.parts[p]; wp != nil {
-				wp.news = now
+				wp.activeAt = now
 			}
 		}
-		w.force = true
+		w.readTailsNext = true
 	}
 	for p := range w.parts {
-		if !watching(p) {
+		if !inLayout(p) {
 			delete(w.parts, p)
 		}
 	}
 	if all {
-		w.force = true
+		w.readTailsNext = true
 	}
-	if always && !watchAlways {
-		return false // every append notifies
-	}
+	return true
+}
+
+// awakePartitions returns the partitions of parts the watcher is not asleep
+// on, and starts watching those it knew nothing of as if they had just been
+// active, with a short mean gap: each stays awake at least quietMin.
+func (w *watcher) awakePartitions(parts []int, now time.Time) []int {
 	var awake []int
 	for _, p := range parts {
 		if !w.asleep[p] {
 			awake = append(awake, p)
 			if w.parts[p] == nil {
-				w.parts[p] = &watched{news: now, gap: quietMin / 5}
+				w.parts[p] = &watched{activeAt: now, meanGap: quietMin / 5}
 			}
 		}
 	}
-	if len(awake) == 0 {
-		return false
+	return awake
+}
+
+// tailsDue reports whether the tails are to be read now: they are when the
+// appends counter moved within settle, fullEvery has passed since they were
+// last read, a partition woke, or an append was in flight; else the counter
+// is read first (one cheap round trip), since when no append started
+// lately the tails cannot have moved and nothing is in flight. withCounter
+// says that the counter is still to be read, in the tails' round trip. It
+// reports false, too, when reading the counter failed.
+func (w *watcher) tailsDue(ctx context.Context, now time.Time) (due, withCounter bool) {
+	if w.mustReadTails(now) {
+		return true, true
 	}
-	// The appends counter first: when no append started lately, the tails
-	// cannot have moved, and nothing is in flight. When they will be read
-	// whatever the counter says (it moved lately, a full read is due, an
-	// append was in flight, or a partition woke), both go in one round
-	// trip.
-	readTails := func() bool {
-		return now.Sub(w.appendsMoved) <= settle || now.Sub(w.tailed) >= fullEvery || w.force || w.inFlight
-	}
-	look := store.Look{Topic: c.cfg.TopicID, Partitions: awake, Counter: true}
-	if !readTails() {
-		n, err := store.Appends(ctx, w.conn, c.cfg.TopicID)
-		if err != nil {
-			w.fail(ctx, err)
-			return true
-		}
-		w.retry.Ok()
-		w.counted(n, now)
-		if !readTails() {
-			return true
-		}
-		look.Counter = false
-	}
-	look.Known = make([]int64, len(awake))
-	for i, p := range awake {
-		look.Known[i] = w.parts[p].tail
-	}
-	if ln := c.ln.Load(); ln != nil {
-		look.Channel = ln.Channel()
-	}
-	seen, err := store.Watch(ctx, w.conn, look)
+	n, err := store.Appends(ctx, w.conn, w.c.cfg.TopicID)
 	if err != nil {
 		w.fail(ctx, err)
-		return true
+		return false, false
 	}
 	w.retry.Ok()
-	if look.Counter {
+	w.counted(n, now)
+	return w.mustReadTails(now), false
+}
+
+// mustReadTails reports whether the tails are to be read whatever the
+// appends counter says (see tailsDue).
+func (w *watcher) mustReadTails(now time.Time) bool {
+	return now.Sub(w.appendsMovedAt) <= settle || now.Sub(w.tailsReadAt) >= fullEvery || w.readTailsNext || w.inFlight
+}
+
+// look reads the tails of the awake partitions, and the appends counter
+// when withCounter, in one statement that also announces, to the
+// consumers that follow the elected watcher, the tails that moved. It
+// reports false when the statement failed.
+func (w *watcher) look(ctx context.Context, awake []int, withCounter bool, now time.Time) (store.Seen, bool) {
+	c := w.c
+	l := store.Look{Topic: c.cfg.TopicID, Partitions: awake, Counter: withCounter, Known: make([]int64, len(awake))}
+	for i, p := range awake {
+		l.Known[i] = w.parts[p].tail
+	}
+	if ln := c.ln.Load(); ln != nil {
+		l.Channel = ln.Channel()
+	}
+	seen, err := store.Watch(ctx, w.conn, l)
+	if err != nil {
+		w.fail(ctx, err)
+		return seen, false
+	}
+	w.retry.Ok()
+	if withCounter {
 		w.counted(seen.Appends, now)
 	}
-	w.tailed, w.force = now, false
+	w.tailsReadAt, w.readTailsNext = now, false
 	w.inFlight = false
-	var sleepy []int
+	return seen, true
+}
+
+// takeNews records the tails read of the awake partitions, hints the
+// hintable workers whose tail moved (or that wait for an append in
+// flight), and returns the partitions that have been quiet long enough
+// to sleep on: quietGaps of their mean gaps, within quietMin and quietMax.
+func (w *watcher) takeNews(awake []int, tails []store.Tail, hintable map[int]*worker, now time.Time) []int {
+	obs := w.c.cfg.Observer
+	var quiet []int
 	for i, p := range awake {
-		wp, tl := w.parts[p], seen.Tails[i]
+		wp, tl := w.parts[p], tails[i]
 		if tl.Offset > wp.tail {
 			// The gap between moves of the tail, not between news: a
 			// wake-up (a notification, an append in flight) is news that
 			// the tail moves next, and would shrink the gap to nothing
 			// (and the partition would sleep between its events, each of
 			// which would then notify).
-			if !wp.moved.IsZero() {
-				wp.gap = (4*wp.gap + now.Sub(wp.moved)) / 5
+			if !wp.movedAt.IsZero() {
+				wp.meanGap = (4*wp.meanGap + now.Sub(wp.movedAt)) / 5
 			}
-			wp.tail, wp.news, wp.moved = tl.Offset, now, now
+			wp.tail, wp.activeAt, wp.movedAt = tl.Offset, now, now
 		}
-		wk := local[p]
+		wk := hintable[p]
 		switch {
 		case tl.Offset > 0 && wk != nil && wk.hint(tl.Offset):
-			c.cfg.Observer.Woken(p, WakeTail)
+			obs.Woken(p, WakeTail)
 		case tl.InFlight:
 			w.inFlight = true
-			wp.news = now
+			wp.activeAt = now
 			if wk != nil && wk.awaitAppend() {
 				// The worker, caught up, waits in its claim for the
 				// append in flight and reads its events as soon as they
 				// commit.
-				c.cfg.Observer.Woken(p, WakeInFlight)
+				obs.Woken(p, WakeInFlight)
 			}
-		case now.Sub(wp.news) >= min(max(quietGaps*wp.gap, quietMin), quietMax):
-			sleepy = append(sleepy, p)
+		case now.Sub(wp.activeAt) >= min(max(quietGaps*wp.meanGap, quietMin), quietMax):
+			quiet = append(quiet, p)
 		}
 	}
-	if len(sleepy) == 0 || always {
-		return true
-	}
-	slept, err := store.Sleep(ctx, w.conn, c.cfg.TopicID, sleepy)
+	return quiet
+}
+
+// sleep goes to sleep on the quiet partitions: it takes their sleep keys,
+// where no append holds them or is in flight, and wakes again at once the
+// ones whose tail moved before the key was held (the next look reads and
+// announces it). It reports false when a statement failed.
+func (w *watcher) sleep(ctx context.Context, quiet []int, now time.Time) bool {
+	topic := w.c.cfg.TopicID
+	slept, err := store.Sleep(ctx, w.conn, topic, quiet)
 	if err != nil {
 		w.fail(ctx, err)
-		return true
+		return false
 	}
-	var undo []int
-	for i, p := range sleepy {
+	var committedMeanwhile []int
+	for i, p := range quiet {
 		if !slept[i].Got {
 			continue // an append holds the key, or is in flight: it commits soon
 		}
 		w.asleep[p] = true
 		wp := w.parts[p]
-		wp.moved = time.Time{} // no gap is measured across a sleep
+		wp.movedAt = time.Time{} // no gap is measured across a sleep
 		if slept[i].Tail > wp.tail {
 			// An append committed before the key was taken: awake after
 			// all, and the next look reads (and announces) its tail.
-			wp.news = now
-			undo = append(undo, p)
+			wp.activeAt = now
+			committedMeanwhile = append(committedMeanwhile, p)
 		}
 	}
-	if len(undo) > 0 {
-		if err := store.Wake(ctx, w.conn, c.cfg.TopicID, undo); err != nil {
+	if len(committedMeanwhile) > 0 {
+		if err := store.Wake(ctx, w.conn, topic, committedMeanwhile); err != nil {
 			w.fail(ctx, err)
-			return true
+			return false
 		}
-		for _, p := range undo {
+		for _, p := range committedMeanwhile {
 			delete(w.asleep, p)
 		}
-		w.force = true
+		w.readTailsNext = true
 	}
-	return len(w.asleep) < len(parts)
+	return true
 }
 
 // counted records the appends counter n, read at now.
 func (w *watcher) counted(n int64, now time.Time) {
 	if n != w.appends || n < 0 {
-		w.appends, w.appendsMoved = n, now
+		w.appends, w.appendsMovedAt = n, now
 	}
 }
 

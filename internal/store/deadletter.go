@@ -56,25 +56,6 @@ ON CONFLICT (group_id, topic_id, partition_id, host_id) DO NOTHING`
 	parkedSQL = `SELECT host_id, dead_letter_id FROM {schema}parked_hosts
 WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3`
 
-	haltSQL = `INSERT INTO {schema}partition_halts (group_id, topic_id, partition_id, c_offset, reason)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (group_id, topic_id, partition_id)
-DO UPDATE SET c_offset = excluded.c_offset, reason = excluded.reason, halted_at = now()`
-
-	haltsSQL = `SELECT partition_id, c_offset, reason FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2`
-
-	// unhaltSQL removes the partition's halt record and returns it, and,
-	// when there was one, tells the topic's consumers at the commit
-	// (notifyEligibleSQL): the halted worker tries the unit again within
-	// milliseconds.
-	unhaltSQL = `WITH d AS (
-    DELETE FROM {schema}partition_halts WHERE group_id = $1 AND topic_id = $2 AND partition_id = $3
-    RETURNING partition_id, c_offset, reason
-)
-SELECT d.partition_id, d.c_offset, d.reason,
-       (SELECT count(pg_notify(c.channel, $2::integer || ':*')) FROM {schema}log_counter c WHERE c.topic_id = $2)
-FROM d`
-
 	// deadLetterColumns are a dead letter's fields (DeadLetter), its parked
 	// events counted and its event types read from its events, each once.
 	deadLetterColumns = `id, group_id, topic_id, partition_id, first_offset, last_offset, transaction_id,
@@ -153,11 +134,11 @@ func WriteDeadLetter(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, d DeadLet
 	err := tx.QueryRow(ctx, schema.SQL(ctx, ps.deadLetter), d.Group, d.Topic, d.Partition, d.FirstOffset, d.LastOffset,
 		d.TransactionID, d.Error, d.Attempts, d.FirstFailedAt, d.LastFailedAt, d.ParkHosts).Scan(&id, &hosts)
 	if err != nil {
-		return 0, nil, fmt.Errorf("offsets: dead-letter offsets %d-%d: %w", d.FirstOffset, d.LastOffset, err)
+		return 0, nil, fmt.Errorf("dead-letter offsets %d-%d: %w", d.FirstOffset, d.LastOffset, err)
 	}
 	if d.ParkHosts {
 		if _, err := tx.Exec(ctx, schema.SQL(ctx, parkHostsSQL), d.Group, d.Topic, d.Partition, hosts, id); err != nil {
-			return 0, nil, fmt.Errorf("offsets: park hosts: %w", err)
+			return 0, nil, fmt.Errorf("park hosts: %w", err)
 		}
 	}
 	return id, hosts, nil
@@ -167,68 +148,9 @@ func WriteDeadLetter(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, d DeadLet
 // letter deadLetterID, and parks their hosts, in tx.
 func ParkEvents(ctx context.Context, tx pgx.Tx, ps *PartitionSQL, group string, topic, partition int, first, last, deadLetterID int64) error {
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, ps.park), group, topic, partition, first, last, deadLetterID); err != nil {
-		return fmt.Errorf("offsets: park offsets %d-%d: %w", first, last, err)
+		return fmt.Errorf("park offsets %d-%d: %w", first, last, err)
 	}
 	return nil
-}
-
-// Halt records that the group's partition stopped at offset, and why.
-func Halt(ctx context.Context, q schema.DB, group string, topic, partition int, offset int64, reason string) error {
-	if _, err := q.Exec(ctx, schema.SQL(ctx, haltSQL), group, topic, partition, offset, reason); err != nil {
-		return fmt.Errorf("offsets: record halt: %w", err)
-	}
-	return nil
-}
-
-// HaltRecord says where and why a partition halted.
-type HaltRecord struct {
-	Partition int
-	Offset    int64
-	Reason    string
-}
-
-// Halts returns the group's halted partitions.
-func Halts(ctx context.Context, q schema.DB, group string, topic int) ([]HaltRecord, error) {
-	rows, err := q.Query(ctx, schema.SQL(ctx, haltsSQL), group, topic)
-	if err != nil {
-		return nil, fmt.Errorf("offsets: halts: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[HaltRecord])
-	if err != nil {
-		return nil, fmt.Errorf("offsets: halts: %w", err)
-	}
-	return out, nil
-}
-
-// Unhalt removes the partition's halt record and returns it; nil when the
-// partition was not halted. The group's consumers are told at the commit.
-func Unhalt(ctx context.Context, q schema.DB, group string, topic, partition int) (*HaltRecord, error) {
-	var h HaltRecord
-	var notified int64
-	err := q.QueryRow(ctx, schema.SQL(ctx, unhaltSQL), group, topic, partition).Scan(&h.Partition, &h.Offset, &h.Reason, &notified)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("offsets: remove halt: %w", err)
-	}
-	return &h, nil
-}
-
-// LockPosition locks the group's position in a partition for the rest of
-// tx, as a worker's claim does, and returns it.
-func LockPosition(ctx context.Context, tx pgx.Tx, group string, topic, partition int) (int64, error) {
-	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionSQL), group, topic, partition); err != nil {
-		return 0, fmt.Errorf("offsets: lock position: %w", err)
-	}
-	var next *int64
-	if err := tx.QueryRow(ctx, schema.SQL(ctx, positionSQL), group, topic, partition).Scan(&next); err != nil {
-		return 0, fmt.Errorf("offsets: lock position: %w", err)
-	}
-	if next == nil {
-		return 0, ErrNoPosition
-	}
-	return *next, nil
 }
 
 func scanDeadLetter(row pgx.Row, withEvents bool) (DeadLetter, error) {
@@ -256,14 +178,14 @@ func scanDeadLetter(row pgx.Row, withEvents bool) (DeadLetter, error) {
 func ListDeadLetters(ctx context.Context, q schema.DB, group string) ([]DeadLetter, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, listDeadLettersSQL), group)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: list dead letters: %w", err)
+		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
 	defer rows.Close()
 	var out []DeadLetter
 	for rows.Next() {
 		d, err := scanDeadLetter(rows, false)
 		if err != nil {
-			return nil, fmt.Errorf("offsets: list dead letters: %w", err)
+			return nil, fmt.Errorf("list dead letters: %w", err)
 		}
 		out = append(out, d)
 	}
@@ -277,10 +199,10 @@ var ErrNoDeadLetter = errors.New("no such dead letter")
 func GetDeadLetter(ctx context.Context, q schema.DB, id int64) (DeadLetter, error) {
 	d, err := scanDeadLetter(q.QueryRow(ctx, schema.SQL(ctx, getDeadLetterSQL), id), true)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return d, fmt.Errorf("offsets: dead letter %d: %w", id, ErrNoDeadLetter)
+		return d, fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
 	}
 	if err != nil {
-		return d, fmt.Errorf("offsets: dead letter %d: %w", id, err)
+		return d, fmt.Errorf("dead letter %d: %w", id, err)
 	}
 	return d, nil
 }
@@ -290,11 +212,11 @@ func GetDeadLetter(ctx context.Context, q schema.DB, id int64) (DeadLetter, erro
 func ParkedEvents(ctx context.Context, q schema.DB, id int64) ([]Event, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, parkedEventsSQL), id)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: parked events: %w", err)
+		return nil, fmt.Errorf("parked events: %w", err)
 	}
 	raw, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
 	if err != nil {
-		return nil, fmt.Errorf("offsets: parked events: %w", err)
+		return nil, fmt.Errorf("parked events: %w", err)
 	}
 	out := make([]Event, 0, len(raw))
 	for _, r := range raw {
@@ -321,10 +243,10 @@ func LockGroup(ctx context.Context, tx pgx.Tx, group string, topic int) (int, er
 		err = tx.QueryRow(ctx, schema.SQL(ctx, layoutPartitionsSQL), topic, version).Scan(&partitions)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("offsets: lock the group's layout: %w", err)
+		return 0, fmt.Errorf("lock the group's layout: %w", err)
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockGroupPositionsSQL), group, topic); err != nil {
-		return 0, fmt.Errorf("offsets: lock the group's positions: %w", err)
+		return 0, fmt.Errorf("lock the group's positions: %w", err)
 	}
 	return partitions, nil
 }
@@ -343,7 +265,7 @@ type Parked struct {
 func GroupParked(ctx context.Context, q schema.DB, group string, topic int) ([]Parked, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, groupParkedSQL), group, topic)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: parked events: %w", err)
+		return nil, fmt.Errorf("parked events: %w", err)
 	}
 	defer rows.Close()
 	var out []Parked
@@ -353,7 +275,7 @@ func GroupParked(ctx context.Context, q schema.DB, group string, topic int) ([]P
 			raw []byte
 		)
 		if err := rows.Scan(&p.ID, &p.DeadLetterID, &raw); err != nil {
-			return nil, fmt.Errorf("offsets: parked events: %w", err)
+			return nil, fmt.Errorf("parked events: %w", err)
 		}
 		if p.Event, err = decodeEvent(raw); err != nil {
 			return nil, err
@@ -361,7 +283,7 @@ func GroupParked(ctx context.Context, q schema.DB, group string, topic int) ([]P
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("offsets: parked events: %w", err)
+		return nil, fmt.Errorf("parked events: %w", err)
 	}
 	return out, nil
 }
@@ -371,7 +293,7 @@ func GroupParked(ctx context.Context, q schema.DB, group string, topic int) ([]P
 func ParkingDeadLetters(ctx context.Context, q schema.DB, group string, topic int) (map[int64][]string, []int64, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, parkingDeadLettersSQL), group, topic)
 	if err != nil {
-		return nil, nil, fmt.Errorf("offsets: parking dead letters: %w", err)
+		return nil, nil, fmt.Errorf("parking dead letters: %w", err)
 	}
 	hosts := map[int64][]string{}
 	var (
@@ -384,7 +306,7 @@ func ParkingDeadLetters(ctx context.Context, q schema.DB, group string, topic in
 		order = append(order, id)
 		return nil
 	}); err != nil {
-		return nil, nil, fmt.Errorf("offsets: parking dead letters: %w", err)
+		return nil, nil, fmt.Errorf("parking dead letters: %w", err)
 	}
 	return hosts, order, nil
 }
@@ -410,7 +332,7 @@ type Resolution struct {
 // and the dead letter is removed.
 func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resolution) error {
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, clearParkedHostsSQL), group, topic); err != nil {
-		return fmt.Errorf("offsets: resolve dead letter %d: %w", r.DeadLetterID, err)
+		return fmt.Errorf("resolve dead letter %d: %w", r.DeadLetterID, err)
 	}
 	hosts := make([]string, 0, len(r.Hosts))
 	hostDLs := make([]int64, 0, len(r.Hosts))
@@ -418,7 +340,7 @@ func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resoluti
 		hosts, hostDLs = append(hosts, h), append(hostDLs, dl)
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, parkHostsAtSQL), group, topic, hosts, hostDLs, r.Partitions); err != nil {
-		return fmt.Errorf("offsets: resolve dead letter %d: park hosts: %w", r.DeadLetterID, err)
+		return fmt.Errorf("resolve dead letter %d: park hosts: %w", r.DeadLetterID, err)
 	}
 	offs := make([]int64, 0, len(r.Waiting))
 	offDLs := make([]int64, 0, len(r.Waiting))
@@ -426,17 +348,17 @@ func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resoluti
 		offs, offDLs = append(offs, o), append(offDLs, dl)
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, reparkEventsSQL), group, topic, offs, offDLs); err != nil {
-		return fmt.Errorf("offsets: resolve dead letter %d: park events: %w", r.DeadLetterID, err)
+		return fmt.Errorf("resolve dead letter %d: park events: %w", r.DeadLetterID, err)
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, releaseParkedSQL), group, topic, r.Released); err != nil {
-		return fmt.Errorf("offsets: resolve dead letter %d: release events: %w", r.DeadLetterID, err)
+		return fmt.Errorf("resolve dead letter %d: release events: %w", r.DeadLetterID, err)
 	}
 	tag, err := tx.Exec(ctx, schema.SQL(ctx, deleteDeadLetterSQL), r.DeadLetterID)
 	if err != nil {
-		return fmt.Errorf("offsets: resolve dead letter %d: %w", r.DeadLetterID, err)
+		return fmt.Errorf("resolve dead letter %d: %w", r.DeadLetterID, err)
 	}
 	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("offsets: dead letter %d: %w", r.DeadLetterID, ErrNoDeadLetter)
+		return fmt.Errorf("dead letter %d: %w", r.DeadLetterID, ErrNoDeadLetter)
 	}
 	return nil
 }
@@ -444,7 +366,7 @@ func Resolve(ctx context.Context, tx pgx.Tx, group string, topic int, r Resoluti
 // RecordFailedReplay counts a failed replay of dead letter id.
 func RecordFailedReplay(ctx context.Context, q schema.DB, id int64, reason string) error {
 	if _, err := q.Exec(ctx, schema.SQL(ctx, failedReplaySQL), id, reason); err != nil {
-		return fmt.Errorf("offsets: record failed replay: %w", err)
+		return fmt.Errorf("record failed replay: %w", err)
 	}
 	return nil
 }
@@ -453,7 +375,7 @@ func RecordFailedReplay(ctx context.Context, q schema.DB, id int64, reason strin
 func decodeEvent(b []byte) (Event, error) {
 	var ev Event
 	if err := json.Unmarshal(b, &ev); err != nil {
-		return Event{}, fmt.Errorf("offsets: decode stored event: %w", err)
+		return Event{}, fmt.Errorf("decode stored event: %w", err)
 	}
 	normalize(&ev)
 	return ev, nil
@@ -462,7 +384,7 @@ func decodeEvent(b []byte) (Event, error) {
 func decodeEvents(b []byte) ([]Event, error) {
 	var evs []Event
 	if err := json.Unmarshal(b, &evs); err != nil {
-		return nil, fmt.Errorf("offsets: decode stored events: %w", err)
+		return nil, fmt.Errorf("decode stored events: %w", err)
 	}
 	for i := range evs {
 		normalize(&evs[i])

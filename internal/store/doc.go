@@ -42,7 +42,18 @@
 //
 // # Wake-ups
 //
-// See wake.go: the tails, the appends counter, the flight and sleep keys.
+// wake.go holds the elected watcher's statements (the appends counter, the
+// tails, the flight and sleep keys). The protocol, once: see
+// docs/concepts.md, "How a sleeping partition wakes".
+//
+// # Files
+//
+// Named for the data path's steps: append.go (the producer's statements),
+// wake.go (wake-ups), claim.go (the claim and the fetch), position.go (a
+// group's position: init, pending, lock, commit), deadletter.go (dead
+// letters and parked events), halt.go (halts); and beside them
+// subscription.go, layout.go, holders.go, roles.go, sequencer.go,
+// retention.go, samples.go.
 //
 // # Query plans
 //

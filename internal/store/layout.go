@@ -154,7 +154,7 @@ func (l Layout) Final() bool {
 // group keeps its own.
 func InitGroupLayout(ctx context.Context, q schema.DB, group string, topic int) error {
 	if _, err := q.Exec(ctx, schema.SQL(ctx, initGroupLayoutSQL), group, topic); err != nil {
-		return fmt.Errorf("offsets: init layout of group %q: %w", group, err)
+		return fmt.Errorf("init layout of group %q: %w", group, err)
 	}
 	return nil
 }
@@ -164,10 +164,10 @@ func GroupLayout(ctx context.Context, q schema.DB, group string, topic int) (Lay
 	var l Layout
 	err := q.QueryRow(ctx, schema.SQL(ctx, groupLayoutSQL), group, topic).Scan(&l.Version, &l.Partitions, &l.From, &l.Below)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return l, fmt.Errorf("offsets: group %q has no layout of topic %d (not initialised)", group, topic)
+		return l, fmt.Errorf("group %q has no layout of topic %d (not initialised)", group, topic)
 	}
 	if err != nil {
-		return l, fmt.Errorf("offsets: layout of group %q: %w", group, err)
+		return l, fmt.Errorf("layout of group %q: %w", group, err)
 	}
 	return l, nil
 }
@@ -177,7 +177,7 @@ func GroupLayout(ctx context.Context, q schema.DB, group string, topic int) (Lay
 func LayoutDone(ctx context.Context, q schema.DB, group string, topic, version int) (bool, error) {
 	var done bool
 	if err := q.QueryRow(ctx, schema.SQL(ctx, layoutDoneSQL), group, topic, version).Scan(&done); err != nil {
-		return false, fmt.Errorf("offsets: layout done: %w", err)
+		return false, fmt.Errorf("layout done: %w", err)
 	}
 	return done, nil
 }
@@ -189,37 +189,37 @@ func LayoutDone(ctx context.Context, q schema.DB, group string, topic, version i
 func SwitchLayout(ctx context.Context, db schema.DB, group string, topic int, from Layout, next Layout) (bool, error) {
 	tx, err := Begin(ctx, db)
 	if err != nil {
-		return false, fmt.Errorf("offsets: switch layout: %w", err)
+		return false, fmt.Errorf("switch layout: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var version int
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, switchLockSQL), group, topic).Scan(&version); err != nil {
-		return false, fmt.Errorf("offsets: switch layout: %w", err)
+		return false, fmt.Errorf("switch layout: %w", err)
 	}
 	if version != from.Version {
 		return true, nil // another replica switched already
 	}
 	if _, err := tx.Exec(ctx, SyncCommitSQL); err != nil {
-		return false, fmt.Errorf("offsets: switch layout: %w", err)
+		return false, fmt.Errorf("switch layout: %w", err)
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic); err != nil {
-		return false, fmt.Errorf("offsets: switch layout: %w", err)
+		return false, fmt.Errorf("switch layout: %w", err)
 	}
 	var done bool
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, layoutDoneSQL), group, topic, from.Version).Scan(&done); err != nil {
-		return false, fmt.Errorf("offsets: switch layout: %w", err)
+		return false, fmt.Errorf("switch layout: %w", err)
 	}
 	if !done {
 		return false, nil
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, switchSQL), group, topic, next.Partitions, next.Version); err != nil {
-		return false, fmt.Errorf("offsets: switch layout: %w", err)
+		return false, fmt.Errorf("switch layout: %w", err)
 	}
 	if err := NotifyEligible(ctx, tx, topic); err != nil {
-		return false, fmt.Errorf("offsets: switch layout: %w", err)
+		return false, fmt.Errorf("switch layout: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("offsets: switch layout: %w", err)
+		return false, fmt.Errorf("switch layout: %w", err)
 	}
 	return true, nil
 }
@@ -234,7 +234,7 @@ WHERE topic_id = $1 AND version = $2`), topic, version+1).Scan(&l.Version, &l.Pa
 		return l, false, nil
 	}
 	if err != nil {
-		return l, false, fmt.Errorf("offsets: next layout: %w", err)
+		return l, false, fmt.Errorf("next layout: %w", err)
 	}
 	return l, true, nil
 }

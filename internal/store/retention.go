@@ -145,7 +145,7 @@ func ApplyRetention(ctx context.Context, db schema.DB, topic int) (Retention, er
 	// decide every segment with.
 	var nexts []int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, nextOffsetsSQL), topic).Scan(&nexts); err != nil {
-		return out, fmt.Errorf("offsets: next offsets of topic %d: %w", topic, err)
+		return out, fmt.Errorf("next offsets of topic %d: %w", topic, err)
 	}
 	stays := map[int]bool{} // partitions whose oldest segment stays
 	for _, seg := range segs {
@@ -199,7 +199,7 @@ type skipCount struct {
 func dropSegment(ctx context.Context, db schema.DB, topic int, seg schema.Segment, watermark *int64) (Removed, string, error) {
 	r := Removed{Segment: seg.Name, Partition: seg.Partition, Lo: seg.Lo, Hi: seg.Hi, Skipped: map[string]int64{}}
 	fail := func(err error) (Removed, string, error) {
-		return r, "", fmt.Errorf("offsets: drop %s: %w", seg.Name, err)
+		return r, "", fmt.Errorf("drop %s: %w", seg.Name, err)
 	}
 	tx, err := Begin(ctx, db)
 	if err != nil {
@@ -317,10 +317,10 @@ func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, n
 		newest              *time.Time
 	)
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, retentionSettingsSQL), topic).Scan(&retention, &maxRetention, &zeroSubs, &now, &subs); err != nil {
-		return "", fmt.Errorf("offsets: retention settings of topic %d: %w", topic, err)
+		return "", fmt.Errorf("retention settings of topic %d: %w", topic, err)
 	}
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, watermarkSQL), topic, seg.Partition).Scan(&wm); err != nil {
-		return "", fmt.Errorf("offsets: watermark of topic %d: %w", topic, err)
+		return "", fmt.Errorf("watermark of topic %d: %w", topic, err)
 	}
 	*watermark = NoLimit
 	if wm != nil {
@@ -328,7 +328,7 @@ func decideDrop(ctx context.Context, tx pgx.Tx, topic int, seg schema.Segment, n
 	}
 	if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT max(created_at) FROM (SELECT created_at FROM %s ORDER BY c_offset DESC LIMIT 1) x`, name)).
 		Scan(&newest); err != nil {
-		return "", fmt.Errorf("offsets: newest event of %s: %w", seg.Name, err)
+		return "", fmt.Errorf("newest event of %s: %w", seg.Name, err)
 	}
 	age := time.Duration(0)
 	if newest != nil {

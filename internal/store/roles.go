@@ -133,7 +133,7 @@ func (r Role) Prefix() string { return "pgevents " + r.name + " " }
 func TryRole(ctx context.Context, db schema.DB, role Role, topic int) (bool, error) {
 	var ok bool
 	if err := db.QueryRow(ctx, schema.SQL(ctx, tryRoleSQL), topic, role.key).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: %s key of topic %d: %w", role, topic, err)
+		return false, fmt.Errorf("%s key of topic %d: %w", role, topic, err)
 	}
 	return ok, nil
 }
@@ -147,7 +147,7 @@ func WaitRole(ctx context.Context, db schema.DB, role Role, topic int, wait time
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("store: wait for the %s key of topic %d: %w", role, topic, err)
+		return false, fmt.Errorf("wait for the %s key of topic %d: %w", role, topic, err)
 	}
 	return true, nil
 }
@@ -156,7 +156,7 @@ func WaitRole(ctx context.Context, db schema.DB, role Role, topic int, wait time
 // it.
 func ReleaseRole(ctx context.Context, db schema.DB, role Role, topic int) error {
 	if _, err := db.Exec(ctx, schema.SQL(ctx, releaseRoleSQL), topic, role.key); err != nil {
-		return fmt.Errorf("store: release the %s key of topic %d: %w", role, topic, err)
+		return fmt.Errorf("release the %s key of topic %d: %w", role, topic, err)
 	}
 	return nil
 }
@@ -178,7 +178,7 @@ func EndFrozenHolder(ctx context.Context, db schema.DB, role Role, topic int, gr
 		return "", nil // released meanwhile
 	}
 	if err != nil {
-		return "", fmt.Errorf("store: the holder of the %s key of topic %d: %w", role, topic, err)
+		return "", fmt.Errorf("the holder of the %s key of topic %d: %w", role, topic, err)
 	}
 	if !strings.HasPrefix(app, role.Prefix()) || !idle {
 		return "", nil
@@ -190,7 +190,7 @@ func EndFrozenHolder(ctx context.Context, db schema.DB, role Role, topic int, gr
 	}
 	var n int
 	if err := db.QueryRow(ctx, endHolderSQL, pid, app).Scan(&n); err != nil {
-		return "", fmt.Errorf("store: end the session of the %s of topic %d: %w", role, topic, err)
+		return "", fmt.Errorf("end the session of the %s of topic %d: %w", role, topic, err)
 	}
 	if n == 0 {
 		return "", nil
@@ -205,7 +205,7 @@ func RoleSessions(ctx context.Context, db schema.DB, role Role, topic int) (stri
 	var holder *string
 	var waiting int
 	if err := db.QueryRow(ctx, schema.SQL(ctx, roleSessionsSQL), topic, role.key).Scan(&holder, &waiting); err != nil {
-		return "", 0, fmt.Errorf("store: the %s of topic %d: %w", role, topic, err)
+		return "", 0, fmt.Errorf("the %s of topic %d: %w", role, topic, err)
 	}
 	if holder == nil {
 		return "", waiting, nil

@@ -264,11 +264,11 @@ func Sample(ctx context.Context, db schema.DB, topic int, period time.Duration) 
 	br := db.SendBatch(ctx, &b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return out, fmt.Errorf("store: sample topic %d: %w", topic, err)
+		return out, fmt.Errorf("sample topic %d: %w", topic, err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return out, fmt.Errorf("store: sample topic %d: %w", topic, err)
+		return out, fmt.Errorf("sample topic %d: %w", topic, err)
 	}
 	defer rows.Close()
 	var (
@@ -277,11 +277,11 @@ func Sample(ctx context.Context, db schema.DB, topic int, period time.Duration) 
 	)
 	if rows.Next() {
 		if err := rows.Scan(&wrote, &groups, &at); err != nil {
-			return out, fmt.Errorf("store: sample topic %d: %w", topic, err)
+			return out, fmt.Errorf("sample topic %d: %w", topic, err)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return out, fmt.Errorf("store: sample topic %d: %w", topic, err)
+		return out, fmt.Errorf("sample topic %d: %w", topic, err)
 	}
 	out = Sampled{Wrote: wrote > 0, Groups: int(groups)}
 	if at != nil {
@@ -295,7 +295,7 @@ func Sample(ctx context.Context, db schema.DB, topic int, period time.Duration) 
 func PruneSamples(ctx context.Context, db schema.DB, topic int, keep time.Duration) (int64, error) {
 	var n int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, pruneSamplesSQL), topic, keep.Milliseconds()).Scan(&n); err != nil {
-		return 0, fmt.Errorf("store: prune the samples of topic %d: %w", topic, err)
+		return 0, fmt.Errorf("prune the samples of topic %d: %w", topic, err)
 	}
 	return n, nil
 }

@@ -177,11 +177,11 @@ func scanEvents(rows pgx.Rows, buf []Event, op string) ([]Event, error) {
 	for rows.Next() {
 		buf = append(buf, Event{})
 		if err := a.decodeEvent(rows.RawValues(), f, &buf[len(buf)-1]); err != nil {
-			return buf[:len(buf)-1], fmt.Errorf("offsets: %s: %w", op, err)
+			return buf[:len(buf)-1], fmt.Errorf("%s: %w", op, err)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return buf, fmt.Errorf("offsets: %s: %w", op, err)
+		return buf, fmt.Errorf("%s: %w", op, err)
 	}
 	return buf, nil
 }
@@ -196,11 +196,11 @@ func scanEventsGeneric(rows pgx.Rows, buf []Event, op string) ([]Event, error) {
 		// json.RawMessage pgx would run json.Unmarshal on them.
 		if err := rows.Scan(&ev.Offset, &ev.TopicID, &ev.PartitionID, &ev.EventID, &ev.HostID, &ev.UserID,
 			&ev.TransactionID, &ev.EventType, (*[]byte)(&ev.Payload), (*[]byte)(&ev.Metadata), &ev.CreatedAt); err != nil {
-			return buf[:len(buf)-1], fmt.Errorf("offsets: %s: %w", op, err)
+			return buf[:len(buf)-1], fmt.Errorf("%s: %w", op, err)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return buf, fmt.Errorf("offsets: %s: %w", op, err)
+		return buf, fmt.Errorf("%s: %w", op, err)
 	}
 	return buf, nil
 }
@@ -236,7 +236,7 @@ func scanClaim(rows pgx.Rows, buf []Event) (claimState, []Event, error) {
 		if first {
 			first = false
 			if len(vals[0]) != 1 || len(vals[1]) != 1 || vals[2] != nil && len(vals[2]) != 8 {
-				return st, buf, fmt.Errorf("offsets: claim: unexpected binary lengths")
+				return st, buf, fmt.Errorf("claim: unexpected binary lengths")
 			}
 			st.held, st.paused = vals[0][0] != 0, vals[1][0] != 0
 			if vals[2] != nil {
@@ -249,11 +249,11 @@ func scanClaim(rows pgx.Rows, buf []Event) (claimState, []Event, error) {
 		}
 		buf = append(buf, Event{})
 		if err := a.decodeEvent(vals[3:], f, &buf[len(buf)-1]); err != nil {
-			return st, buf[:len(buf)-1], fmt.Errorf("offsets: claim: %w", err)
+			return st, buf[:len(buf)-1], fmt.Errorf("claim: %w", err)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return st, buf, fmt.Errorf("offsets: claim: %w", err)
+		return st, buf, fmt.Errorf("claim: %w", err)
 	}
 	return st, buf, nil
 }
@@ -276,7 +276,7 @@ func scanClaimGeneric(rows pgx.Rows, buf []Event) (claimState, []Event, error) {
 			created      *time.Time
 		)
 		if err := rows.Scan(&held, &paused, &next, &offset, &topic, &part, &eventID, &host, &user, &txid, &typ, &payload, &md, &created); err != nil {
-			return st, buf, fmt.Errorf("offsets: claim: %w", err)
+			return st, buf, fmt.Errorf("claim: %w", err)
 		}
 		if first {
 			first = false
@@ -286,13 +286,13 @@ func scanClaimGeneric(rows pgx.Rows, buf []Event) (claimState, []Event, error) {
 			continue
 		}
 		if topic == nil || part == nil || eventID == nil || host == nil || user == nil || txid == nil || typ == nil || created == nil {
-			return st, buf, fmt.Errorf("offsets: claim: an event column is NULL")
+			return st, buf, fmt.Errorf("claim: an event column is NULL")
 		}
 		buf = append(buf, Event{Offset: *offset, TopicID: int(*topic), PartitionID: int(*part), EventID: *eventID, HostID: *host,
 			UserID: *user, TransactionID: *txid, EventType: *typ, Payload: payload, Metadata: md, CreatedAt: *created})
 	}
 	if err := rows.Err(); err != nil {
-		return st, buf, fmt.Errorf("offsets: claim: %w", err)
+		return st, buf, fmt.Errorf("claim: %w", err)
 	}
 	return st, buf, nil
 }

@@ -47,7 +47,7 @@ const (
 func Sequenced(ctx context.Context, db schema.DB, topic int) (bool, error) {
 	var ok bool
 	if err := db.QueryRow(ctx, schema.SQL(ctx, sequencedSQL), topic).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: is topic %d sequenced: %w", topic, err)
+		return false, fmt.Errorf("is topic %d sequenced: %w", topic, err)
 	}
 	return ok, nil
 }
@@ -57,7 +57,7 @@ func Sequenced(ctx context.Context, db schema.DB, topic int) (bool, error) {
 // there.
 func ListenSequencer(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, `LISTEN `+SequencerChannel); err != nil {
-		return fmt.Errorf("store: listen for the sequencer: %w", err)
+		return fmt.Errorf("listen for the sequencer: %w", err)
 	}
 	return nil
 }
@@ -67,7 +67,7 @@ func ListenSequencer(ctx context.Context, conn *pgx.Conn) error {
 func Tick(ctx context.Context, db schema.DB, topic int) (int, error) {
 	var n int
 	if err := db.QueryRow(ctx, schema.SQL(ctx, tickSQL), topic).Scan(&n); err != nil {
-		return 0, fmt.Errorf("store: tick of topic %d: %w", topic, err)
+		return 0, fmt.Errorf("tick of topic %d: %w", topic, err)
 	}
 	return n, nil
 }
@@ -77,7 +77,7 @@ func Tick(ctx context.Context, db schema.DB, topic int) (int, error) {
 func SequencerSleep(ctx context.Context, db schema.DB, topic int) (bool, error) {
 	var ok bool
 	if err := db.QueryRow(ctx, schema.SQL(ctx, sequencerSleepSQL), topic).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: sequencer sleep key of topic %d: %w", topic, err)
+		return false, fmt.Errorf("sequencer sleep key of topic %d: %w", topic, err)
 	}
 	return ok, nil
 }
@@ -85,7 +85,7 @@ func SequencerSleep(ctx context.Context, db schema.DB, topic int) (bool, error) 
 // SequencerAwake gives topic's sequencer sleep key back.
 func SequencerAwake(ctx context.Context, db schema.DB, topic int) error {
 	if _, err := db.Exec(ctx, schema.SQL(ctx, sequencerAwakeSQL), topic); err != nil {
-		return fmt.Errorf("store: sequencer sleep key of topic %d: %w", topic, err)
+		return fmt.Errorf("sequencer sleep key of topic %d: %w", topic, err)
 	}
 	return nil
 }
@@ -95,7 +95,7 @@ func SequencerAwake(ctx context.Context, db schema.DB, topic int) error {
 func RotateStage(ctx context.Context, db schema.DB, topic int) (bool, error) {
 	var ok bool
 	if err := db.QueryRow(ctx, schema.SQL(ctx, rotateSQL), topic).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: rotate the staging tables of topic %d: %w", topic, err)
+		return false, fmt.Errorf("rotate the staging tables of topic %d: %w", topic, err)
 	}
 	return ok, nil
 }

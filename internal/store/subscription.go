@@ -217,7 +217,7 @@ var ErrTransition = errors.New("invalid subscription transition")
 func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start Start, deadAfter time.Duration) (string, bool, error) {
 	tx, err := Begin(ctx, db)
 	if err != nil {
-		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
+		return "", false, fmt.Errorf("subscribe %q: %w", group, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	var (
@@ -225,13 +225,13 @@ func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start
 		isNew bool
 	)
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, subscribeSQL), group, topic, start.String(), deadAfter.String()).Scan(&state, &isNew); err != nil {
-		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
+		return "", false, fmt.Errorf("subscribe %q: %w", group, err)
 	}
 	if isNew {
 		var hasPositions bool
 		if err := tx.QueryRow(ctx, schema.SQL(ctx, `SELECT EXISTS (SELECT 1 FROM {schema}consumer_offsets WHERE group_id = $1 AND topic_id = $2)`),
 			group, topic).Scan(&hasPositions); err != nil {
-			return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
+			return "", false, fmt.Errorf("subscribe %q: %w", group, err)
 		}
 		if !hasPositions {
 			if err := Place(ctx, tx, group, topic, start); err != nil {
@@ -240,7 +240,7 @@ func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return "", false, fmt.Errorf("offsets: subscribe %q: %w", group, err)
+		return "", false, fmt.Errorf("subscribe %q: %w", group, err)
 	}
 	return state, isNew, nil
 }
@@ -249,7 +249,7 @@ func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start
 func Heartbeat(ctx context.Context, q schema.DB, group string, topic int) (string, error) {
 	var state string
 	if err := q.QueryRow(ctx, schema.SQL(ctx, heartbeatSQL), group, topic).Scan(&state); err != nil {
-		return "", fmt.Errorf("offsets: heartbeat of %q: %w", group, err)
+		return "", fmt.Errorf("heartbeat of %q: %w", group, err)
 	}
 	return state, nil
 }
@@ -331,7 +331,7 @@ func SubscriptionState(ctx context.Context, q schema.DB, group string, topic int
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("offsets: subscription state: %w", err)
+		return "", fmt.Errorf("subscription state: %w", err)
 	}
 	return state, nil
 }
@@ -341,11 +341,11 @@ func SubscriptionState(ctx context.Context, q schema.DB, group string, topic int
 func SweepDead(ctx context.Context, q schema.DB, topic int) ([]string, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, sweepDeadSQL), topic)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sweep dead groups: %w", err)
+		return nil, fmt.Errorf("sweep dead groups: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sweep dead groups: %w", err)
+		return nil, fmt.Errorf("sweep dead groups: %w", err)
 	}
 	return out, nil
 }
@@ -355,7 +355,7 @@ func SweepDead(ctx context.Context, q schema.DB, topic int) ([]string, error) {
 // position and the segments agree (see ApplyRetention).
 func lockRetentionShared(ctx context.Context, tx pgx.Tx, topic int) error {
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, retentionLockSharedSQL), topic); err != nil {
-		return fmt.Errorf("offsets: retention lock of topic %d: %w", topic, err)
+		return fmt.Errorf("retention lock of topic %d: %w", topic, err)
 	}
 	return nil
 }
@@ -373,23 +373,23 @@ func Place(ctx context.Context, tx pgx.Tx, group string, topic int, start Start)
 	}
 	var nexts []int64
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, nextOffsetsSQL), topic).Scan(&nexts); err != nil {
-		return fmt.Errorf("offsets: place group %q: next offsets: %w", group, err)
+		return fmt.Errorf("place group %q: next offsets: %w", group, err)
 	}
 	var version, partitions int
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, startLayoutSQL), topic, start.Kind, start.Offset, start.Time).Scan(&version, &partitions); err != nil {
-		return fmt.Errorf("offsets: place group %q at %s: layout: %w", group, start, err)
+		return fmt.Errorf("place group %q at %s: layout: %w", group, start, err)
 	}
 	var positions []int64
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, startPositionsSQL), topic, start.Kind, start.Offset, start.Time, version, partitions, nexts).
 		Scan(&positions); err != nil {
-		return fmt.Errorf("offsets: place group %q at %s: positions: %w", group, start, err)
+		return fmt.Errorf("place group %q at %s: positions: %w", group, start, err)
 	}
 	var epoch int64
 	if err := tx.QueryRow(ctx, schema.SQL(ctx, clearSQL), group, topic).Scan(&epoch); err != nil {
-		return fmt.Errorf("offsets: place group %q: %w", group, err)
+		return fmt.Errorf("place group %q: %w", group, err)
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, placeSQL), group, topic, partitions, positions, version, epoch+1); err != nil {
-		return fmt.Errorf("offsets: place group %q at %s: %w", group, start, err)
+		return fmt.Errorf("place group %q at %s: %w", group, start, err)
 	}
 	return nil
 }
@@ -523,11 +523,11 @@ type Skip struct {
 func TakeSkips(ctx context.Context, q schema.DB, group string, topic int) ([]Skip, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, unreportedSkipsSQL), group, topic)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: skips: %w", err)
+		return nil, fmt.Errorf("skips: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Skip])
 	if err != nil {
-		return nil, fmt.Errorf("offsets: skips: %w", err)
+		return nil, fmt.Errorf("skips: %w", err)
 	}
 	return out, nil
 }

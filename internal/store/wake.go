@@ -12,33 +12,13 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
-// The wake-up protocol (see the pgevents package's doc). A consumer learns
-// of new events in a partition in one of three ways:
-//
-//   - while events flow, the topic's elected watcher (one session per topic
-//     and database holds its watch key: Lead) reads the appends counter
-//     every fraction of a millisecond and, when it moved, the partitions'
-//     tails (Watch): the highest offset each append call committed, in
-//     partition_tails, which the appends write anyway. It announces the
-//     tails that moved to the other consumers in one notification of its
-//     own, whose commit does not wait for the WAL flush;
-//   - once a partition has been quiet for a while, the watcher goes to sleep on it
-//     (Sleep): it takes the partition's sleep key, an advisory lock, shared,
-//     and keeps it on its connection, unless an append is in flight there
-//     (it holds the partition's flight key). An append to a partition where
-//     a consumer sleeps notifies the topic's channel; one that finds nobody
-//     asleep holds the key exclusive to commit and notifies nobody. Waking
-//     (Wake) releases the key;
-//   - every WaitPeriod it polls the log itself (Pending), the safety net.
-//
-// The race between an append that found nobody asleep and a consumer that
-// goes to sleep is closed by the locks (SQL wake_sleepers has the whole
-// argument): an append holds the sleep key exclusive from its look to its
-// commit, or else is marked in flight from its start to its commit, or else
-// notifies; a consumer takes the sleep key, then gives it back if an append
-// is in flight, and reads the tail once more after that (in a statement of
-// its own): what an append that committed meanwhile wrote is found there,
-// and every later append notifies.
+// This file: the wake-up step's SQL. The elected watcher follows and leads
+// (Follow, Lead), reads the appends counter (Appends) and the awake
+// partitions' tails while announcing what moved (Watch), and goes to sleep
+// on quiet partitions (Sleep) and wakes them (Wake); the producers' side is
+// SQL: mark_flight, wake_sleepers and the append functions. The protocol,
+// and why no event waits for the poll: see docs/concepts.md, "How a
+// sleeping partition wakes".
 const (
 	// tailsOnlySQL reads the tails of the partitions in $2, for Sleep,
 	// which holds the keys it took: the highest offset committed in each
@@ -158,7 +138,7 @@ func WatcherApplicationName(replica string) string {
 // what committed before.
 func Follow(ctx context.Context, db schema.DB, topic int, replica string, check time.Duration) error {
 	if _, err := db.Exec(ctx, schema.SQL(ctx, followSQL), topic, WatcherApplicationName(replica), check.Milliseconds()); err != nil {
-		return fmt.Errorf("offsets: follow the watcher: %w", err)
+		return fmt.Errorf("follow the watcher: %w", err)
 	}
 	return nil
 }
@@ -174,7 +154,7 @@ func Lead(ctx context.Context, db schema.DB, topic int) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("offsets: wait for the watch key: %w", err)
+		return false, fmt.Errorf("wait for the watch key: %w", err)
 	}
 	return true, nil
 }
@@ -208,7 +188,7 @@ type Seen struct {
 func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 	rows, err := db.Query(ctx, schema.SQL(ctx, announceSQL), l.Topic, l.Partitions, l.Known, l.Channel, l.Counter)
 	if err != nil {
-		return Seen{Appends: -1}, fmt.Errorf("offsets: tails: %w", err)
+		return Seen{Appends: -1}, fmt.Errorf("tails: %w", err)
 	}
 	out := Seen{Appends: -1}
 	var (
@@ -223,10 +203,10 @@ func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 		}
 		return nil
 	}); err != nil {
-		return out, fmt.Errorf("offsets: tails: %w", err)
+		return out, fmt.Errorf("tails: %w", err)
 	}
 	if len(out.Tails) != len(l.Partitions) {
-		return out, fmt.Errorf("offsets: tails: %d answers for %d partitions", len(out.Tails), len(l.Partitions))
+		return out, fmt.Errorf("tails: %d answers for %d partitions", len(out.Tails), len(l.Partitions))
 	}
 	return out, nil
 }
@@ -236,7 +216,7 @@ func Watch(ctx context.Context, db schema.DB, l Look) (Seen, error) {
 func Appends(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	var n *int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, appendsSQL), topic).Scan(&n); err != nil {
-		return 0, fmt.Errorf("offsets: appends counter: %w", err)
+		return 0, fmt.Errorf("appends counter: %w", err)
 	}
 	if n == nil {
 		return -1, nil
@@ -265,7 +245,8 @@ type Asleep struct {
 }
 
 // Sleep tries to go to sleep on partitions of topic, on db's session (a
-// connection the caller keeps while asleep): see the protocol above. For
+// connection the caller keeps while asleep): see the protocol in
+// docs/concepts.md, "How a sleeping partition wakes". For
 // each partition it says whether the sleep key is held and, if so, the
 // tail read after taking it; a tail beyond what the caller knew means an
 // append committed meanwhile, and the caller should Wake and handle it.
@@ -277,25 +258,25 @@ func Sleep(ctx context.Context, db schema.DB, topic int, partitions []int) ([]As
 	defer br.Close()
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	got, err := pgx.CollectRows(rows, pgx.RowTo[bool])
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	rows, err = br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	tails, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("offsets: sleep: %w", err)
+		return nil, fmt.Errorf("sleep: %w", err)
 	}
 	if len(got) != len(partitions) || len(tails) != len(partitions) {
-		return nil, fmt.Errorf("offsets: sleep: %d answers for %d partitions", len(got), len(partitions))
+		return nil, fmt.Errorf("sleep: %d answers for %d partitions", len(got), len(partitions))
 	}
 	out := make([]Asleep, len(partitions))
 	for i := range out {
@@ -309,7 +290,7 @@ func Sleep(ctx context.Context, db schema.DB, topic int, partitions []int) ([]As
 // consumer sleeps on them).
 func Wake(ctx context.Context, db schema.DB, topic int, partitions []int) error {
 	if _, err := db.Exec(ctx, schema.SQL(ctx, wakeSQL), topic, partitions); err != nil {
-		return fmt.Errorf("offsets: wake: %w", err)
+		return fmt.Errorf("wake: %w", err)
 	}
 	return nil
 }
@@ -320,7 +301,7 @@ func Wake(ctx context.Context, db schema.DB, topic int, partitions []int) error 
 func PruneHistory(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	var n int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, `SELECT {schema}prune_history($1)`), topic).Scan(&n); err != nil {
-		return 0, fmt.Errorf("offsets: prune history: %w", err)
+		return 0, fmt.Errorf("prune history: %w", err)
 	}
 	return n, nil
 }
@@ -330,7 +311,7 @@ func PruneHistory(ctx context.Context, db schema.DB, topic int) (int64, error) {
 func PruneKeys(ctx context.Context, db schema.DB, topic int) (int64, error) {
 	var n int64
 	if err := db.QueryRow(ctx, schema.SQL(ctx, `SELECT {schema}prune_keys($1)`), topic).Scan(&n); err != nil {
-		return 0, fmt.Errorf("offsets: prune idempotency keys: %w", err)
+		return 0, fmt.Errorf("prune idempotency keys: %w", err)
 	}
 	return n, nil
 }

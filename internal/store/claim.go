@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgevents/pgevents/pgeventstype"
 	"github.com/pgevents/pgevents/schema"
@@ -33,36 +32,6 @@ const (
 	// append's events would be skipped.
 	nextOffsetsSQL = `SELECT array_agg({schema}partition_next_offset($1, pc.partition_id) ORDER BY pc.partition_id)
 FROM {schema}partition_counters pc WHERE pc.topic_id = $1`
-
-	// initSQL creates a group's positions for the partitions of its layout
-	// that have none (a group from before subscriptions): at the partition's
-	// first offset in the layout. An existing position is never moved: each
-	// partition's position lock is taken first, so that a batch of another
-	// replica that commits meanwhile is seen, not overwritten.
-	initSQL = `SELECT {schema}init_positions($1, $2, $3::integer[])`
-
-	// pendingSQL finds, without locking anything, the partitions among $3
-	// whose log holds an offset at or above the group's next_offset (and
-	// below the end of the partition in the group's layout $4), and the
-	// highest such offset: a cheap question asked before taking a lock.
-	pendingSQL = `SELECT u.p, o.next_offset, h.max_offset, clock_timestamp()
-FROM unnest($3::integer[]) AS u(p)
-CROSS JOIN LATERAL (
-    -- The position: the newest row, from the index's end (not the
-    -- consumer_offsets view, which reads every row an open snapshot keeps).
-    SELECT o.next_offset FROM {schema}consumer_positions o
-    WHERE o.group_id = $1 AND o.topic_id = $2 AND o.partition_id = u.p
-    ORDER BY o.seq DESC LIMIT 1
-) o
-CROSS JOIN LATERAL (
-    SELECT max(m.c_offset) AS max_offset
-    FROM {schema}outbox_message_t m
-    WHERE m.topic_id = $2 AND m.partition_id = u.p
-      AND m.c_offset < ` + pendingCut + `
-) h
-WHERE h.max_offset >= o.next_offset
-UNION ALL
-SELECT -1, 0, 0, clock_timestamp()`
 
 	eventColumns = `m.c_offset, m.topic_id, m.partition_id, m.event_id, m.host_id, m.user_id,
        m.transaction_id, m.event_type, m.payload, m.metadata, m.created_at`
@@ -101,13 +70,6 @@ FROM {schema}%[1]s m
 WHERE m.topic_id = $1 AND m.partition_id = $2 AND m.c_offset > $3 AND m.c_offset < $5
 ORDER BY m.c_offset
 LIMIT $4`
-
-	// commitSQL moves the group's position past the batch, in the batch's
-	// transaction (invariant 3), under the position lock the claim took:
-	// CommitBatch sends it with COMMIT in one round trip (and the removal
-	// of the partition's halt record before it, when asked). The lease is
-	// not checked again: see claimSQL and migration 0021.
-	commitSQL = `INSERT INTO {schema}consumer_positions (group_id, topic_id, partition_id, next_offset) VALUES ($1, $2, $3, $4)`
 )
 
 // The claim's statements.
@@ -170,13 +132,6 @@ FROM s LEFT JOIN (
 	claimEventColumns = `e.c_offset, e.topic_id, e.partition_id, e.event_id, e.host_id, e.user_id,
        e.transaction_id, e.event_type, e.payload, e.metadata, e.created_at`
 
-	// lockPositionSQL takes the group's position lock of the partition for
-	// the rest of the transaction, as a batch's claim does, for the other
-	// writers of a position (the dead-letter admin); the statements that
-	// read under it come after it: a statement's snapshot is taken when it
-	// starts.
-	lockPositionSQL = `SELECT {schema}lock_position($1, $2, $3)`
-
 	// genericPlansExpr switches the transaction to generic plans
 	// (plan_cache_mode = force_generic_plan, local to the transaction),
 	// for Pending's statement, which compares c_offset with the group's
@@ -191,14 +146,6 @@ FROM s LEFT JOIN (
 	// genericPlansExpr), for statements run in an implicit transaction
 	// (a pipeline without BEGIN), whose end restores the setting.
 	genericPlansSQL = `SELECT ` + genericPlansExpr
-
-	// initLeasesSQL creates the free lease rows of the group's partitions.
-	initLeasesSQL = `INSERT INTO {schema}partition_leases (group_id, topic_id, partition_id)
-SELECT $1, $2, p FROM unnest($3::integer[]) AS p
-ON CONFLICT (group_id, topic_id, partition_id) DO NOTHING`
-
-	// positionSQL reads a group's position in a partition.
-	positionSQL = `SELECT ` + positionExpr
 )
 
 // LeaseLostCode is the SQLSTATE commit_position raises when the batch's
@@ -249,102 +196,11 @@ func ReadySession(ctx context.Context, conn *pgx.Conn) error {
 		return nil
 	}
 	if _, err := conn.Exec(ctx, readySQL); err != nil {
-		return fmt.Errorf("offsets: ready the session: %w", err)
+		return fmt.Errorf("ready the session: %w", err)
 	}
 	cd[readyKey] = true
 	return nil
 }
-
-// Init creates the group's positions for partitions of topic that it has
-// none for yet, at their first offset in the group's layout (see initSQL;
-// the group is given a layout first if it has none, see InitGroupLayout),
-// and their free lease rows.
-func Init(ctx context.Context, q schema.DB, group string, topic int, partitions []int) error {
-	if err := InitGroupLayout(ctx, q, group, topic); err != nil {
-		return err
-	}
-	if _, err := q.Exec(ctx, schema.SQL(ctx, initSQL), group, topic, partitions); err != nil {
-		return fmt.Errorf("offsets: init group %q: %w", group, err)
-	}
-	if _, err := q.Exec(ctx, schema.SQL(ctx, initLeasesSQL), group, topic, partitions); err != nil {
-		return fmt.Errorf("offsets: init leases of group %q: %w", group, err)
-	}
-	return nil
-}
-
-// Work says that a partition has events at or after the group's position.
-type Work struct {
-	// Partition is the partition with work.
-	Partition int
-	// NextOffset is the group's position in it.
-	NextOffset int64
-	// MaxOffset is the highest offset in it, at least NextOffset.
-	MaxOffset int64
-}
-
-// Pending returns the partitions among partitions where the group has events
-// of its layout (version layout) to handle, without taking any lock, and the
-// database clock when it answered.
-// The statement runs on its generic plan (genericPlansSQL), planned once per
-// connection: a custom plan would plan it, over every segment of every
-// partition, at every poll.
-func Pending(ctx context.Context, db schema.DB, group string, topic int, partitions []int, layout int) ([]Work, time.Time, error) {
-	var b pgx.Batch
-	b.Queue(genericPlansSQL)
-	b.Queue(schema.SQL(ctx, pendingSQL), group, topic, partitions, layout)
-	br := db.SendBatch(ctx, &b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("offsets: pending: %w", err)
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("offsets: pending: %w", err)
-	}
-	out, now, err := scanWork(rows)
-	if err != nil {
-		return nil, now, fmt.Errorf("offsets: pending: %w", err)
-	}
-	return out, now, nil
-}
-
-// scanWork reads the rows of pendingSQL: the partitions with work, and the
-// database clock.
-func scanWork(rows pgx.Rows) ([]Work, time.Time, error) {
-	defer rows.Close()
-	var (
-		out []Work
-		now time.Time
-	)
-	for rows.Next() {
-		var w Work
-		if err := rows.Scan(&w.Partition, &w.NextOffset, &w.MaxOffset, &now); err != nil {
-			return nil, now, err
-		}
-		if w.Partition >= 0 {
-			out = append(out, w)
-		}
-	}
-	return out, now, rows.Err()
-}
-
-// Position returns the group's next offset in a partition, and false when
-// the group has no position there.
-func Position(ctx context.Context, q schema.DB, group string, topic, partition int) (int64, bool, error) {
-	var next int64
-	err := q.QueryRow(ctx, schema.SQL(ctx, positionSQL), group, topic, partition).Scan(&next)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("offsets: position: %w", err)
-	}
-	return next, true, nil
-}
-
-// ErrNoPosition is returned by LockPosition (and a claim) when the group has
-// no position in the partition (Init was not run).
-var ErrNoPosition = errors.New("offsets: no position for the partition (group not initialised)")
 
 // Claim describes a claim of a partition's next batch.
 type Claim struct {
@@ -411,12 +267,15 @@ func applicationName(name string) string {
 }
 
 // ErrLeaseLost is returned by Claim and Commit when the replica no longer
-// owns the partition's lease with the epoch it claimed under.
-var ErrLeaseLost = errors.New("offsets: partition lease lost")
+// owns the partition's lease with the epoch it claimed under. Its text
+// starts with "pgevents: ", unlike this package's other errors: the root
+// package exports it as pgevents.ErrLeaseLost and hands it to handlers
+// bare, as their context's cause.
+var ErrLeaseLost = errors.New("pgevents: partition lease lost")
 
 // ErrPaused is returned by Claim when the group's subscription is PAUSED:
 // the claim rolled back, and nothing may be handled until a resume.
-var ErrPaused = errors.New("offsets: the group is paused")
+var ErrPaused = errors.New("the group is paused")
 
 // Do begins a transaction on db, locks the group's position in the
 // partition for the rest of it, and appends to buf up to c.Limit events
@@ -446,7 +305,7 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 			_ = out.Tx.Conn().Close(context.WithoutCancel(ctx))
 		}
 		_ = out.Tx.Rollback(context.WithoutCancel(ctx))
-		return Claimed{Events: out.Events[:len(buf)]}, fmt.Errorf("offsets: claim: %w", err)
+		return Claimed{Events: out.Events[:len(buf)]}, fmt.Errorf("claim: %w", err)
 	}
 	if _, err := br.Exec(); err != nil { // BEGIN
 		return fail(err)
@@ -510,44 +369,7 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 func Fetch(ctx context.Context, q schema.DB, ps *PartitionSQL, topic, partition int, after, below int64, limit int, buf []Event) ([]Event, error) {
 	rows, err := q.Query(ctx, schema.SQL(ctx, ps.fetch), topic, partition, after, limit, below)
 	if err != nil {
-		return buf, fmt.Errorf("offsets: fetch: %w", err)
+		return buf, fmt.Errorf("fetch: %w", err)
 	}
 	return scanEvents(rows, buf, "fetch")
-}
-
-// CommitBatch sets the group's position in the partition to next and
-// commits tx, in one round trip, under the position lock the claim took;
-// unhalt also clears the partition's halt record (a statement more, in the
-// same round trip). The lease is not checked again (see commitSQL). Once
-// CommitBatch returned nil, tx is committed although the pgx.Tx does not
-// know it: do not call its Commit or Rollback. On an error tx is aborted
-// or gone: the caller rolls it back.
-func CommitBatch(ctx context.Context, tx pgx.Tx, group string, topic, partition int, next int64, unhalt bool) error {
-	var b pgx.Batch
-	if unhalt {
-		b.Queue(schema.SQL(ctx, unhaltSQL), group, topic, partition)
-	}
-	b.Queue(schema.SQL(ctx, commitSQL), group, topic, partition, next)
-	b.Queue("COMMIT")
-	br := tx.Conn().SendBatch(ctx, &b)
-	var err error
-	for range b.Len() - 1 {
-		if _, err = br.Exec(); err != nil {
-			break
-		}
-	}
-	if err == nil {
-		var tag pgconn.CommandTag
-		tag, err = br.Exec()
-		if err == nil && tag.String() != "COMMIT" {
-			err = fmt.Errorf("the transaction rolled back (%s)", tag)
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("offsets: commit: %w", err)
-	}
-	return nil
 }

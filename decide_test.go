@@ -1,6 +1,7 @@
 package pgevents
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -9,6 +10,10 @@ import (
 
 	"github.com/pgevents/pgevents/internal/store"
 )
+
+// Tests of the failure decisions, without a database: decide (what a
+// failed batch does next), planRelease (what resolving a dead letter
+// releases) and Classify.
 
 // TestDecide checks the failure policy without a database: each case is
 // one failed batch, with the unit's history before it.
@@ -129,5 +134,42 @@ func TestPlanReleaseKeepsUnitsWhole(t *testing.T) {
 	}
 	if res.Waiting[2] != 8 || res.Waiting[4] != 8 || len(res.Waiting) != 2 {
 		t.Fatalf("waiting %v, want unit B whole behind 8", res.Waiting)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}) }
+	cases := []struct {
+		err  error
+		want Class
+	}{
+		{pg("08006"), ClassTransient},
+		{pg("40001"), ClassTransient},
+		{pg("40P01"), ClassTransient},
+		{pg("53300"), ClassTransient},
+		{pg("55P03"), ClassTransient},
+		{pg("57014"), ClassTransient},
+		{pg("57P01"), ClassTransient},
+		{context.DeadlineExceeded, ClassTransient},
+		{Retryable(errors.New("downstream 503")), ClassTransient},
+		{pg("42P01"), ClassDeployment},
+		{pg("42703"), ClassDeployment},
+		{pg("28P01"), ClassDeployment},
+		{pg("3D000"), ClassDeployment},
+		{pg("3F000"), ClassDeployment},
+		{pg("22P02"), ClassPermanent},
+		{pg("23505"), ClassPermanent},
+		{Permanent(errors.New("bad data")), ClassPermanent},
+		{&PanicError{Value: "x"}, ClassPermanent},
+		{fmt.Errorf("%w %q", ErrUnknownEventType, "x"), ClassPermanent},
+		{Permanent(pg("40001")), ClassPermanent}, // the handler's word wins
+		{errors.New("something else"), ClassUnknown},
+		{pg("P0001"), ClassUnknown},
+	}
+	for _, tc := range cases {
+		if got := Classify(tc.err); got != tc.want {
+			t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

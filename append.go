@@ -51,7 +51,8 @@ func (e *topicNotFoundError) Error() string { return "append: " + e.err.Error() 
 func (e *topicNotFoundError) Unwrap() []error { return []error{e.err, schema.ErrTopicNotFound} }
 
 // appendError returns err, the failure of a statement that appends
-// events, prefixed with "append: ": as a *topicNotFoundError when the
+// events, prefixed with "append: " (the exported functions add the
+// package's prefix): as a *topicNotFoundError when the
 // append functions said that the topic does not exist.
 func appendError(err error) error {
 	var pgErr *pgconn.PgError
@@ -160,7 +161,7 @@ func WithSchema(ctx context.Context, name string) context.Context {
 // not created yet is retried, never dead-lettered.
 func Append(ctx context.Context, q schema.DB, events ...Event) ([]int64, error) {
 	res, err := appendEvents(ctx, q, false, events)
-	return offsetsOf(res), err
+	return offsetsOf(res), prefixed(err)
 }
 
 // AppendResults is Append returning, for each event, its offset, its
@@ -168,7 +169,8 @@ func Append(ctx context.Context, q schema.DB, events ...Event) ([]int64, error) 
 // its IdempotencyKey. It reads the partitions back, which costs a little
 // more per call than Append.
 func AppendResults(ctx context.Context, q schema.DB, events ...Event) ([]AppendResult, error) {
-	return appendEvents(ctx, q, true, events)
+	res, err := appendEvents(ctx, q, true, events)
+	return res, prefixed(err)
 }
 
 // appendEvents appends events in q's transaction, one statement per topic;
@@ -222,12 +224,13 @@ func offsetsOf(res []AppendResult) []int64 {
 // again.
 func AppendCommit(ctx context.Context, tx pgx.Tx, events ...Event) ([]int64, error) {
 	res, err := appendCommit(ctx, tx, false, events)
-	return offsetsOf(res), err
+	return offsetsOf(res), prefixed(err)
 }
 
 // AppendCommitResults is AppendCommit returning what AppendResults does.
 func AppendCommitResults(ctx context.Context, tx pgx.Tx, events ...Event) ([]AppendResult, error) {
-	return appendCommit(ctx, tx, true, events)
+	res, err := appendCommit(ctx, tx, true, events)
+	return res, prefixed(err)
 }
 
 func appendCommit(ctx context.Context, tx pgx.Tx, results bool, events []Event) ([]AppendResult, error) {

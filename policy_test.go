@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgevents/pgevents/schema"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,42 +18,10 @@ import (
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
-func TestClassify(t *testing.T) {
-	t.Parallel()
-	pg := func(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}) }
-	cases := []struct {
-		err  error
-		want Class
-	}{
-		{pg("08006"), ClassTransient},
-		{pg("40001"), ClassTransient},
-		{pg("40P01"), ClassTransient},
-		{pg("53300"), ClassTransient},
-		{pg("55P03"), ClassTransient},
-		{pg("57014"), ClassTransient},
-		{pg("57P01"), ClassTransient},
-		{context.DeadlineExceeded, ClassTransient},
-		{Retryable(errors.New("downstream 503")), ClassTransient},
-		{pg("42P01"), ClassDeployment},
-		{pg("42703"), ClassDeployment},
-		{pg("28P01"), ClassDeployment},
-		{pg("3D000"), ClassDeployment},
-		{pg("3F000"), ClassDeployment},
-		{pg("22P02"), ClassPermanent},
-		{pg("23505"), ClassPermanent},
-		{Permanent(errors.New("bad data")), ClassPermanent},
-		{&PanicError{Value: "x"}, ClassPermanent},
-		{fmt.Errorf("%w %q", ErrUnknownEventType, "x"), ClassPermanent},
-		{Permanent(pg("40001")), ClassPermanent}, // the handler's word wins
-		{errors.New("something else"), ClassUnknown},
-		{pg("P0001"), ClassUnknown},
-	}
-	for _, tc := range cases {
-		if got := Classify(tc.err); got != tc.want {
-			t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
-		}
-	}
-}
+// Tests of the failure policies, end to end: a permanent failure
+// dead-lettered, a host parked behind it (and released by a replay or a
+// discard), a partition halted, the dead-letter circuit breaker, and
+// transient failures retried with backoff, never dead-lettered.
 
 // poisonTopic returns a topic of partitions with the handled table, and the
 // switch poisonHandlers reads, turned on: events whose payload says
@@ -418,35 +387,163 @@ func TestPanicTimeoutAndUndecodablePayload(t *testing.T) {
 	}
 }
 
-// TestGroupHandlerReceivesRuns: a group handler gets each run of one
-// (host, user) inside a unit at once, in order.
-func TestGroupHandlerReceivesRuns(t *testing.T) {
+// TestParkedBehindTwoDeadLetters: a unit touching hosts parked
+// behind two dead letters stays parked until both are resolved, whatever
+// the order of resolution; and within one batch, a host that a parked unit
+// touches is parked for the rest of the batch.
+func TestParkedBehindTwoDeadLetters(t *testing.T) {
 	t.Parallel()
-	pool := newTopic(t, 1)
-	var (
-		mu   sync.Mutex
-		runs []string
-	)
-	hs := &Handlers{}
-	hs.HandleGroups(GroupHandlerFunc(func(ctx context.Context, tx pgx.Tx, run []Event) error {
-		var b strings.Builder
-		for _, e := range run {
-			fmt.Fprintf(&b, "%d%s/%s ", e.Offset, e.HostID, e.UserID)
-		}
-		mu.Lock()
-		runs = append(runs, strings.TrimSpace(b.String()))
-		mu.Unlock()
-		return nil
-	}))
-	c := startConsumer(t, pool, Config{TotalPartitions: 1, Handlers: hs})
-	u := func(host, user string) Event { return Event{HostID: host, UserID: user, EventType: "t"} }
-	appendTx(t, pool, u("a", "1"), u("a", "1"), u("a", "2"), u("b", "1"), u("a", "2"))
-	appendTx(t, pool, u("a", "2"))
-	pgtest.WaitFor(t, 10*time.Second, "6 events handled", func() bool { return c.Stats().Handled == 6 })
-	mu.Lock()
-	defer mu.Unlock()
-	want := []string{"1a/1 2a/1", "3a/2", "4b/1", "5a/2", "6a/2"}
-	if fmt.Sprint(runs) != fmt.Sprint(want) {
-		t.Fatalf("runs %q, want %q", runs, want)
+	pool, poisoned := poisonTopic(t, 1)
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
+	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 1: DL1, parks a
+	appendTx(t, pool, ev("b", "t", `{"poison":true}`))        // 2: DL2, parks b
+	appendTx(t, pool, ev("b", "t", `{}`))                     // 3: parked behind DL2
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 4, 5: parked behind both
+	appendTx(t, pool, ev("b", "t", `{}`))                     // 6: parked
+	appendTx(t, pool, ev("c", "t", `{}`))                     // 7: flows
+	waitPosition(t, pool, 8)
+	if got := handledOffsets(t, pool); got != "[7]" {
+		t.Fatalf("handled %s, want [7]", got)
 	}
+	dls, err := ListDeadLetters(context.Background(), pool, "g")
+	if err != nil || len(dls) != 2 {
+		t.Fatalf("dead letters %+v, %v", dls, err)
+	}
+	poisoned.Store(false)
+	// Discard DL2 first: 3 is released (b waits behind nothing else before
+	// it), but 4-5 still wait behind DL1, and so does 6, behind 4-5's b.
+	if n, err := c.DiscardDeadLetter(context.Background(), dls[1].ID); err != nil || n != 1 {
+		t.Fatalf("discard of DL2 handled %d, %v; want 1 (offset 3)", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[7 3]" {
+		t.Fatalf("handled %s after discarding DL2, want [7 3]", got)
+	}
+	appendTx(t, pool, ev("b", "t", `{}`)) // 8: b is still parked (behind 4-5)
+	waitPosition(t, pool, 9)
+	if got := handledOffsets(t, pool); got != "[7 3]" {
+		t.Fatalf("handled %s: b's later event ran before its parked unit", got)
+	}
+	if n, err := c.ReplayDeadLetter(context.Background(), dls[0].ID); err != nil || n != 5 {
+		t.Fatalf("replay of DL1 handled %d, %v; want 5 (1, 4, 5, 6, 8)", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[7 3 1 4 5 6 8]" {
+		t.Fatalf("handled %s, want [7 3 1 4 5 6 8]", got)
+	}
+	if n := queryInt(t, pool, `SELECT (SELECT count(*) FROM dead_letter_queue) + (SELECT count(*) FROM parked_events)
+		+ (SELECT count(*) FROM parked_hosts)`); n != 0 {
+		t.Fatalf("%d dead letters, parked events or parked hosts left", n)
+	}
+	checkHandledOrderOnly(t, pool)
+}
+
+// TestParkedUnitParksItsHostsWithinTheBatch: in one batch, a
+// unit parked because it touches a parked host parks its other hosts for
+// the rest of the batch.
+func TestParkedUnitParksItsHostsWithinTheBatch(t *testing.T) {
+	t.Parallel()
+	pool, poisoned := poisonTopic(t, 1)
+	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 1: dead letter, parks a
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 2, 3: parked, parks b
+	appendTx(t, pool, ev("b", "t", `{}`))                     // 4: parked in the same batch
+	appendTx(t, pool, ev("c", "t", `{}`))                     // 5: flows
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
+	waitPosition(t, pool, 6)
+	if got := handledOffsets(t, pool); got != "[5]" {
+		t.Fatalf("handled %s, want [5]: b's event 4 must wait behind the parked 3", got)
+	}
+	dls, err := ListDeadLetters(context.Background(), pool, "g")
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("dead letters %+v, %v", dls, err)
+	}
+	poisoned.Store(false)
+	if n, err := c.ReplayDeadLetter(context.Background(), dls[0].ID); err != nil || n != 4 {
+		t.Fatalf("replay handled %d, %v; want 4", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[5 1 2 3 4]" {
+		t.Fatalf("handled %s, want [5 1 2 3 4]", got)
+	}
+}
+
+// TestPoisonUnitTouchingAParkedHostIsParked: a unit that fails
+// permanently in its first chunk and touches a parked host in a later one
+// (BatchSize 1 claims two events and reads the rest of a unit an event at a
+// time) is parked behind that host's dead letter, not dead-lettered
+// itself: a dead letter holding b's event 6 while b's earlier event 3
+// waits parked would, once replayed, handle 6 before 3 (the soak's seed
+// 1795545952976593459 did so).
+func TestPoisonUnitTouchingAParkedHostIsParked(t *testing.T) {
+	t.Parallel()
+	pool, poisoned := poisonTopic(t, 1)
+	appendTx(t, pool, ev("a", "t", `{"poison":true}`))        // 1: dead letter, parks a
+	appendTx(t, pool, ev("a", "t", `{}`), ev("b", "t", `{}`)) // 2, 3: parked, parks b
+	appendTx(t, pool, ev("c", "t", `{"poison":true}`), ev("c", "t", `{}`),
+		ev("b", "t", `{}`)) // 4-6: b is parked, found in the unit's second chunk
+	appendTx(t, pool, ev("c", "t", `{}`)) // 7: parked behind 4-6's c
+	appendTx(t, pool, ev("d", "t", `{}`)) // 8: flows
+	c := startConsumer(t, pool, Config{TotalPartitions: 1, BatchSize: 1, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
+	waitPosition(t, pool, 9)
+	dls, err := ListDeadLetters(context.Background(), pool, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != 1 || dls[0].FirstOffset != 1 {
+		t.Fatalf("dead letters %+v; want one, of offset 1 (4-6 touches the parked b)", dls)
+	}
+	if got := handledOffsets(t, pool); got != "[8]" {
+		t.Fatalf("handled %s, want [8]", got)
+	}
+	poisoned.Store(false)
+	if n, err := c.ReplayDeadLetter(context.Background(), dls[0].ID); err != nil || n != 7 {
+		t.Fatalf("replay handled %d, %v; want 7 (1 to 7)", n, err)
+	}
+	if got := handledOffsets(t, pool); got != "[8 1 2 3 4 5 6 7]" {
+		t.Fatalf("handled %s, want [8 1 2 3 4 5 6 7]", got)
+	}
+	checkHandledOrderOnly(t, pool)
+}
+
+// TestParkedReplayAfterRepartition: a dead letter with events
+// parked behind it, then the topic goes from 2 partitions to 1: the switch
+// moves the dead letter and its parked events with their host, and the
+// replay, under the group's locks in the new layout, handles them in order.
+func TestParkedReplayAfterRepartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, poisoned := poisonTopic(t, 2)
+	c := startConsumer(t, pool, Config{TotalPartitions: 2, OnPermanentFailure: PolicyParkHost, Handlers: poisonHandlers(poisoned)})
+	a, b := hostIn(t, pool, 2, 1), hostIn(t, pool, 2, 0)
+	var o [7]int64                                             // the offsets of events 1..6 (per partition under scope 'partition')
+	o[1] = appendTx(t, pool, ev(a, "t", `{"poison":true}`))[0] // 1: dead letter in partition 1
+	o[2] = appendTx(t, pool, ev(a, "t", `{}`))[0]              // 2: parked
+	o[3] = appendTx(t, pool, ev(b, "t", `{}`))[0]              // 3: handled
+	pgtest.WaitFor(t, 10*time.Second, "the poison dead-lettered and its successor parked", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM parked_events`) == 1 && queryInt(t, pool, `SELECT count(*) FROM handled`) == 1
+	})
+	if _, err := schema.Repartition(ctx, pool, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	o[4] = appendTx(t, pool, ev(a, "t", `{}`))[0] // 4: parked, in the new layout's partition 0
+	o[5] = appendTx(t, pool, ev(b, "t", `{}`))[0] // 5: handled
+	pgtest.WaitFor(t, 10*time.Second, "the group in the new layout, 4 parked and 5 handled", func() bool {
+		return queryInt(t, pool, `SELECT version FROM group_layouts WHERE group_id = 'g'`) == 2 &&
+			queryInt(t, pool, `SELECT count(*) FROM parked_events`) == 2 && queryInt(t, pool, `SELECT count(*) FROM handled`) == 2
+	})
+	if n := queryInt(t, pool, `SELECT (SELECT count(*) FROM parked_events WHERE partition_id <> 0)
+		+ (SELECT count(*) FROM dead_letter_queue WHERE partition_id <> 0) + (SELECT count(*) FROM parked_hosts WHERE partition_id <> 0)`); n != 0 {
+		t.Fatalf("%d dead letters or parked rows left in a partition the layout no longer has", n)
+	}
+	dls, err := ListDeadLetters(ctx, pool, "g")
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("dead letters %+v, %v", dls, err)
+	}
+	poisoned.Store(false)
+	if n, err := c.ReplayDeadLetter(ctx, dls[0].ID); err != nil || n != 3 {
+		t.Fatalf("replay after repartition handled %d, %v; want 3", n, err)
+	}
+	if got, want := handledOffsets(t, pool), fmt.Sprint([]int64{o[3], o[5], o[1], o[2], o[4]}); got != want {
+		t.Fatalf("handled %s, want events 3 5 1 2 4: %s", got, want)
+	}
+	appendTx(t, pool, ev(a, "t", `{}`)) // 6: flows again
+	waitHandled(t, pool, 6, 10*time.Second)
+	checkHandledOrderOnly(t, pool)
 }
