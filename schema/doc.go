@@ -12,8 +12,8 @@
 //   - log.sql: log_counter, one row per topic (its partition count, offset
 //     scope 'topic' or 'partition', allocation, channel, wake-up mode,
 //     idempotency window, whether it is sequenced); partition_counters, one
-//     row per partition (its log start; its waiting column is unused since
-//     migration 0009); partition_tails, the offsets appends inserted, never
+//     row per partition (its log start; its waiting column stays true for
+//     bridges that adopt installed before migration 0009); partition_tails, the offsets appends inserted, never
 //     updated, whose newest row per partition is the partition's tail (the
 //     next offset is the tail + 1, read under an advisory lock held to the
 //     append's commit: gapless and commit-ordered); outbox_message_t, the
