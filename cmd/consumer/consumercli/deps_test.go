@@ -11,7 +11,7 @@ import (
 // in-process Kafka broker, the benchmark and the demo live in consumer-dev
 // only (not in a service's binary built on consumercli either); the root
 // package brings neither the YAML decoder nor a Kafka client (Kafka's
-// error codes are classified in sink/kafka). The benchmark and the demo are
+// error codes are classified in sink/kafkasink). The benchmark and the demo are
 // packages under cmd/consumer-dev/internal, which the Go toolchain already
 // keeps other commands from importing; the test also checks that
 // consumer-dev does link them, so that it tests the paths they live at.
