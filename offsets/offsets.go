@@ -352,12 +352,21 @@ func Unhalt(ctx context.Context, db schema.DB, group string, topic, partition in
 	return Halt(*r), true, nil
 }
 
-// ReadCommitted is the isolation an operator's transaction on positions,
-// subscriptions and halts must run in, whatever the session's default:
-// what it reads after a lock is what the lock's previous holder committed
-// (see the consumer's pool settings, pgevents.NewPoolConfig). Begin such
-// transactions with pool.BeginTx(ctx, offsets.ReadCommitted).
-var ReadCommitted = store.ReadCommitted
+// TxOptions returns the options an operator's transaction on positions,
+// subscriptions and halts must begin with: READ COMMITTED, whatever the
+// session's default, so that what it reads after a lock is what the
+// lock's previous holder committed (see the consumer's pool settings,
+// pgevents.NewPoolConfig). Begin such transactions with
+// pool.BeginTx(ctx, offsets.TxOptions()). It is a function so that no
+// caller can change the options another caller begins with.
+func TxOptions() pgx.TxOptions { return store.ReadCommitted }
+
+// ReadCommitted is TxOptions().
+//
+// Deprecated: use TxOptions. A variable could be assigned by any caller
+// (to no effect on pgevents, which never read this copy). Kept for one
+// release; see CHANGELOG.md.
+var ReadCommitted = TxOptions()
 
 // Watcher says which consumer watches a topic for the others.
 type Watcher struct {
