@@ -390,7 +390,7 @@ type Handler struct {
 	Output string `yaml:"output"`
 
 	// The keys below belong to the relays, types "kafka" and "http" (see
-	// the packages sink/kafka and sink/webhook, whose Options they map to
+	// the packages sink/kafkasink and sink/webhook, whose Options they map to
 	// and whose Validate checks them; see [Handler.KafkaOptions] and
 	// [Handler.WebhookOptions]), and name to type go too; they must be
 	// empty for the other types.

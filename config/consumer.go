@@ -10,7 +10,7 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/sink"
-	"github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/kafkasink"
 	"github.com/pgevents/pgevents/sink/webhook"
 )
 
@@ -176,15 +176,15 @@ func (g *Config) groupPoolSize() int {
 
 // KafkaOptions returns the options of the relay a handler of type kafka
 // configures, as the file sets them: the one place where its keys become
-// kafka.Options, whose Validate validation reports under the handler's
+// kafkasink.Options, whose Validate validation reports under the handler's
 // keys. The caller adds TLS (from TLS.Files), Metrics and ClientOptions.
-func (h *Handler) KafkaOptions() kafka.Options { return h.kafkaOptions(&mapper{}) }
+func (h *Handler) KafkaOptions() kafkasink.Options { return h.kafkaOptions(&mapper{}) }
 
-func (h *Handler) kafkaOptions(m *mapper) kafka.Options {
-	o := kafka.Options{Name: h.Name, Brokers: h.Brokers, Topic: h.Topic, Key: h.Key, Format: kafka.Format(h.Format),
+func (h *Handler) kafkaOptions(m *mapper) kafkasink.Options {
+	o := kafkasink.Options{Name: h.Name, Brokers: h.Brokers, Topic: h.Topic, Key: h.Key, Format: kafkasink.Format(h.Format),
 		Source: h.Source, DeliveryTimeout: m.duration("deliveryTimeoutMs", h.DeliveryTimeoutMs), MaxRecordBytes: h.MaxRecordBytes}
 	if s := h.SASL; s != nil {
-		o.SASL = &kafka.SASL{Mechanism: s.Mechanism, User: s.User, Password: s.Password}
+		o.SASL = &kafkasink.SASL{Mechanism: s.Mechanism, User: s.User, Password: s.Password}
 	}
 	return o
 }

@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/pgevents/pgevents"
-	endpoint "github.com/pgevents/pgevents/kafka"
+	"github.com/pgevents/pgevents/kafka"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -30,13 +30,13 @@ const (
 	DefaultTracingSampleRatio = 1.0
 
 	// DefaultKafkaListen is kafka.listen's default: the kafka package's.
-	DefaultKafkaListen = endpoint.DefaultListen
+	DefaultKafkaListen = kafka.DefaultListen
 	// DefaultKafkaMaxRequestBytes is kafka.maxRequestBytes' default.
-	DefaultKafkaMaxRequestBytes = endpoint.DefaultMaxRequestBytes
+	DefaultKafkaMaxRequestBytes = kafka.DefaultMaxRequestBytes
 	// DefaultKafkaMaxWaitMs is kafka.maxWaitMs' default.
-	DefaultKafkaMaxWaitMs = int(endpoint.DefaultMaxWait / time.Millisecond)
+	DefaultKafkaMaxWaitMs = int(kafka.DefaultMaxWait / time.Millisecond)
 	// DefaultKafkaRequestTimeoutMs is kafka.requestTimeoutMs' default.
-	DefaultKafkaRequestTimeoutMs = int(endpoint.DefaultRequestTimeout / time.Millisecond)
+	DefaultKafkaRequestTimeoutMs = int(kafka.DefaultRequestTimeout / time.Millisecond)
 )
 
 // Default returns a Config holding every default. DatabaseURL and GroupID,

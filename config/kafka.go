@@ -12,7 +12,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	endpoint "github.com/pgevents/pgevents/kafka"
+	"github.com/pgevents/pgevents/kafka"
 )
 
 const keyKafka = "kafka"
@@ -237,7 +237,7 @@ func (c *Config) kafkaProblems(add func(key, format string, args ...any)) {
 	for _, name := range order {
 		id := k.Topics[name]
 		key := keyKafka + ".topics." + name
-		if err := endpoint.ValidTopicName(name); err != nil {
+		if err := kafka.ValidTopicName(name); err != nil {
 			add(key, "%v", err)
 		}
 		switch other, dup := first[id]; {
@@ -306,10 +306,10 @@ func (c *Config) KafkaError() error {
 // users' passwords and the TLS certificate loaded. Its errors are
 // KafkaError's. The caller adds the Logger. The zero Options without a
 // kafka section.
-func (c *Config) KafkaOptions() (endpoint.Options, error) {
+func (c *Config) KafkaOptions() (kafka.Options, error) {
 	k := c.Kafka
 	if k == nil {
-		return endpoint.Options{}, nil
+		return kafka.Options{}, nil
 	}
 	for _, user := range slices.Sorted(maps.Keys(k.Users)) {
 		e := &Error{Key: keyKafka + ".users." + user, Line: k.lines["users."+user]}
@@ -321,9 +321,9 @@ func (c *Config) KafkaOptions() (endpoint.Options, error) {
 		default:
 			continue
 		}
-		return endpoint.Options{}, e
+		return kafka.Options{}, e
 	}
-	o := endpoint.Options{
+	o := kafka.Options{
 		Listen:          k.Listen,
 		AdvertisedAddr:  k.AdvertisedAddr,
 		Topics:          k.Topics,
@@ -337,7 +337,7 @@ func (c *Config) KafkaOptions() (endpoint.Options, error) {
 	if k.TLS != nil {
 		cfg, err := k.TLS.config(k.lines)
 		if err != nil {
-			return endpoint.Options{}, err
+			return kafka.Options{}, err
 		}
 		o.TLS = cfg
 	}

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	endpoint "github.com/pgevents/pgevents/kafka"
+	"github.com/pgevents/pgevents/kafka"
 )
 
 // TestParseKafka: the kafka section, its defaults, and the errors that
@@ -30,13 +30,13 @@ func TestParseKafka(t *testing.T) {
 	c := mustParse(t, head+"kafka:\n  topics: {events: 1}\n")
 	k := c.Kafka
 	if k == nil || k.Listen != ":9092" || k.AdvertisedAddr != "" || len(k.Topics) != 1 || k.Topics["events"] != 1 || k.ReadOnly ||
-		k.Users != nil || k.TLS != nil || k.NodeID != 0 || k.MaxRequestBytes != endpoint.DefaultMaxRequestBytes ||
+		k.Users != nil || k.TLS != nil || k.NodeID != 0 || k.MaxRequestBytes != kafka.DefaultMaxRequestBytes ||
 		k.MaxWaitMs != 30000 || k.RequestTimeoutMs != 60000 {
 		t.Fatalf("defaults: Kafka = %+v", k)
 	}
 	o, err := c.KafkaOptions()
 	if err != nil || o.Listen != ":9092" || o.Topics["events"] != 1 || o.MaxWait != 30*time.Second || o.RequestTimeout != time.Minute ||
-		o.MaxRequestBytes != endpoint.DefaultMaxRequestBytes || o.TLS != nil || o.Users != nil {
+		o.MaxRequestBytes != kafka.DefaultMaxRequestBytes || o.TLS != nil || o.Users != nil {
 		t.Fatalf("KafkaOptions() = %+v, %v", o, err)
 	}
 

@@ -334,22 +334,7 @@ func (p *parser) handlerKey(h *Handler, path, name string, k, v *yaml.Node) *Err
 		}
 		return nil
 	case "headers":
-		if v.Kind != yaml.MappingNode {
-			return fail("must be a mapping of header names to values, got " + describe(v))
-		}
-		h.Headers = map[string]string{}
-		return p.mapping(v, key+".", func(hname string, hk, hv *yaml.Node) *Error {
-			var value string
-			if msg := decodeString(hv, &value); msg != "" {
-				return &Error{Key: key + "." + hname, Line: hk.Line, Msg: msg}
-			}
-			value, err := expandEnv(value)
-			if err != nil {
-				return &Error{Key: key + "." + hname, Line: hk.Line, Msg: err.Error()}
-			}
-			h.Headers[hname] = value
-			return nil
-		})
+		return p.headers(key, k, v, &h.Headers)
 	case "tls":
 		if v.Kind != yaml.MappingNode && !isNull(v) {
 			return fail("must be a mapping (caFile, certFile, keyFile), got " + describe(v))
@@ -390,6 +375,29 @@ func (p *parser) subFields(v *yaml.Node, key string, fields map[string]*string, 
 			}
 			*dst = value
 		}
+		return nil
+	})
+}
+
+// headers decodes the mapping v of the key key (named at k) into *dst: a
+// handler's and the tracing section's headers, each value a string that
+// may name environment variables (expandEnv). An error names the key of
+// the header at fault.
+func (p *parser) headers(key string, k, v *yaml.Node, dst *map[string]string) *Error {
+	if v.Kind != yaml.MappingNode {
+		return &Error{Key: key, Line: k.Line, Msg: "must be a mapping of header names to values, got " + describe(v)}
+	}
+	*dst = map[string]string{}
+	return p.mapping(v, key+".", func(hname string, hk, hv *yaml.Node) *Error {
+		var value string
+		if msg := decodeString(hv, &value); msg != "" {
+			return &Error{Key: key + "." + hname, Line: hk.Line, Msg: msg}
+		}
+		value, err := expandEnv(value)
+		if err != nil {
+			return &Error{Key: key + "." + hname, Line: hk.Line, Msg: err.Error()}
+		}
+		(*dst)[hname] = value
 		return nil
 	})
 }

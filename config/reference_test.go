@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/pgevents/pgevents"
-	kafkasink "github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/kafkasink"
 	"github.com/pgevents/pgevents/sink/webhook"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/sink"
-	"github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/kafkasink"
 	"github.com/pgevents/pgevents/sink/webhook"
 )
 
@@ -64,7 +64,7 @@ func TestRulesAreTheOwners(t *testing.T) {
 	const handler = "handlers:\n  - eventType: \"*\"\n"
 	ok := pgevents.Config{GroupID: "g", TotalPartitions: 8}
 	with := func(f func(c *pgevents.Config)) error { c := ok; f(&c); return c.Validate() }
-	kafkaOK := kafka.Options{Brokers: []string{"k:9092"}, Topic: "t"}
+	kafkaOK := kafkasink.Options{Brokers: []string{"k:9092"}, Topic: "t"}
 	for _, tt := range []struct {
 		name, src, key, want string
 	}{
@@ -84,11 +84,11 @@ func TestRulesAreTheOwners(t *testing.T) {
 			ownerMsg(t, with(func(c *pgevents.Config) { c.BatchSize = -1 }), "BatchSize")},
 		{"kafka record size", head + handler + "    type: kafka\n    brokers: [k:9092]\n    topic: t\n    maxRecordBytes: 100\n",
 			"handlers[0].maxRecordBytes",
-			ownerMsg(t, func() kafka.Options { o := kafkaOK; o.MaxRecordBytes = 100; return o }().Validate(), "maxRecordBytes")},
+			ownerMsg(t, func() kafkasink.Options { o := kafkaOK; o.MaxRecordBytes = 100; return o }().Validate(), "maxRecordBytes")},
 		{"kafka broker", head + handler + "    type: kafka\n    brokers: [k:9092, kafka]\n    topic: t\n", "handlers[0].brokers[1]",
-			ownerMsg(t, kafka.Options{Brokers: []string{"k:9092", "kafka"}, Topic: "t"}.Validate(), "brokers[1]")},
+			ownerMsg(t, kafkasink.Options{Brokers: []string{"k:9092", "kafka"}, Topic: "t"}.Validate(), "brokers[1]")},
 		{"kafka topic name", head + handler + "    type: kafka\n    brokers: [k:9092]\n    topic: a/b\n", "handlers[0].topic",
-			ownerMsg(t, kafka.Options{Brokers: []string{"k:9092"}, Topic: "a/b"}.Validate(), "topic")},
+			ownerMsg(t, kafkasink.Options{Brokers: []string{"k:9092"}, Topic: "a/b"}.Validate(), "topic")},
 		{"webhook method", head + handler + "    type: http\n    url: http://x\n    method: \"GET /\"\n", "handlers[0].method",
 			ownerMsg(t, webhook.Options{URL: "http://x", Method: "GET /"}.Validate(), "method")},
 		{"webhook header", head + handler + "    type: http\n    url: http://x\n    headers: {\"X Bad\": v}\n", "handlers[0].headers.X Bad",

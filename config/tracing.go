@@ -76,22 +76,7 @@ func (p *parser) tracing(v *yaml.Node) *Error {
 		case "sampleRatio":
 			msg = decodeFloat(v, &t.SampleRatio)
 		case "headers":
-			if v.Kind != yaml.MappingNode {
-				return &Error{Key: key, Line: k.Line, Msg: "must be a mapping of header names to values, got " + describe(v)}
-			}
-			t.Headers = map[string]string{}
-			return p.mapping(v, key+".", func(hname string, hk, hv *yaml.Node) *Error {
-				var value string
-				if msg := decodeString(hv, &value); msg != "" {
-					return &Error{Key: key + "." + hname, Line: hk.Line, Msg: msg}
-				}
-				value, err := expandEnv(value)
-				if err != nil {
-					return &Error{Key: key + "." + hname, Line: hk.Line, Msg: err.Error()}
-				}
-				t.Headers[hname] = value
-				return nil
-			})
+			return p.headers(key, k, v, &t.Headers)
 		default:
 			msg = "unknown key (endpoint, serviceName, sampleRatio, headers)"
 		}

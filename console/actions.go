@@ -146,7 +146,7 @@ func localPath(p, def string) string {
 
 // inTx runs f in a transaction and commits it when f returns nil.
 func (c *Console) inTx(ctx context.Context, f func(tx pgx.Tx) error) error {
-	tx, err := c.pool.BeginTx(ctx, offsets.ReadCommitted)
+	tx, err := c.pool.BeginTx(ctx, offsets.TxOptions())
 	if err != nil {
 		return fmt.Errorf("console: begin: %w", err)
 	}

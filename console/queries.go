@@ -1,5 +1,10 @@
 package console
 
+// countCap bounds the events a page counts in a partition: those before
+// an event or a host's next one in the host and event paths (the last
+// parameter of eventPathSQL and hostPathSQL).
+const countCap = 10_000_000
+
 // The console's own statements: what the pages read beyond what package
 // metrics (ReadState) and the offsets API give. Each reads one page's
 // figures; every value a user typed is a parameter. Reads of
@@ -65,20 +70,6 @@ FROM {schema}subscriptions s
 LEFT JOIN {schema}group_layouts gl ON gl.group_id = s.group_id AND gl.topic_id = s.topic_id
 WHERE $1 = 0 OR s.topic_id = $1
 ORDER BY s.topic_id, s.group_id`
-
-	// countRangesSQL counts, for each partition $2[i], the events of topic
-	// $1 with offsets in [$3[i], $4[i]), up to $5 per partition: the events
-	// a group handled between two readings of its positions (the live
-	// rate), or those a reset replays or skips.
-	countRangesSQL = `SELECT u.p, c.n
-FROM unnest($2::integer[], $3::bigint[], $4::bigint[]) AS u(p, f, t)
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n FROM (
-        SELECT 1 FROM {schema}outbox_message_t m
-        WHERE m.topic_id = $1 AND m.partition_id = u.p AND m.c_offset >= u.f AND m.c_offset < u.t
-        LIMIT $5
-    ) x
-) c`
 
 	// parkedHostsSQL counts the hosts of group $1 on topic $2 parked in
 	// each partition, with the first few of them.

@@ -178,44 +178,30 @@ func (c *Console) answerReset(w http.ResponseWriter, r *http.Request, status int
 }
 
 // countMoves counts, in tx, the events each move replays or skips, up to
-// previewCountCap a partition, and estimates beyond from the offsets (the
-// topic's offset scope and partition count, as lagEstimate).
+// previewCountCap a partition (offsets.CountUpTo), and estimates beyond
+// from the offsets (the topic's offset scope and partition count, as
+// lagEstimate).
 func countMoves(ctx context.Context, tx pgx.Tx, topic int, moves []offsets.Move, scope string, partitions int) ([]movePreview, error) {
-	out := make([]movePreview, 0, len(moves))
-	var parts []int32
-	var from, to []int64
-	for _, m := range moves {
-		out = append(out, movePreview{Partition: m.Partition, From: m.From, To: m.To})
-		switch {
-		case m.From < 0 || m.From == m.To:
-		case m.To < m.From:
-			parts, from, to = append(parts, int32(m.Partition)), append(from, m.To), append(to, m.From)
-		default:
-			parts, from, to = append(parts, int32(m.Partition)), append(from, m.From), append(to, m.To)
-		}
-	}
-	if len(parts) == 0 {
-		return out, nil
-	}
-	counts, err := countRanges(ctx, tx, topic, parts, from, to, previewCountCap)
+	counted, err := offsets.CountUpTo(ctx, tx, topic, moves, previewCountCap)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("console: %w", err)
 	}
-	for i := range out {
-		m := &out[i]
-		n := counts[int32(m.Partition)]
-		if n >= previewCountCap {
+	out := make([]movePreview, 0, len(counted))
+	for _, c := range counted {
+		m := movePreview{Partition: c.Partition, From: c.From, To: c.To, Replay: c.Replay, Skip: c.Skip}
+		if n := c.Replay + c.Skip; n >= previewCountCap {
 			span := max(m.From, m.To) - min(m.From, m.To)
 			if scope != "partition" && partitions > 1 {
 				span /= int64(partitions)
 			}
 			n, m.Estimated = max(n, span), true
+			if m.Replay > 0 {
+				m.Replay = n
+			} else {
+				m.Skip = n
+			}
 		}
-		if m.From >= 0 && m.To < m.From {
-			m.Replay = n
-		} else if m.From >= 0 && m.To > m.From {
-			m.Skip = n
-		}
+		out = append(out, m)
 	}
 	return out, nil
 }

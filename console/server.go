@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"golang.org/x/sync/errgroup"
+	"github.com/pgevents/pgevents/internal/httpserve"
 )
 
 // ShutdownTimeout bounds the wait for requests in flight (a replay, say)
@@ -61,23 +61,10 @@ func (s *Server) URL() string {
 // to ShutdownTimeout for the requests in flight, closes what remains and
 // returns nil. It returns an error when serving fails. Call it once.
 func (s *Server) Run(ctx context.Context) error {
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("console: serve: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
-		defer cancel()
-		if err := s.srv.Shutdown(sctx); err != nil {
-			_ = s.srv.Close()
-		}
-		return nil
-	})
-	return g.Wait()
+	if err := httpserve.Run(ctx, s.srv, s.ln, ShutdownTimeout); err != nil {
+		return fmt.Errorf("console: serve: %w", err)
+	}
+	return nil
 }
 
 // Close releases the address of a server whose Run was never called.

@@ -2,7 +2,6 @@ package kafka_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/kafka"
 	"github.com/pgevents/pgevents/offsets"
 	"github.com/pgevents/pgevents/schema"
@@ -82,28 +82,10 @@ func (m kcatMessage) record() *kgo.Record {
 type kcatProc struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	stderr lockedBuffer
+	stderr logtest.Buffer
 	lines  sync.WaitGroup
 	mu     sync.Mutex
 	bad    []string // lines that are not JSON messages
-}
-
-// lockedBuffer is a buffer a process writes while the test may read it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startKcat starts kcat with args; every message it prints with -J is

@@ -10,12 +10,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgevents/pgevents/internal/logtest"
 	"github.com/pgevents/pgevents/kafka"
 )
 
 // refusalLines returns the log lines in buf (JSON objects) whose message
 // is the endpoint's refusal line.
-func refusalLines(t *testing.T, buf *lockedBuffer) []map[string]any {
+func refusalLines(t *testing.T, buf *logtest.Buffer) []map[string]any {
 	t.Helper()
 	var out []map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
@@ -41,8 +42,8 @@ func refusalLines(t *testing.T, buf *lockedBuffer) []map[string]any {
 // under a kind of its own.
 func TestRefusalsAreLogged(t *testing.T) {
 	t.Parallel()
-	var lines lockedBuffer
-	log := zerolog.New(&lines)
+	lines := logtest.New(t)
+	log := zerolog.New(lines)
 	e := newEnv(t, 1, "", kafka.Options{Logger: &log})
 	rc := dialRaw(t, e.addr)
 	bad := produceRequest(7, "events", map[int32][]byte{0: encodeBatch(t, -1, 0, nil, rec{value: []byte(`{}`)})}) // no key
@@ -55,7 +56,7 @@ func TestRefusalsAreLogged(t *testing.T) {
 			t.Fatalf("a record without a key: %v, want INVALID_RECORD", kerr.ErrorForCode(c))
 		}
 	}
-	got := refusalLines(t, &lines)
+	got := refusalLines(t, lines)
 	if len(got) != 1 || got[0]["request"] != "produce" || got[0]["error_code"] != float64(kerr.InvalidRecord.Code) ||
 		!strings.Contains(got[0]["reason"].(string), "needs a key") || got[0]["client_id"] != "raw" {
 		t.Fatalf("after 5 refused produces, the refusal lines are %v; want one, for produce, INVALID_RECORD, saying the record needs a key", got)
@@ -64,14 +65,14 @@ func TestRefusalsAreLogged(t *testing.T) {
 	if _, err := rc.do(bad); err != nil {
 		t.Fatal(err)
 	}
-	got = refusalLines(t, &lines)
+	got = refusalLines(t, lines)
 	if len(got) != 2 || got[1]["refused_since_last_line"] != float64(4) {
 		t.Fatalf("the next line after the interval: %v; want it to count the 4 refusals not logged", got)
 	}
 	if c := commitRaw(t, rc, "g", "", -1, map[int32]int64{7: 1})[7]; c != kerr.UnknownTopicOrPartition.Code {
 		t.Fatalf("a commit of partition 7 of a topic of 1: %v, want UNKNOWN_TOPIC_OR_PARTITION", kerr.ErrorForCode(c))
 	}
-	got = refusalLines(t, &lines)
+	got = refusalLines(t, lines)
 	if len(got) != 3 || got[2]["request"] != "commit" || got[2]["kafka_group"] != "g" || got[2]["partition"] != float64(7) {
 		t.Fatalf("after a refused commit, the refusal lines are %v; want a third, for the commit of group g, partition 7", got)
 	}

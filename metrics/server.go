@@ -10,8 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
+	"github.com/pgevents/pgevents/internal/httpserve"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -147,23 +146,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // what remains, and returns nil. It returns an error when serving fails.
 // Call it once.
 func (s *Server) Run(ctx context.Context) error {
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("metrics: serve: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
-		defer cancel()
-		if err := s.srv.Shutdown(sctx); err != nil {
-			_ = s.srv.Close()
-		}
-		return nil
-	})
-	return g.Wait()
+	if err := httpserve.Run(ctx, s.srv, s.ln, s.cfg.ShutdownTimeout); err != nil {
+		return fmt.Errorf("metrics: serve: %w", err)
+	}
+	return nil
 }
 
 // Close releases the address of a server whose Run was never called.

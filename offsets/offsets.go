@@ -113,8 +113,18 @@ const CountCap = 10_000_000
 // its To: replayed when the position moved back, skipped when it moved
 // forward (neither when the group had no position). Call it in the
 // transaction that ran Reset, to show what the reset does before
-// committing it, or with moves read at any time.
+// committing it, or with moves read at any time. It counts up to CountCap
+// events per partition (see CountUpTo).
 func Count(ctx context.Context, db schema.DB, topic int, moves []Move) ([]Counted, error) {
+	return CountUpTo(ctx, db, topic, moves, CountCap)
+}
+
+// CountUpTo is Count with its own bound: it counts up to limit events per
+// partition, so a caller that only needs to know whether a move is small
+// (the console's reset preview) reads at most limit index entries of each
+// partition whatever the log's size. A count of limit means "limit or
+// more".
+func CountUpTo(ctx context.Context, db schema.DB, topic int, moves []Move, limit int64) ([]Counted, error) {
 	out := make([]Counted, 0, len(moves))
 	var parts []int32
 	var from, to []int64
@@ -131,7 +141,7 @@ func Count(ctx context.Context, db schema.DB, topic int, moves []Move) ([]Counte
 	if len(parts) == 0 {
 		return out, nil
 	}
-	rows, err := db.Query(ctx, schema.SQL(ctx, countRangesSQL), topic, parts, from, to, CountCap)
+	rows, err := db.Query(ctx, schema.SQL(ctx, countRangesSQL), topic, parts, from, to, limit)
 	if err != nil {
 		return nil, fmt.Errorf("count events: %w", err)
 	}
@@ -342,12 +352,21 @@ func Unhalt(ctx context.Context, db schema.DB, group string, topic, partition in
 	return Halt(*r), true, nil
 }
 
-// ReadCommitted is the isolation an operator's transaction on positions,
-// subscriptions and halts must run in, whatever the session's default:
-// what it reads after a lock is what the lock's previous holder committed
-// (see the consumer's pool settings, pgevents.NewPoolConfig). Begin such
-// transactions with pool.BeginTx(ctx, offsets.ReadCommitted).
-var ReadCommitted = store.ReadCommitted
+// TxOptions returns the options an operator's transaction on positions,
+// subscriptions and halts must begin with: READ COMMITTED, whatever the
+// session's default, so that what it reads after a lock is what the
+// lock's previous holder committed (see the consumer's pool settings,
+// pgevents.NewPoolConfig). Begin such transactions with
+// pool.BeginTx(ctx, offsets.TxOptions()). It is a function so that no
+// caller can change the options another caller begins with.
+func TxOptions() pgx.TxOptions { return store.ReadCommitted }
+
+// ReadCommitted is TxOptions().
+//
+// Deprecated: use TxOptions. A variable could be assigned by any caller
+// (to no effect on pgevents, which never read this copy). Kept for one
+// release; see CHANGELOG.md.
+var ReadCommitted = TxOptions()
 
 // Watcher says which consumer watches a topic for the others.
 type Watcher struct {

@@ -1,4 +1,4 @@
-// Package sink holds what the relay handlers share: sink/kafka produces
+// Package sink holds what the relay handlers share: sink/kafkasink produces
 // events to Kafka, sink/webhook sends them to an HTTP endpoint. Both are
 // ordinary pgevents handlers, built in Go or from the `kafka` and `http`
 // handler types of db-event-consumer.yml.

@@ -31,7 +31,10 @@ import (
 
 // Buffer is a log destination that tests read while it is written, from
 // any number of goroutines, and that checks each complete JSON log line
-// written to it (see Check).
+// written to it (see Check). Make one with New, which fails the test for
+// each problem found. The zero Buffer is ready to use too, as the tests'
+// one buffer safe for concurrent writes (a child process's stderr, say):
+// it records what Check finds (Problems) but fails no test.
 type Buffer struct {
 	mu       sync.Mutex
 	b        bytes.Buffer

@@ -1,4 +1,4 @@
-// Package sinktest holds test helpers for the relays (sink/kafka,
+// Package sinktest holds test helpers for the relays (sink/kafkasink,
 // sink/webhook) and the binary's relay tests: running a consumer on the
 // production pool settings, reading back what reached Kafka, and checking
 // it against the log: every event present, duplicates only of events

@@ -11,7 +11,7 @@ import (
 // in-process Kafka broker, the benchmark and the demo live in consumer-dev
 // only (not in a service's binary built on consumercli either); the root
 // package brings neither the YAML decoder nor a Kafka client (Kafka's
-// error codes are classified in sink/kafka). The benchmark and the demo are
+// error codes are classified in sink/kafkasink). The benchmark and the demo are
 // packages under cmd/consumer-dev/internal, which the Go toolchain already
 // keeps other commands from importing; the test also checks that
 // consumer-dev does link them, so that it tests the paths they live at.
@@ -61,23 +61,7 @@ func TestProductionDependencies(t *testing.T) {
 	}
 }
 
-// TestUsesOnlyPublicLayers: the CLI, the binary, the console and the Kafka
-// endpoint reach the engine (internal/store, internal/lease) only through
-// public packages (offsets, partition, the root package), as a service's
-// own tools would.
-func TestUsesOnlyPublicLayers(t *testing.T) {
-	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}: {{join .Imports \" \"}}", ".", "..", "../../../console", "../../../kafka").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		pkg, imports, _ := strings.Cut(line, ": ")
-		for _, imp := range strings.Fields(imports) {
-			for _, engine := range []string{"/internal/store", "/internal/lease"} {
-				if strings.HasSuffix(imp, engine) {
-					t.Errorf("%s imports the engine package %s: use a public one", pkg, imp)
-				}
-			}
-		}
-	}
-}
+// The import rules between the module's packages (among them: the CLI, the
+// console and the Kafka endpoint reach the engine only through public
+// packages) are one table, checked by TestImportRules in
+// internal/layers/layers_test.go.

@@ -8,7 +8,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/config"
 	"github.com/pgevents/pgevents/sink"
-	"github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/kafkasink"
 	"github.com/pgevents/pgevents/sink/webhook"
 )
 
@@ -45,7 +45,7 @@ func buildSink(cfg *config.Config, g, i int, h *config.Handler) (pgevents.Handle
 	case "kafka":
 		opts := h.KafkaOptions()
 		opts.TLS, opts.Metrics = tlsConfig, sinkMetrics
-		s, err := kafka.New(opts)
+		s, err := kafkasink.New(opts)
 		if err != nil {
 			return nil, nil, relayErr(err, "brokers")
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/kafka"
 	"github.com/pgevents/pgevents/schema"
-	sinkkafka "github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/kafkasink"
 )
 
 // The Kafka endpoint's part of the kafka case (package kafka: Kafka
@@ -69,7 +69,7 @@ func benchGateway(ctx context.Context, e *benchEnv, kc *kfake.Cluster) ([]benchR
 	}
 	defer stop()
 	bl := &benchBacklogDB{db: db, pool: pool, partitions: gatewayPartitions, events: n}
-	relay, err := sinkkafka.New(sinkkafka.Options{Brokers: kc.ListenAddrs(), Topic: "bench"})
+	relay, err := kafkasink.New(kafkasink.Options{Brokers: kc.ListenAddrs(), Topic: "bench"})
 	if err != nil {
 		return nil, err
 	}

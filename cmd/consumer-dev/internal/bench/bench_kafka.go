@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgevents/pgevents"
-	"github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/kafkasink"
 )
 
 // benchKafka measures the Kafka relay: a backlog of N events (200,000; 30,000
@@ -43,12 +43,12 @@ func benchKafka(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 		return nil, err
 	}
 	defer bl.db.close()
-	relay, err := kafka.New(kafka.Options{Brokers: kc.ListenAddrs(), Topic: "bench"})
+	relay, err := kafkasink.New(kafkasink.Options{Brokers: kc.ListenAddrs(), Topic: "bench"})
 	if err != nil {
 		return nil, err
 	}
 	defer relay.Close()
-	perUser, err := kafka.New(kafka.Options{Brokers: kc.ListenAddrs(), Topic: "bench.{user_id}"})
+	perUser, err := kafkasink.New(kafkasink.Options{Brokers: kc.ListenAddrs(), Topic: "bench.{user_id}"})
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +144,7 @@ func benchKafkaDrain(ctx context.Context, bl *benchBacklogDB, group string, batc
 
 // benchKafkaRecords reads the backlog's events and builds the records the
 // relay produces for them.
-func benchKafkaRecords(ctx context.Context, bl *benchBacklogDB, relay *kafka.Sink) ([]*kgo.Record, error) {
+func benchKafkaRecords(ctx context.Context, bl *benchBacklogDB, relay *kafkasink.Sink) ([]*kgo.Record, error) {
 	rows, err := bl.pool.Query(ctx, `SELECT c_offset, topic_id, partition_id, event_id::text, host_id, user_id,
 		transaction_id, event_type, payload, metadata, created_at FROM outbox_message_t WHERE topic_id = $1 ORDER BY c_offset`, benchTopic)
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/kafkasink"
 )
 
 // demoKafkaTopic is the topic `consumer demo --sink kafka` relays to, and
@@ -23,7 +23,7 @@ const (
 // --sink kafka` and the relay that feeds it.
 type demoKafka struct {
 	cluster *kfake.Cluster
-	sink    *kafka.Sink
+	sink    *kafkasink.Sink
 }
 
 // startDemoKafka starts the broker and the relay.
@@ -32,7 +32,7 @@ func startDemoKafka(stdout io.Writer) (*demoKafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("demo: kafka: %w", err)
 	}
-	s, err := kafka.New(kafka.Options{Brokers: kc.ListenAddrs(), Topic: demoKafkaTopic})
+	s, err := kafkasink.New(kafkasink.Options{Brokers: kc.ListenAddrs(), Topic: demoKafkaTopic})
 	if err != nil {
 		kc.Close()
 		return nil, err

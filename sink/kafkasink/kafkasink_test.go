@@ -1,4 +1,4 @@
-package kafka_test
+package kafkasink_test
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 	"github.com/pgevents/pgevents/internal/pgtest"
 	"github.com/pgevents/pgevents/internal/sinktest"
 	"github.com/pgevents/pgevents/sink"
-	"github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/kafkasink"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -44,10 +44,10 @@ func cluster(t *testing.T, partitions int32, topics []string, opts ...kfake.Opt)
 
 // relay returns a Kafka relay on c with opts (brokers filled in), closed
 // when the test ends.
-func relay(t *testing.T, c *kfake.Cluster, opts kafka.Options) *kafka.Sink {
+func relay(t *testing.T, c *kfake.Cluster, opts kafkasink.Options) *kafkasink.Sink {
 	t.Helper()
 	opts.Brokers = c.ListenAddrs()
-	s, err := kafka.New(opts)
+	s, err := kafkasink.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestRelayInOrderWithHeaders(t *testing.T) {
 	c := cluster(t, 6, []string{"events"})
 	pool := pgtest.TopicPool(t, 4)
 	m := sink.NewMetrics()
-	s := relay(t, c, kafka.Options{Topic: "events", Metrics: m, Name: "k"})
+	s := relay(t, c, kafkasink.Options{Topic: "events", Metrics: m, Name: "k"})
 	sinktest.StartConsumer(t, pool, fastRetry(4, handleAll(s)))
 	n := appendRandom(t, 1, pool, 3000, 60)
 	sinktest.WaitCaughtUp(t, pool, "g", time.Minute)
@@ -128,7 +128,7 @@ func TestKafkaDownIsTransient(t *testing.T) {
 	c := cluster(t, 3, []string{"events"})
 	pool := pgtest.TopicPool(t, 2)
 	m := sink.NewMetrics()
-	s := relay(t, c, kafka.Options{Topic: "events", DeliveryTimeout: time.Second, Metrics: m})
+	s := relay(t, c, kafkasink.Options{Topic: "events", DeliveryTimeout: time.Second, Metrics: m})
 	cfg := fastRetry(2, handleAll(s))
 	// A request cut mid-flight may or may not have been written: the
 	// producer retries it until it knows, so the flush runs out of its
@@ -201,7 +201,7 @@ func TestRecordTooLarge(t *testing.T) {
 			t.Parallel()
 			c := cluster(t, 1, []string{"events"}, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "65536"}))
 			pool := pgtest.TopicPool(t, 1)
-			s := relay(t, c, kafka.Options{Topic: "events", MaxRecordBytes: tc.limit})
+			s := relay(t, c, kafkasink.Options{Topic: "events", MaxRecordBytes: tc.limit})
 			ev := func(host, payload string) pgevents.Event {
 				return pgevents.Event{HostID: host, EventType: "t", Payload: []byte(payload)}
 			}
@@ -285,7 +285,7 @@ func TestRefusedRecordAmongMany(t *testing.T) {
 				return nil, nil, false
 			})
 			pool := pgtest.TopicPool(t, 1)
-			s := relay(t, c, kafka.Options{Topic: "events", ClientOptions: []kgo.Opt{kgo.WithHooks(slowPlacing{})}})
+			s := relay(t, c, kafkasink.Options{Topic: "events", ClientOptions: []kgo.Opt{kgo.WithHooks(slowPlacing{})}})
 			blob := make([]byte, 50<<10)
 			for i := range blob {
 				blob[i] = byte(rand.Uint32())
@@ -352,7 +352,7 @@ func TestCloudEventsAndTopicTemplate(t *testing.T) {
 	t.Parallel()
 	c := cluster(t, 2, []string{"ev.created", "ev.deleted"})
 	pool := pgtest.TopicPool(t, 1)
-	s := relay(t, c, kafka.Options{Topic: "ev.{event_type}", Format: kafka.FormatCloudEvents, Source: "/portal"})
+	s := relay(t, c, kafkasink.Options{Topic: "ev.{event_type}", Format: kafkasink.FormatCloudEvents, Source: "/portal"})
 	sinktest.AppendTx(t, pool, pgevents.Event{HostID: "h1", EventType: "created", Payload: []byte(`{"id":1}`)},
 		pgevents.Event{HostID: "h1", EventType: "deleted", Payload: []byte(`{"id":1}`)})
 	sinktest.AppendTx(t, pool, pgevents.Event{HostID: "h2", EventType: "bad/type", Payload: []byte(`{}`)})
@@ -389,7 +389,7 @@ func TestCloudEventsAndTopicTemplate(t *testing.T) {
 func TestHandleOutsideBatch(t *testing.T) {
 	t.Parallel()
 	c := cluster(t, 1, []string{"events"})
-	s := relay(t, c, kafka.Options{Topic: "events", MaxRecordBytes: 4096})
+	s := relay(t, c, kafkasink.Options{Topic: "events", MaxRecordBytes: 4096})
 	ctx := context.Background()
 	ev := &pgevents.Event{Offset: 7, EventID: "e7", HostID: "h", EventType: "t", Payload: []byte(`{}`)}
 	if err := s.Handle(ctx, nil, ev); err != nil {
@@ -432,7 +432,7 @@ func TestClassify(t *testing.T) {
 		{kerr.InvalidTimestamp, pgevents.ClassPermanent},
 		{pgevents.Permanent(kerr.NotEnoughReplicas), pgevents.ClassPermanent}, // the relay's word wins
 	} {
-		if got := kafka.Classify(tc.err); got != tc.want {
+		if got := kafkasink.Classify(tc.err); got != tc.want {
 			t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
@@ -441,19 +441,19 @@ func TestClassify(t *testing.T) {
 // TestInvalidOptions: New names the option at fault.
 func TestInvalidOptions(t *testing.T) {
 	t.Parallel()
-	ok := kafka.Options{Brokers: []string{"k:9092"}, Topic: "t"}
-	for key, edit := range map[string]func(o *kafka.Options){
-		"brokers":        func(o *kafka.Options) { o.Brokers = nil },
-		"topic":          func(o *kafka.Options) { o.Topic = "a.{nope}" },
-		"key":            func(o *kafka.Options) { o.Key = "{host_id" },
-		"format":         func(o *kafka.Options) { o.Format = "avro" },
-		"sasl.mechanism": func(o *kafka.Options) { o.SASL = &kafka.SASL{Mechanism: "GSSAPI"} },
-		"maxRecordBytes": func(o *kafka.Options) { o.MaxRecordBytes = 10 },
+	ok := kafkasink.Options{Brokers: []string{"k:9092"}, Topic: "t"}
+	for key, edit := range map[string]func(o *kafkasink.Options){
+		"brokers":        func(o *kafkasink.Options) { o.Brokers = nil },
+		"topic":          func(o *kafkasink.Options) { o.Topic = "a.{nope}" },
+		"key":            func(o *kafkasink.Options) { o.Key = "{host_id" },
+		"format":         func(o *kafkasink.Options) { o.Format = "avro" },
+		"sasl.mechanism": func(o *kafkasink.Options) { o.SASL = &kafkasink.SASL{Mechanism: "GSSAPI"} },
+		"maxRecordBytes": func(o *kafkasink.Options) { o.MaxRecordBytes = 10 },
 	} {
 		o := ok
 		edit(&o)
-		_, err := kafka.New(o)
-		var oe *kafka.OptionError
+		_, err := kafkasink.New(o)
+		var oe *kafkasink.OptionError
 		if !errors.As(err, &oe) || oe.Key != key {
 			t.Errorf("%s: %v, want an OptionError for %s", key, err, key)
 		}
@@ -495,7 +495,7 @@ func TestFailedAttemptSendsNothing(t *testing.T) {
 	t.Parallel()
 	c := cluster(t, 1, []string{"events"})
 	pool := pgtest.TopicPool(t, 1)
-	s := relay(t, c, kafka.Options{Topic: "events"})
+	s := relay(t, c, kafkasink.Options{Topic: "events"})
 	var failed atomic.Bool
 	hs := &pgevents.Handlers{}
 	hs.HandleAll(s)
@@ -536,7 +536,7 @@ func TestHostOrderAcrossTopics(t *testing.T) {
 	// The producer refreshes its metadata after a refused record at most
 	// every 100 ms, not 5 s, so that each attempt fails after about the
 	// delivery timeout and the outage ends quickly once the fault goes.
-	s := relay(t, c, kafka.Options{Topic: "ev.{event_type}", DeliveryTimeout: time.Second,
+	s := relay(t, c, kafkasink.Options{Topic: "ev.{event_type}", DeliveryTimeout: time.Second,
 		ClientOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond)}})
 	cfg := fastRetry(2, handleAll(s))
 	cfg.MaxAttempts = 2 // a failure of unknown class would be dead-lettered: the outage's must be transient
@@ -604,7 +604,7 @@ func TestRecordsCarryTraceContext(t *testing.T) {
 	t.Parallel()
 	c := cluster(t, 1, []string{"events"})
 	pool := pgtest.TopicPool(t, 2)
-	s := relay(t, c, kafka.Options{Topic: "events"})
+	s := relay(t, c, kafkasink.Options{Topic: "events"})
 	sinktest.StartConsumer(t, pool, fastRetry(2, handleAll(s)))
 	sc := sinktest.AppendInSpan(t, pool,
 		pgevents.Event{HostID: "h1", EventType: "traced", Payload: []byte(`{}`)},

@@ -1,4 +1,4 @@
-package kafka
+package kafkasink
 
 import (
 	"crypto/tls"

@@ -1,4 +1,4 @@
-// Package kafka relays events to Kafka: a pgevents handler that produces
+// Package kafkasink relays events to Kafka: a pgevents handler that produces
 // each event as a Kafka record, built on franz-go (github.com/twmb/franz-go),
 // usable from Go ([New]) or as the `kafka` handler type of
 // db-event-consumer.yml. It is how a transactional outbox in PostgreSQL
@@ -83,7 +83,7 @@
 // When a unit is dead-lettered, the records its earlier events produced in
 // the failed attempt may already be in Kafka: a unit is atomic in
 // PostgreSQL, not in Kafka.
-package kafka
+package kafkasink
 
 import (
 	"cmp"

@@ -1,4 +1,4 @@
-package kafka_test
+package kafkasink_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/pgeventstest"
-	"github.com/pgevents/pgevents/sink/kafka"
+	"github.com/pgevents/pgevents/sink/kafkasink"
 )
 
 // A consumer group that relays every event to Kafka, one topic per event
@@ -33,7 +33,7 @@ func Example() {
 	}
 	defer pool.Close()
 
-	relay, err := kafka.New(kafka.Options{Brokers: broker.ListenAddrs(), Topic: "portal.{event_type}"})
+	relay, err := kafkasink.New(kafkasink.Options{Brokers: broker.ListenAddrs(), Topic: "portal.{event_type}"})
 	if err != nil {
 		log.Fatal(err)
 	}
