@@ -140,7 +140,7 @@
 // effect and returns; before the offset commits, the consumer flushes
 // every Flusher and commits only if every effect succeeded, and a failed
 // effect is blamed on its event's unit ([EventError]), retried or
-// dead-lettered as if its handler had failed. The relays in sink/kafka and
+// dead-lettered as if its handler had failed. The relays in sink/kafkasink and
 // sink/webhook are built this way: at least once, in order per host.
 //
 // # Layers
@@ -160,7 +160,7 @@
 //     pause/resume/cancel, halts) and adopt. They know nothing of this
 //     package.
 //  4. This package: events, appends, consumers, handlers, dead letters.
-//  5. Above it: metrics, config, sink and the relays (sink/kafka,
+//  5. Above it: metrics, config, sink and the relays (sink/kafkasink,
 //     sink/webhook), the Kafka protocol endpoint (kafka, on the public
 //     layers only), pgeventstest, the console, and the CLI
 //     (cmd/consumer/consumercli), which reaches the engine only through the
@@ -176,5 +176,5 @@
 // and internal/sinktest.
 //
 // This package links no Kafka client: Kafka's error codes are classified in
-// sink/kafka.
+// sink/kafkasink.
 package pgevents

@@ -130,7 +130,7 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 //     Deployment): its Class. Handlers that talk to systems outside
 //     PostgreSQL classify those systems' errors themselves and return them
 //     wrapped this way, so that this package knows none of those systems:
-//     sink/kafka classifies Kafka's error codes (see its Classify: broker
+//     sink/kafkasink classifies Kafka's error codes (see its Classify: broker
 //     unreachable, timeouts, not enough replicas, leader changes are
 //     transient; unknown topics and authorization failures are deployment;
 //     records too large or invalid are permanent) and sink/webhook HTTP

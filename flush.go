@@ -32,7 +32,7 @@ import (
 //
 // A Flusher keeps per-host order by the way it completes effects: a
 // Flusher must never let an effect of a host happen after a later effect
-// of the same host has (sink/kafka relies on the Kafka producer's
+// of the same host has (sink/kafkasink relies on the Kafka producer's
 // per-partition order, sink/webhook sends a host's requests one after
 // another). The consumer hands a Batch only to handlers it runs from its
 // workers; a handler called without one (see [BatchFromContext]) must

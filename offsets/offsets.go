@@ -86,7 +86,7 @@ var ErrGroupRunning = store.ErrGroupRunning
 func Reset(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Move, error) {
 	moves, err := store.Reset(ctx, db, group, topic, start.store(), force)
 	if err != nil {
-		return nil, err
+		return nil, prefixed(err)
 	}
 	out := make([]Move, len(moves))
 	for i, m := range moves {
@@ -143,7 +143,7 @@ func CountUpTo(ctx context.Context, db schema.DB, topic int, moves []Move, limit
 	}
 	rows, err := db.Query(ctx, schema.SQL(ctx, countRangesSQL), topic, parts, from, to, limit)
 	if err != nil {
-		return nil, fmt.Errorf("count events: %w", err)
+		return nil, fmt.Errorf("offsets: count events: %w", err)
 	}
 	counts := map[int32]int64{}
 	var (
@@ -151,7 +151,7 @@ func CountUpTo(ctx context.Context, db schema.DB, topic int, moves []Move, limit
 		n int64
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { counts[p] += n; return nil }); err != nil {
-		return nil, fmt.Errorf("count events: %w", err)
+		return nil, fmt.Errorf("offsets: count events: %w", err)
 	}
 	for i := range out {
 		c := &out[i]
@@ -171,7 +171,7 @@ func CountUpTo(ctx context.Context, db schema.DB, topic int, moves []Move, limit
 func Preview(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Counted, error) {
 	tx, err := store.Begin(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("preview: %w", err)
+		return nil, fmt.Errorf("offsets: preview: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the preview is rolled back
 	moves, err := Reset(ctx, tx, group, topic, start, force)
@@ -219,7 +219,7 @@ func Positions(ctx context.Context, db schema.DB, group string, topic int, lagCa
 	}
 	rows, err := store.QueryWithoutJIT(ctx, db, schema.SQL(ctx, positionsSQL), group, topic, lagCap)
 	if err != nil {
-		return nil, fmt.Errorf("positions: %w", err)
+		return nil, fmt.Errorf("offsets: positions: %w", err)
 	}
 	var (
 		out          []Position
@@ -242,7 +242,7 @@ func Positions(ctx context.Context, db schema.DB, group string, topic int, lagCa
 		out = append(out, pos)
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("positions: %w", err)
+		return nil, fmt.Errorf("offsets: positions: %w", err)
 	}
 	return out, nil
 }
@@ -292,7 +292,8 @@ var ErrCancelled = store.ErrCancelled
 // (pausing a paused group, resuming an active one): the state returned is
 // then to, which says so. Any other transition returns ErrTransition.
 func SetState(ctx context.Context, db schema.DB, group string, topic int, to string) (string, error) {
-	return store.SetState(ctx, db, group, topic, to)
+	from, err := store.SetState(ctx, db, group, topic, to)
+	return from, prefixed(err)
 }
 
 // Pause is SetState(ctx, db, group, topic, Paused).
@@ -313,7 +314,8 @@ func Cancel(ctx context.Context, db schema.DB, group string, topic int) (string,
 // State returns the group's subscription state on topic, or "" when the
 // group has no subscription there.
 func State(ctx context.Context, db schema.DB, group string, topic int) (string, error) {
-	return store.SubscriptionState(ctx, db, group, topic)
+	state, err := store.SubscriptionState(ctx, db, group, topic)
+	return state, prefixed(err)
 }
 
 // Halt says where and why a partition of a group halted.
@@ -331,7 +333,7 @@ type Halt struct {
 func Halts(ctx context.Context, db schema.DB, group string, topic int) ([]Halt, error) {
 	hs, err := store.Halts(ctx, db, group, topic)
 	if err != nil {
-		return nil, err
+		return nil, prefixed(err)
 	}
 	out := make([]Halt, len(hs))
 	for i, h := range hs {
@@ -347,7 +349,7 @@ func Halts(ctx context.Context, db schema.DB, group string, topic int) ([]Halt, 
 func Unhalt(ctx context.Context, db schema.DB, group string, topic, partition int) (h Halt, ok bool, err error) {
 	r, err := store.Unhalt(ctx, db, group, topic, partition)
 	if err != nil || r == nil {
-		return Halt{}, false, err
+		return Halt{}, false, prefixed(err)
 	}
 	return Halt(*r), true, nil
 }
@@ -384,7 +386,7 @@ type Watcher struct {
 // key.
 func Watchers(ctx context.Context, db schema.DB, topic int) (Watcher, error) {
 	s, n, err := store.RoleSessions(ctx, db, store.RoleWatcher, topic)
-	return Watcher{Session: s, Waiting: n}, err
+	return Watcher{Session: s, Waiting: n}, prefixed(err)
 }
 
 // Subscribe registers group on topic, starting at start, unless it is
@@ -397,7 +399,7 @@ func Watchers(ctx context.Context, db schema.DB, topic int) (Watcher, error) {
 // groups).
 func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start Start, deadAfter time.Duration) (string, error) {
 	state, _, err := store.Subscribe(ctx, db, group, topic, start.store(), deadAfter)
-	return state, err
+	return state, prefixed(err)
 }
 
 // KeepLive marks group's subscription on topic live, as a replica's
@@ -407,7 +409,8 @@ func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start
 // way and keeps the group live by committing (a Kafka client that assigns
 // itself partitions).
 func KeepLive(ctx context.Context, db schema.DB, group string, topic int) (string, error) {
-	return store.Heartbeat(ctx, db, group, topic)
+	state, err := store.Heartbeat(ctx, db, group, topic)
+	return state, prefixed(err)
 }
 
 // Commit sets group's next offset on topic in the partitions of next
@@ -447,27 +450,27 @@ func Commit(ctx context.Context, db schema.DB, group string, topic int, next map
 	}
 	tx, err := store.Begin(ctx, db)
 	if err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return fmt.Errorf("offsets: commit: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	if err := store.HoldGroup(ctx, tx, group, false, "", ""); err != nil {
-		return err
+		return prefixed(err)
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic, ps); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return fmt.Errorf("offsets: commit: %w", err)
 	}
 	if len(removed) > 0 {
 		if _, err := tx.Exec(ctx, schema.SQL(ctx, removePositionsSQL), group, topic, removed); err != nil {
-			return fmt.Errorf("commit: %w", err)
+			return fmt.Errorf("offsets: commit: %w", err)
 		}
 	}
 	if len(set) > 0 {
 		if _, err := tx.Exec(ctx, schema.SQL(ctx, commitPositionsSQL), group, topic, set, ns); err != nil {
-			return fmt.Errorf("commit: %w", err)
+			return fmt.Errorf("offsets: commit: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return fmt.Errorf("offsets: commit: %w", err)
 	}
 	return nil
 }
@@ -489,18 +492,19 @@ type GroupInUseError = store.GroupInUseError
 // It returns a *GroupInUseError while a replica of the group is live.
 // Holding it again on the same session only updates the description.
 func HoldGroup(ctx context.Context, db schema.DB, group, holder, detail string) error {
-	return store.HoldGroup(ctx, db, group, true, holder, detail)
+	return prefixed(store.HoldGroup(ctx, db, group, true, holder, detail))
 }
 
 // ReleaseGroup gives back the hold db's session took with HoldGroup, so
 // that the group's pgevents replicas may run again; nothing when the
 // session holds none.
 func ReleaseGroup(ctx context.Context, db schema.DB, group string) error {
-	return store.ReleaseGroup(ctx, db, group)
+	return prefixed(store.ReleaseGroup(ctx, db, group))
 }
 
 // GroupHolder describes who holds group's name (HoldGroup), or returns ""
 // when nobody does.
 func GroupHolder(ctx context.Context, db schema.DB, group string) (string, error) {
-	return store.GroupHolder(ctx, db, group)
+	holder, err := store.GroupHolder(ctx, db, group)
+	return holder, prefixed(err)
 }

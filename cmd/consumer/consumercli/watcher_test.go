@@ -75,8 +75,8 @@ func electedProcess(t *testing.T, procs []*proc) int {
 	return -1
 }
 
-// TestOneWatcherServesEveryProcess runs the design card's deployment, a
-// consumer process per partition, with the poll at an hour: one process
+// TestOneWatcherServesEveryProcess runs a consumer process per partition
+// (static mode, as docs/deploying.md deploys it), with the poll at an hour: one process
 // of the database is the topic's elected watcher and the others wait for
 // its key. Each round, producers append multi-event transactions over
 // several hosts, and every event must be handled within 10 s (a partition

@@ -30,8 +30,8 @@ type benchProcessesShape struct {
 }
 
 // benchProcessesShapes are the processes case's deployments: one process
-// for 8 partitions, one process per partition of 8 (the design card's
-// deployment), and one per partition of 16.
+// for 8 partitions, one process per partition of 8 (the
+// deployment docs/deploying.md describes), and one per partition of 16.
 var benchProcessesShapes = []benchProcessesShape{
 	{"1 process, 8 partitions", 8, false},
 	{"8 processes, one per partition", 8, true},
