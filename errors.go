@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgevents/pgevents/internal/store"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -20,9 +19,16 @@ import (
 // and get this prefix where this package returns them.
 const errPrefix = "pgevents: "
 
-// prefixed returns err starting with errPrefix, once, still wrapping err
-// (store.Prefixed).
-func prefixed(err error) error { return store.Prefixed(errPrefix, err) }
+// prefixed returns err starting with errPrefix, wrapped with %w so that
+// errors.Is and errors.As still find what it wraps; nil stays nil, and an
+// error that starts with the prefix already is returned as it is (never
+// "pgevents: pgevents: ").
+func prefixed(err error) error {
+	if err == nil || strings.HasPrefix(err.Error(), errPrefix) {
+		return err
+	}
+	return fmt.Errorf("%s%w", errPrefix, err)
+}
 
 // Class says what the consumer does with a failed batch.
 type Class int
