@@ -57,12 +57,12 @@ type AuditEntry struct {
 // that failed, run it on a pool right after.
 func Audit(ctx context.Context, db schema.DB, e AuditEntry) error {
 	if e.Origin == "" || e.Action == "" {
-		return fmt.Errorf("offsets: audit: an entry needs an origin and an action, got %q and %q", e.Origin, e.Action)
+		return fmt.Errorf("audit: an entry needs an origin and an action, got %q and %q", e.Origin, e.Action)
 	}
 	_, err := db.Exec(ctx, schema.SQL(ctx, auditInsertSQL), e.Origin, e.Actor, e.Remote, e.Action,
 		e.Topic, e.Group, e.Partition, e.DeadLetter, e.Detail, e.Outcome)
 	if err != nil {
-		return fmt.Errorf("offsets: audit: %w", err)
+		return fmt.Errorf("audit: %w", err)
 	}
 	return nil
 }

@@ -86,7 +86,7 @@ var ErrGroupRunning = store.ErrGroupRunning
 func Reset(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Move, error) {
 	moves, err := store.Reset(ctx, db, group, topic, start.store(), force)
 	if err != nil {
-		return nil, prefixed(err)
+		return nil, err
 	}
 	out := make([]Move, len(moves))
 	for i, m := range moves {
@@ -143,7 +143,7 @@ func CountUpTo(ctx context.Context, db schema.DB, topic int, moves []Move, limit
 	}
 	rows, err := db.Query(ctx, schema.SQL(ctx, countRangesSQL), topic, parts, from, to, limit)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: count events: %w", err)
+		return nil, fmt.Errorf("count events: %w", err)
 	}
 	counts := map[int32]int64{}
 	var (
@@ -151,7 +151,7 @@ func CountUpTo(ctx context.Context, db schema.DB, topic int, moves []Move, limit
 		n int64
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { counts[p] += n; return nil }); err != nil {
-		return nil, fmt.Errorf("offsets: count events: %w", err)
+		return nil, fmt.Errorf("count events: %w", err)
 	}
 	for i := range out {
 		c := &out[i]
@@ -171,7 +171,7 @@ func CountUpTo(ctx context.Context, db schema.DB, topic int, moves []Move, limit
 func Preview(ctx context.Context, db schema.DB, group string, topic int, start Start, force bool) ([]Counted, error) {
 	tx, err := store.Begin(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: preview: %w", err)
+		return nil, fmt.Errorf("preview: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the preview is rolled back
 	moves, err := Reset(ctx, tx, group, topic, start, force)
@@ -219,7 +219,7 @@ func Positions(ctx context.Context, db schema.DB, group string, topic int, lagCa
 	}
 	rows, err := store.QueryWithoutJIT(ctx, db, schema.SQL(ctx, positionsSQL), group, topic, lagCap)
 	if err != nil {
-		return nil, fmt.Errorf("offsets: positions: %w", err)
+		return nil, fmt.Errorf("positions: %w", err)
 	}
 	var (
 		out          []Position
@@ -242,7 +242,7 @@ func Positions(ctx context.Context, db schema.DB, group string, topic int, lagCa
 		out = append(out, pos)
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("offsets: positions: %w", err)
+		return nil, fmt.Errorf("positions: %w", err)
 	}
 	return out, nil
 }
@@ -292,8 +292,7 @@ var ErrCancelled = store.ErrCancelled
 // (pausing a paused group, resuming an active one): the state returned is
 // then to, which says so. Any other transition returns ErrTransition.
 func SetState(ctx context.Context, db schema.DB, group string, topic int, to string) (string, error) {
-	from, err := store.SetState(ctx, db, group, topic, to)
-	return from, prefixed(err)
+	return store.SetState(ctx, db, group, topic, to)
 }
 
 // Pause is SetState(ctx, db, group, topic, Paused).
@@ -314,8 +313,7 @@ func Cancel(ctx context.Context, db schema.DB, group string, topic int) (string,
 // State returns the group's subscription state on topic, or "" when the
 // group has no subscription there.
 func State(ctx context.Context, db schema.DB, group string, topic int) (string, error) {
-	state, err := store.SubscriptionState(ctx, db, group, topic)
-	return state, prefixed(err)
+	return store.SubscriptionState(ctx, db, group, topic)
 }
 
 // Halt says where and why a partition of a group halted.
@@ -333,7 +331,7 @@ type Halt struct {
 func Halts(ctx context.Context, db schema.DB, group string, topic int) ([]Halt, error) {
 	hs, err := store.Halts(ctx, db, group, topic)
 	if err != nil {
-		return nil, prefixed(err)
+		return nil, err
 	}
 	out := make([]Halt, len(hs))
 	for i, h := range hs {
@@ -349,7 +347,7 @@ func Halts(ctx context.Context, db schema.DB, group string, topic int) ([]Halt, 
 func Unhalt(ctx context.Context, db schema.DB, group string, topic, partition int) (h Halt, ok bool, err error) {
 	r, err := store.Unhalt(ctx, db, group, topic, partition)
 	if err != nil || r == nil {
-		return Halt{}, false, prefixed(err)
+		return Halt{}, false, err
 	}
 	return Halt(*r), true, nil
 }
@@ -386,7 +384,7 @@ type Watcher struct {
 // key.
 func Watchers(ctx context.Context, db schema.DB, topic int) (Watcher, error) {
 	s, n, err := store.RoleSessions(ctx, db, store.RoleWatcher, topic)
-	return Watcher{Session: s, Waiting: n}, prefixed(err)
+	return Watcher{Session: s, Waiting: n}, err
 }
 
 // Subscribe registers group on topic, starting at start, unless it is
@@ -399,7 +397,7 @@ func Watchers(ctx context.Context, db schema.DB, topic int) (Watcher, error) {
 // groups).
 func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start Start, deadAfter time.Duration) (string, error) {
 	state, _, err := store.Subscribe(ctx, db, group, topic, start.store(), deadAfter)
-	return state, prefixed(err)
+	return state, err
 }
 
 // KeepLive marks group's subscription on topic live, as a replica's
@@ -409,8 +407,7 @@ func Subscribe(ctx context.Context, db schema.DB, group string, topic int, start
 // way and keeps the group live by committing (a Kafka client that assigns
 // itself partitions).
 func KeepLive(ctx context.Context, db schema.DB, group string, topic int) (string, error) {
-	state, err := store.Heartbeat(ctx, db, group, topic)
-	return state, prefixed(err)
+	return store.Heartbeat(ctx, db, group, topic)
 }
 
 // Commit sets group's next offset on topic in the partitions of next
@@ -450,27 +447,27 @@ func Commit(ctx context.Context, db schema.DB, group string, topic int, next map
 	}
 	tx, err := store.Begin(ctx, db)
 	if err != nil {
-		return fmt.Errorf("offsets: commit: %w", err)
+		return fmt.Errorf("commit: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	if err := store.HoldGroup(ctx, tx, group, false, "", ""); err != nil {
-		return prefixed(err)
+		return err
 	}
 	if _, err := tx.Exec(ctx, schema.SQL(ctx, lockPositionsSQL), group, topic, ps); err != nil {
-		return fmt.Errorf("offsets: commit: %w", err)
+		return fmt.Errorf("commit: %w", err)
 	}
 	if len(removed) > 0 {
 		if _, err := tx.Exec(ctx, schema.SQL(ctx, removePositionsSQL), group, topic, removed); err != nil {
-			return fmt.Errorf("offsets: commit: %w", err)
+			return fmt.Errorf("commit: %w", err)
 		}
 	}
 	if len(set) > 0 {
 		if _, err := tx.Exec(ctx, schema.SQL(ctx, commitPositionsSQL), group, topic, set, ns); err != nil {
-			return fmt.Errorf("offsets: commit: %w", err)
+			return fmt.Errorf("commit: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("offsets: commit: %w", err)
+		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
 }
@@ -492,19 +489,18 @@ type GroupInUseError = store.GroupInUseError
 // It returns a *GroupInUseError while a replica of the group is live.
 // Holding it again on the same session only updates the description.
 func HoldGroup(ctx context.Context, db schema.DB, group, holder, detail string) error {
-	return prefixed(store.HoldGroup(ctx, db, group, true, holder, detail))
+	return store.HoldGroup(ctx, db, group, true, holder, detail)
 }
 
 // ReleaseGroup gives back the hold db's session took with HoldGroup, so
 // that the group's pgevents replicas may run again; nothing when the
 // session holds none.
 func ReleaseGroup(ctx context.Context, db schema.DB, group string) error {
-	return prefixed(store.ReleaseGroup(ctx, db, group))
+	return store.ReleaseGroup(ctx, db, group)
 }
 
 // GroupHolder describes who holds group's name (HoldGroup), or returns ""
 // when nobody does.
 func GroupHolder(ctx context.Context, db schema.DB, group string) (string, error) {
-	holder, err := store.GroupHolder(ctx, db, group)
-	return holder, prefixed(err)
+	return store.GroupHolder(ctx, db, group)
 }
