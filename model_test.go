@@ -619,7 +619,10 @@ func (m *model) operate(r *rand.Rand) string {
 		if n == m.partitions {
 			return "no repartition"
 		}
-		if _, err := schema.Repartition(m.ctx, m.pool, 1, n); err != nil {
+		// A repartition whose segments are left to maintenance (a lock not
+		// granted within a second, under load) stands: count it as done.
+		var pending *schema.SegmentsPendingError
+		if _, err := schema.Repartition(m.ctx, m.pool, 1, n); err != nil && !errors.As(err, &pending) {
 			m.t.Error(err)
 			return "repartition"
 		}

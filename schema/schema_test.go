@@ -1157,3 +1157,44 @@ FROM generate_series(1, $3) i))`, id, step.host, step.n); err != nil {
 		}
 	}
 }
+
+// TestRepartitionStandsWhenSegmentsWait: when the new partitions' segments
+// cannot be created (another session holds the log's DEFAULT partition,
+// which creating them moves rows out of), Repartition returns the cut and a
+// *SegmentsPendingError, and the topic has the new count: a caller that
+// took any error for a failed repartition would run consumers with the old
+// count, which refuse to start (found by TestFailureModel under load).
+func TestRepartitionStandsWhenSegmentsWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.MigratedDB(t))
+	if _, _, err := schema.EnsureTopicSpec(ctx, pool, schema.TopicSpec{ID: 1, Partitions: 2, Scope: schema.ScopeTopic}); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `SELECT append_event(1, 'a', 'u', 't', '{}')`)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `LOCK TABLE outbox_message_t_default IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	cut, err := schema.Repartition(ctx, pool, 1, 4)
+	var pending *schema.SegmentsPendingError
+	if !errors.As(err, &pending) || pending.Topic != 1 {
+		t.Fatalf("repartition while the segments wait: cut %d, %v; want a *SegmentsPendingError", cut, err)
+	}
+	if cut != 2 {
+		t.Errorf("cut %d, want 2 (the offset after the one event)", cut)
+	}
+	if tp, err := schema.LookupTopic(ctx, pool, 1); err != nil || tp.Partitions != 4 {
+		t.Fatalf("topic after the repartition: %+v, %v; want 4 partitions", tp, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := schema.EnsureSegments(ctx, pool, 1); err != nil || n == 0 {
+		t.Fatalf("the next maintenance pass: created %d, %v; want the new partitions' segments", n, err)
+	}
+}

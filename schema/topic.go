@@ -414,18 +414,40 @@ func EnsureSegments(ctx context.Context, db DB, topicID int) (int, error) {
 // partitions' tables, where consumers read them at once: left to the next
 // maintenance pass, they waited in the log's DEFAULT partition, and their
 // partitions' workers retried, for seconds. When that fails, the
-// repartition stands (the cut is returned) and the error says so;
-// maintenance creates the segments at its next pass.
+// repartition stands (the cut is returned) and the error is a
+// *SegmentsPendingError: the caller must treat the topic as repartitioned.
 func Repartition(ctx context.Context, db DB, id, partitions int) (int64, error) {
 	var cut int64
 	if err := db.QueryRow(ctx, SQL(ctx, `SELECT {schema}repartition_topic($1, $2)`), id, partitions).Scan(&cut); err != nil {
 		return 0, fmt.Errorf("schema: repartition topic %d: %w", id, err)
 	}
 	if _, err := EnsureSegments(ctx, db, id); err != nil {
-		return cut, fmt.Errorf("schema: topic %d repartitioned, but its new partitions' segments are left to the next maintenance pass: %w", id, err)
+		return cut, &SegmentsPendingError{Topic: id, Err: err}
 	}
 	return cut, nil
 }
+
+// SegmentsPendingError says that a change to a topic committed, but the
+// segments of its new partitions could not be created yet (a lock was not
+// granted within EnsureSegments' bound). The change stands: maintenance
+// creates the segments at its next pass, and events appended meanwhile
+// wait in the log's DEFAULT partition, where nothing is lost. Callers that
+// track the topic's partition count must count the change as done (find it
+// with errors.As).
+type SegmentsPendingError struct {
+	// Topic is the topic that changed.
+	Topic int
+	// Err is why the segments were not created.
+	Err error
+}
+
+// Error says that the change stands and what is left to maintenance.
+func (e *SegmentsPendingError) Error() string {
+	return fmt.Sprintf("schema: topic %d repartitioned, but its new partitions' segments are left to the next maintenance pass: %v", e.Topic, e.Err)
+}
+
+// Unwrap returns why the segments were not created.
+func (e *SegmentsPendingError) Unwrap() error { return e.Err }
 
 // Segment is a table of outbox_message_t holding the offsets [Lo, Hi) of
 // one partition of a topic.

@@ -2,6 +2,7 @@ package consumercli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -37,7 +38,12 @@ func repartitionCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	cut, err := schema.Repartition(ctx, pool, *topic, *partitions)
-	if err != nil {
+	var pending *schema.SegmentsPendingError
+	switch {
+	case errors.As(err, &pending):
+		// The repartition committed: say so (exit 0), and what is left.
+		fmt.Fprintf(stderr, "consumer: warning: %v\n", err)
+	case err != nil:
 		return err
 	}
 	// Under scope partition each partition has its own cut: its next
