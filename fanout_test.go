@@ -134,7 +134,10 @@ func TestPauseResumeCancel(t *testing.T) {
 	pool := newTopic(t, 1)
 	mustExec(t, pool, fxTable)
 	cfg := fxConfig("g", 1)
-	cfg.DeadAfter = 400 * time.Millisecond // heartbeat every 100 ms
+	// Heartbeat every 500 ms: the cancellation is seen within a beat. (At
+	// 400 ms, a heartbeat late by that much on a loaded -race run let the
+	// group go DEAD before the test paused it.)
+	cfg.DeadAfter = 2 * time.Second
 	c, err := NewConsumer(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
