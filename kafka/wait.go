@@ -179,10 +179,8 @@ func (w *waiters) run(ctx context.Context) error {
 		ln, err := listener.New(listener.Config{
 			ConnConfig: s.pool.Config().ConnConfig,
 			Channel:    ch,
-			Notify: func(ctx context.Context, channel, payload string) error {
-				_, err := s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, channel, payload)
-				return err
-			},
+			// The canary pings the listening session: a notification
+			// would wake every listener of the database.
 			Logger: &s.log,
 			Sink:   sink{w},
 		})

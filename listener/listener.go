@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgxlisten"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
@@ -52,7 +51,9 @@ type Config struct {
 	// canary, while sending it succeeds, before it reconnects; default 3 s.
 	CanaryTimeout time.Duration
 	// Notify sends a notification through a connection other than the
-	// listening one, for the canary; required (a pool's Exec does).
+	// listening one, for the canary (a pool's Exec does). nil: the canary
+	// is a ping of the listening session itself (sendCanary), which
+	// notifies nobody.
 	Notify func(ctx context.Context, channel, payload string) error
 	// Logger receives connection errors; default: discard.
 	Logger *zerolog.Logger
@@ -80,15 +81,45 @@ type Listener struct {
 	// failures, once per backoff.DefaultInterval while they repeat.
 	retry *backoff.Retry
 
-	// Used by dial only, which pgxlisten calls from one goroutine.
+	// The loans of the session (Acquire): guarded by lmu. serving is true
+	// while a session listens and can be lent; interrupt ends the current
+	// wait for a notification, so that the queued loans are served.
+	lmu       sync.Mutex
+	serving   bool
+	queue     []*loan
+	interrupt context.CancelFunc
+
+	// Used by listen's goroutine only.
 	lastConnect time.Time
 	quickDeaths int
 }
 
+// loan is one Acquire: the session is sent on granted (closed when the
+// session was lost first), and the borrower closes done to give it back.
+type loan struct {
+	granted chan *pgx.Conn
+	done    chan struct{}
+	once    sync.Once
+}
+
+func (ln *loan) release() { ln.once.Do(func() { close(ln.done) }) }
+
+// How long a borrower may keep the session: loanMax, after which the
+// listener closes it (longer than a statement's DefaultStatementTimeout
+// of a consumer pool, 30 s), and lendGrace, how long a stopping listener
+// waits for it to be given back before it closes it.
+const (
+	loanMax   = time.Minute
+	lendGrace = 5 * time.Second
+)
+
+// ErrNotListening is returned by Acquire while the listener has no session.
+var ErrNotListening = errors.New("listener: no listening session")
+
 // New validates cfg, applies defaults and returns a Listener.
 func New(cfg Config) (*Listener, error) {
-	if cfg.ConnConfig == nil || cfg.Sink == nil || cfg.Notify == nil {
-		return nil, errors.New("listener: ConnConfig, Sink and Notify are required")
+	if cfg.ConnConfig == nil || cfg.Sink == nil {
+		return nil, errors.New("listener: ConnConfig and Sink are required")
 	}
 	if cfg.Channel == "" {
 		cfg.Channel = "event_channel"
@@ -158,8 +189,9 @@ func (l *Listener) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-// listen runs pgxlisten on the current channel until ctx is cancelled, and
-// again on the new channel whenever SetChannel changes it.
+// listen listens on the current channel until ctx is cancelled, and again
+// on the new channel whenever SetChannel changes it, connecting again
+// after the session is lost.
 func (l *Listener) listen(ctx context.Context) error {
 	for {
 		l.mu.Lock()
@@ -167,33 +199,189 @@ func (l *Listener) listen(ctx context.Context) error {
 		lctx, cancel := context.WithCancel(ctx)
 		l.restart = cancel
 		l.mu.Unlock()
-		pl := &pgxlisten.Listener{
-			Connect:        l.dial,
-			LogError:       l.logError,
-			ReconnectDelay: -1, // no fixed delay: dial backs off while failing
+		conn, err := l.dial(lctx)
+		if err == nil {
+			err = l.serve(lctx, conn, channel)
+			l.stopLending()
+			l.setConn(nil)
+			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_ = conn.Close(cctx)
+			ccancel()
 		}
-		pl.Handle(channel, l)
-		pl.Handle(l.canary, pgxlisten.HandlerFunc(func(context.Context, *pgconn.Notification, *pgx.Conn) error {
-			l.lastRx.Store(time.Now().UnixNano())
-			return nil
-		}))
-		err := pl.Listen(lctx)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case lctx.Err() != nil:
-			l.setConn(nil)
 			l.lastConnect = time.Time{} // not a quick death: connect at once
 			l.cfg.Logger.Info().Str("from", channel).Str("to", l.Channel()).Msg("listener: listening on the topic's new channel")
 		default:
-			return err
+			l.logError(ctx, err)
 		}
 	}
 }
 
-// dial is pgxlisten's Connect: it backs off after the connection was lost
-// and while dialling fails (from 50 ms to 5 s, with jitter), and more when
+// serve LISTENs on conn, then waits for notifications until the session
+// fails or ctx is cancelled, lending the session (Acquire) between two
+// waits.
+func (l *Listener) serve(ctx context.Context, conn *pgx.Conn, channel string) error {
+	for _, ch := range []string{channel, l.canary} {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fmt.Errorf("listen %s: %w", ch, err)
+		}
+	}
+	l.lastRx.Store(time.Now().UnixNano())
+	l.connect.Add(1)
+	l.ready.Store(true)
+	l.retry.Ok()
+	l.lmu.Lock()
+	l.serving = true
+	l.lmu.Unlock()
+	// After LISTEN: events committed while nobody listened are looked for.
+	l.cfg.Sink.Connected()
+	for {
+		if err := l.lend(ctx, conn); err != nil {
+			return err
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		l.lmu.Lock()
+		if len(l.queue) > 0 {
+			l.lmu.Unlock()
+			cancel()
+			continue
+		}
+		l.interrupt = cancel
+		l.lmu.Unlock()
+		n, err := conn.WaitForNotification(wctx)
+		l.lmu.Lock()
+		l.interrupt = nil
+		l.lmu.Unlock()
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && wctx.Err() != nil && !conn.IsClosed() {
+				continue // interrupted to lend the session
+			}
+			return err
+		}
+		switch n.Channel {
+		case l.canary:
+			l.lastRx.Store(time.Now().UnixNano())
+		case channel:
+			l.handleNotification(n)
+		}
+	}
+}
+
+// Acquire lends the listening session to the caller until it calls
+// release, which it must, once, after its last use of the connection (its
+// rows read or closed, its transaction ended). Meanwhile the listener
+// reads no notification: they are kept by the connection and read after
+// the release, so none is lost, but each waits for it; borrow the session
+// for short statements only, never for one that may wait for a lock. It
+// returns ErrNotListening while the listener has no session (it is
+// connecting), and ctx's error if ctx ends before the session is free. A
+// connection left in a transaction, or broken, is closed at its release
+// and the listener connects again.
+func (l *Listener) Acquire(ctx context.Context) (conn *pgx.Conn, release func(), err error) {
+	ln := &loan{granted: make(chan *pgx.Conn, 1), done: make(chan struct{})}
+	l.lmu.Lock()
+	if !l.serving {
+		l.lmu.Unlock()
+		return nil, nil, ErrNotListening
+	}
+	l.queue = append(l.queue, ln)
+	if l.interrupt != nil {
+		l.interrupt()
+	}
+	l.lmu.Unlock()
+	select {
+	case c, ok := <-ln.granted:
+		if !ok {
+			return nil, nil, ErrNotListening
+		}
+		return c, ln.release, nil
+	case <-ctx.Done():
+		l.lmu.Lock()
+		queued := false
+		for i, q := range l.queue {
+			if q == ln {
+				l.queue = append(l.queue[:i], l.queue[i+1:]...)
+				queued = true
+				break
+			}
+		}
+		l.lmu.Unlock()
+		if !queued {
+			// Being granted (or failed): take it and give it back.
+			if _, ok := <-ln.granted; ok {
+				ln.release()
+			}
+		}
+		return nil, nil, ctx.Err()
+	}
+}
+
+// lend serves the queued loans one after the other, each until its
+// release.
+func (l *Listener) lend(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		l.lmu.Lock()
+		if len(l.queue) == 0 {
+			l.lmu.Unlock()
+			return nil
+		}
+		ln := l.queue[0]
+		l.queue = l.queue[1:]
+		l.lmu.Unlock()
+		ln.granted <- conn
+		kept := time.NewTimer(loanMax)
+		select {
+		case <-ln.done:
+			kept.Stop()
+		case <-kept.C:
+			// A borrower that never gives the session back (a bug: rows
+			// never closed, say) would stop the wake-ups for good.
+			l.cfg.Logger.Error().Dur("kept", loanMax).Msg("listener: the session was not given back; closing it and connecting again")
+			_ = conn.PgConn().Conn().Close()
+			select {
+			case <-ln.done:
+			case <-time.After(lendGrace):
+			}
+			return fmt.Errorf("the session was not given back within %s", loanMax)
+		case <-ctx.Done():
+			kept.Stop()
+			// Stopping: the borrower, stopped by the same context, gives
+			// the session back before it is closed; one that does not
+			// within lendGrace finds it closed under it.
+			select {
+			case <-ln.done:
+			case <-time.After(lendGrace):
+			}
+			return ctx.Err()
+		}
+		if conn.IsClosed() {
+			return errors.New("the session was lost while lent")
+		}
+		if st := conn.PgConn().TxStatus(); st != 'I' {
+			return fmt.Errorf("the session was given back in a transaction (status %c)", st)
+		}
+	}
+}
+
+// stopLending refuses new loans and fails the queued ones: the session is
+// gone.
+func (l *Listener) stopLending() {
+	l.lmu.Lock()
+	defer l.lmu.Unlock()
+	l.serving = false
+	for _, ln := range l.queue {
+		close(ln.granted)
+	}
+	l.queue = nil
+}
+
+// dial connects, backing off after the connection was lost and while
+// dialling fails (from 50 ms to 5 s, with jitter), and more when
 // connections die right after being made (a server that accepts and then
 // refuses LISTEN, say), so that neither becomes a tight loop.
 func (l *Listener) dial(ctx context.Context) (*pgx.Conn, error) {
@@ -231,19 +419,7 @@ func (l *Listener) setConn(c *pgx.Conn) {
 	}
 }
 
-// HandleBacklog implements pgxlisten.BacklogHandler: pgxlisten calls it once
-// LISTEN is in place on a new connection, which is when events committed
-// while disconnected must be looked for.
-func (l *Listener) HandleBacklog(ctx context.Context, channel string, conn *pgx.Conn) error {
-	l.lastRx.Store(time.Now().UnixNano())
-	l.connect.Add(1)
-	l.ready.Store(true)
-	l.retry.Ok()
-	l.cfg.Sink.Connected()
-	return nil
-}
-
-// HandleNotification implements pgxlisten.Handler for the event channel. A
+// handleNotification takes a notification of the event channel. A
 // payload it cannot decode (anyone may NOTIFY the channel) wakes every
 // partition; it is not a connection error. One that is not pgevents' own
 // at all (ErrForeignPayload: the 'new_event' of a seed-style notify_event()
@@ -251,7 +427,7 @@ func (l *Listener) HandleBacklog(ctx context.Context, channel string, conn *pgx.
 // bridge) is logged once, at info level, then at debug level only, since it
 // comes with every transaction of the other trigger's producers; a
 // malformed payload of pgevents' form is logged as a warning.
-func (l *Listener) HandleNotification(ctx context.Context, n *pgconn.Notification, conn *pgx.Conn) error {
+func (l *Listener) handleNotification(n *pgconn.Notification) {
 	l.lastRx.Store(time.Now().UnixNano())
 	err := Decode(n.Payload, l.cfg.Sink.Notify)
 	switch {
@@ -266,7 +442,6 @@ func (l *Listener) HandleNotification(ctx context.Context, n *pgconn.Notificatio
 	default:
 		l.cfg.Logger.Warn().Err(err).Msg("listener: undecodable notification, waking every partition")
 	}
-	return nil
 }
 
 // Foreign returns the number of notifications received that were not
@@ -305,7 +480,7 @@ func (l *Listener) watch(ctx context.Context) error {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, l.cfg.CanaryInterval)
-		err := l.cfg.Notify(sctx, l.canary, "")
+		err := l.sendCanary(sctx)
 		cancel()
 		if err != nil {
 			continue // the database itself is unreachable: nothing to learn
@@ -323,8 +498,34 @@ func (l *Listener) watch(ctx context.Context) error {
 	}
 }
 
+// sendCanary notifies the canary channel through Config.Notify. Without
+// it, the canary is a ping of the listening session itself: an answer
+// proves what a canary's return proves, that the session is up with its
+// LISTEN in place (both end only with the session), and it notifies
+// nobody. A notification would cost every listening session of the
+// database a transaction (PostgreSQL signals them all, whatever the
+// channel), so N processes' canaries would cost N² of them every
+// CanaryInterval. A ping the session does not answer within ctx closes
+// the connection (pgconn does, for a round trip cut short), and the
+// listener connects again at the release.
+func (l *Listener) sendCanary(ctx context.Context) error {
+	if l.cfg.Notify != nil {
+		return l.cfg.Notify(ctx, l.canary, "")
+	}
+	conn, release, err := l.Acquire(ctx)
+	if err != nil {
+		return err // not connected, or busy past the interval: try again
+	}
+	defer release()
+	if err := conn.Ping(ctx); err != nil {
+		return err
+	}
+	l.lastRx.Store(time.Now().UnixNano())
+	return nil
+}
+
 // kill closes the listening connection's socket, which makes the pending
-// wait for a notification fail and pgxlisten reconnect.
+// wait for a notification fail and the listener connect again.
 func (l *Listener) kill() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
