@@ -142,3 +142,25 @@ func TestPoolSessionTimeouts(t *testing.T) {
 		t.Errorf("the URL's statement_timeout lost: %s", s)
 	}
 }
+
+// TestPoolIdleTime: a consumer pool closes connections idle for
+// DefaultMaxConnIdleTime, looking every DefaultHealthCheckPeriod, unless
+// the URL sets either.
+func TestPoolIdleTime(t *testing.T) {
+	t.Parallel()
+	const url = "postgres://u@localhost/db?sslmode=disable"
+	pc, err := ParsePoolConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.MaxConnIdleTime != DefaultMaxConnIdleTime || pc.HealthCheckPeriod != DefaultHealthCheckPeriod {
+		t.Errorf("defaults: idle %s, check %s; want %s, %s", pc.MaxConnIdleTime, pc.HealthCheckPeriod, DefaultMaxConnIdleTime, DefaultHealthCheckPeriod)
+	}
+	pc, err = ParsePoolConfig(url + "&pool_max_conn_idle_time=10m&pool_health_check_period=30s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.MaxConnIdleTime != 10*time.Minute || pc.HealthCheckPeriod != 30*time.Second {
+		t.Errorf("the URL's settings lost: idle %s, check %s", pc.MaxConnIdleTime, pc.HealthCheckPeriod)
+	}
+}

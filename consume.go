@@ -101,7 +101,7 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l store.Layout) error {
 		}
 	}
 	lr.leaser, err = lease.NewLeaser(lease.LeaserConfig{
-		DB: c.pool, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: l.Partitions, Layout: l.Version,
+		DB: control{c}, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: l.Partitions, Layout: l.Version,
 		Static: static, ReplicaID: c.replicaID, Lease: cfg.LeaseDuration,
 		Owner: lr, Logger: &c.log,
 	})
@@ -144,7 +144,7 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l store.Layout) error {
 // run goes on.
 func (c *Consumer) checkLayout(ctx context.Context, lr *layoutRun) bool {
 	cfg := &c.cfg
-	l, err := store.GroupLayout(ctx, c.pool, cfg.GroupID, cfg.TopicID)
+	l, err := store.GroupLayout(ctx, control{c}, cfg.GroupID, cfg.TopicID)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.polling.Fail(err, "could not read the group's layout")
@@ -159,11 +159,11 @@ func (c *Consumer) checkLayout(ctx context.Context, lr *layoutRun) bool {
 	if l.Final() {
 		return true
 	}
-	done, err := store.LayoutDone(ctx, c.pool, cfg.GroupID, cfg.TopicID, l.Version)
+	done, err := store.LayoutDone(ctx, control{c}, cfg.GroupID, cfg.TopicID, l.Version)
 	if err != nil || !done {
 		return true
 	}
-	next, ok, err := store.NextLayout(ctx, c.pool, cfg.TopicID, l.Version)
+	next, ok, err := store.NextLayout(ctx, control{c}, cfg.TopicID, l.Version)
 	if err != nil || !ok {
 		return true
 	}

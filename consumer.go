@@ -334,10 +334,8 @@ func (c *Consumer) run(ctx context.Context) error {
 	ln, err := listener.New(listener.Config{
 		ConnConfig: c.pool.Config().ConnConfig,
 		Channel:    topic.Channel,
-		Notify: func(ctx context.Context, channel, payload string) error {
-			_, err := c.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, channel, payload)
-			return err
-		},
+		// The canary goes on the listener's own session, which also runs
+		// the consumer's upkeep (control): no pool session for either.
 		Logger: &c.log,
 		Sink:   (*sink)(c),
 	})

@@ -99,23 +99,15 @@ func maintainAs(ctx context.Context, pool *pgxpool.Pool, topic int, holder strin
 	if err != nil {
 		return out, fmt.Errorf("pgevents: maintenance: %w", err)
 	}
-	// The session is named after its holder for the pass; it goes back to
-	// the pool without the key and with its own name, or is closed (which
-	// releases the key) when that fails.
+	// The session is named after its holder for the pass, and closed after
+	// it, which releases the key: a pass every MaintenanceInterval would
+	// otherwise keep a pool session open in every idle process (a
+	// connect per pass costs less than a session held for ever).
 	var locked bool
 	defer func() {
 		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		var err error
-		if locked {
-			err = store.ReleaseRole(bctx, conn, store.RoleMaintenance, topic)
-		}
-		if err == nil {
-			_, err = conn.Exec(bctx, `RESET application_name`)
-		}
-		if err != nil {
-			_ = conn.Conn().Close(bctx)
-		}
+		_ = conn.Conn().Close(bctx)
 		conn.Release()
 	}()
 	if _, err := conn.Exec(ctx, `SELECT set_config('application_name', $1, false)`, store.RoleMaintenance.ApplicationName(holder)); err != nil {

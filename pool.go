@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,6 +17,22 @@ import (
 const (
 	DefaultStatementTimeout         = 30 * time.Second
 	DefaultIdleInTransactionTimeout = time.Minute
+)
+
+// How long a consumer pool keeps a connection nobody uses, and how often
+// it looks, unless the connection URL sets pool_max_conn_idle_time and
+// pool_health_check_period. pgxpool's defaults (30 minutes, looked at
+// every minute) would keep every session a busy spell opened for half an
+// hour: a process would hold PoolSize sessions while it has nothing to
+// do. With these, and the workers closing their own sessions after
+// pinIdle, an idle process holds two within about 30 s of its last event
+// (docs/capacity.md, "Sessions"). A closed connection costs a connect (and
+// its statements prepared again) when the pool needs it again; the
+// consumer's upkeep runs on the listener's session (control), not on the
+// pool, so nothing keeps a pool session open while no event comes.
+const (
+	DefaultMaxConnIdleTime   = 20 * time.Second
+	DefaultHealthCheckPeriod = 5 * time.Second
 )
 
 // ServerSetting, as a timeout of PoolOptions, leaves the server's setting
@@ -48,13 +65,21 @@ func ParsePoolConfig(url string) (*pgxpool.Config, error) {
 // keepalive and user timeout so that the server notices a dead consumer
 // too, synchronous_commit off (see below why it keeps exactly-once) and jit
 // off, each unless the URL sets it. Set MaxConns to PoolSize of the
-// partitions served before creating the pool.
+// partitions served before creating the pool. The pool closes a connection
+// idle for DefaultMaxConnIdleTime, looking every DefaultHealthCheckPeriod,
+// unless the URL sets pool_max_conn_idle_time or pool_health_check_period.
 func NewPoolConfig(url string, opts PoolOptions) (*pgxpool.Config, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("pgevents: parse database url: %w", err)
 	}
 	pc.ConnConfig.DialFunc = netconn.Dial
+	if !strings.Contains(url, "pool_max_conn_idle_time") {
+		pc.MaxConnIdleTime = DefaultMaxConnIdleTime
+	}
+	if !strings.Contains(url, "pool_health_check_period") {
+		pc.HealthCheckPeriod = DefaultHealthCheckPeriod
+	}
 	params := map[string]string{
 		"application_name": "pgevents-consumer",
 		// The server's side of the connection: notice a vanished consumer
@@ -99,8 +124,10 @@ func NewPoolConfig(url string, opts PoolOptions) (*pgxpool.Config, error) {
 // partitions without waiting for one: a batch connection per partition,
 // and one each for the poller, the lease heartbeat, the subscription
 // heartbeat, maintenance and the wake-up rechecks. The listener has a
-// connection of its own, outside the pool. Given a pool of at least that
-// many, each worker keeps its connection while it owns its partition, so
-// that its statements are prepared and planned once; with fewer, the
-// workers take turns. Consumers sharing one pool need the sum of theirs.
+// connection of its own, outside the pool, and the upkeep runs on it
+// while it is up (control): those five are opened only for maintenance's
+// passes and while the listener's session is away or busy. Given a pool of at least that
+// many, each worker keeps its connection while it owns its partition and
+// finds work at least every 20 seconds, so that its statements are
+// prepared and planned once; with fewer, the workers take turns. Consumers sharing one pool need the sum of theirs.
 func PoolSize(partitions int) int { return partitions + 5 }

@@ -3,6 +3,7 @@ package pgevents
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -114,5 +115,49 @@ func TestConsumerOutlivesItsSessions(t *testing.T) {
 	appendSome(15)
 	n := int64(queryInt(t, pool, `SELECT count(*) FROM outbox_message_t`))
 	waitHandled(t, pool, n, 10*time.Second)
+	checkHandled(t, pool)
+}
+
+// TestIdleProcessGivesSessionsBack: a consumer of 8 partitions, on the
+// production pool (PoolSize, so each worker pins a session while it has
+// work), gives its sessions back once nothing comes: its listener's
+// session, which also runs its heartbeats (control), and its watcher's
+// stay, not one per partition and none for the upkeep (maintenance opens
+// one for each pass, a few milliseconds every MaintenanceInterval).
+// Events appended after each quiet spell are handled once and in order, on
+// sessions taken again. Without the worker's pinIdle, or with pgxpool's
+// default idle time, the count stays at 11 or more; with the upkeep on the
+// pool (control's statements all run there), at 3 to 4.
+func TestIdleProcessGivesSessionsBack(t *testing.T) {
+	t.Parallel()
+	const partitions = 8
+	pool := newTopic(t, partitions)
+	mustExec(t, pool, handledTable)
+	startConsumer(t, pool, Config{TotalPartitions: partitions, Handlers: recordingHandlers()})
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	sessions := func() int64 {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'pgevents%'`)
+	}
+	total := 0
+	for round := range 2 {
+		for range 20 {
+			evs := make([]Event, 1+rng.IntN(6))
+			for k := range evs {
+				evs[k] = ev(fmt.Sprintf("h%d", rng.IntN(40)), "t", `{}`)
+			}
+			appendTx(t, pool, evs...)
+			total += len(evs)
+		}
+		waitHandled(t, pool, int64(total), 20*time.Second)
+		busy := sessions()
+		var idle int64
+		pgtest.WaitFor(t, 60*time.Second, fmt.Sprintf("round %d (seed %d): the idle consumer's sessions down to 2 (%d after its batches)", round, seed, busy), func() bool {
+			idle = sessions()
+			return idle <= 2
+		})
+		t.Logf("round %d: %d sessions after the batches, %d idle", round, busy, idle)
+	}
 	checkHandled(t, pool)
 }

@@ -32,7 +32,7 @@ func (c *Consumer) subscription(ctx context.Context) error {
 			// The halted workers read their records, and the state is
 			// read here (the heartbeat reads it too, when this fails).
 			c.haltChecks.fire()
-			state, err := store.SubscriptionState(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
+			state, err := store.SubscriptionState(ctx, control{c}, c.cfg.GroupID, c.cfg.TopicID)
 			if err == nil && state == store.StateCancelled {
 				c.log.Error().Msg("the group's subscription was cancelled: stopping")
 				return ErrSubscriptionCancelled
@@ -48,7 +48,7 @@ func (c *Consumer) subscription(ctx context.Context) error {
 			continue
 		case <-t.C:
 		}
-		state, err := store.Heartbeat(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
+		state, err := store.Heartbeat(ctx, control{c}, c.cfg.GroupID, c.cfg.TopicID)
 		if err != nil {
 			if ctx.Err() != nil || !backoff.Sleep(ctx, c.beating.Fail(err, "subscription heartbeat failed")) {
 				return nil
@@ -85,7 +85,7 @@ func (c *Consumer) setState(state string) {
 // reportSkips tells, once, about events retention removed before the group
 // handled them: nothing is skipped silently.
 func (c *Consumer) reportSkips(ctx context.Context) {
-	skips, err := store.TakeSkips(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID)
+	skips, err := store.TakeSkips(ctx, control{c}, c.cfg.GroupID, c.cfg.TopicID)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.beating.Fail(err, "could not read retention skips")

@@ -134,7 +134,7 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	}
 	c.refreshWake(ctx, rt)
 	before := time.Now()
-	work, dbNow, err := store.Pending(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, rt.order, rt.layout.Version)
+	work, dbNow, err := store.Pending(ctx, control{c}, c.cfg.GroupID, c.cfg.TopicID, rt.order, rt.layout.Version)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.polling.Fail(err, "poll failed")
@@ -163,7 +163,7 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 // notifies the old channel so that consumers poll at once): the listener
 // listens on the new channel, and polls once it does.
 func (c *Consumer) refreshWake(ctx context.Context, rt *layoutRun) {
-	wake, channel, err := schema.TopicWake(ctx, c.pool, c.cfg.TopicID)
+	wake, channel, err := schema.TopicWake(ctx, control{c}, c.cfg.TopicID)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.polling.Fail(err, "could not read the topic's wake-up mode")
