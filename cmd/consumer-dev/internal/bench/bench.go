@@ -41,7 +41,7 @@ var benchCases = []benchCase{
 	{"drain", "burn-down of a preloaded backlog", benchDrain, 4 * time.Minute},
 	{"sustained", "highest sustained end-to-end rate", benchSustained, 4 * time.Minute},
 	{"resources", "CPU and peak RSS of a separate consumer process", benchResources, 3 * time.Minute},
-	{"processes", "the deployments users run: 1, 8 and 16 consumer processes under 1,000 tx/s: schedule, latency, CPU per event, idle", benchProcesses, 6 * time.Minute},
+	{"processes", "the deployments users run: 1, 8 and 16 consumer processes under 1,000 tx/s: schedule, latency, CPU per event, idle", benchProcesses, 9 * time.Minute},
 	{"pgq", "producers of single-event transactions: plain insert, pgevents with and without a consumer, PgQ", benchPgq, 4 * time.Minute},
 	{"peers", "pgevents beside River and PgQ in one run: commit → handler latency, producer transactions and CPU per event at 1,000 tx/s, 3,000 tx/s on schedule, drain", benchPeers, 18 * time.Minute},
 	{"retention", "removing old events: segment drop vs DELETE, under producers", benchRetention, 3 * time.Minute},

@@ -62,6 +62,9 @@ const (
 	benchProcessesSample = 200 * time.Millisecond
 	// benchProcessesIdle is how long the idle check counts transactions.
 	benchProcessesIdle = 5 * time.Second
+	// benchProcessesSessionsBy is how long after the consumers caught up
+	// the idle sessions are counted at the latest.
+	benchProcessesSessionsBy = 40 * time.Second
 	// benchProcessesIdleSettle is how long the idle check waits, after the
 	// load, before it counts.
 	benchProcessesIdleSettle = 11 * time.Second
@@ -243,11 +246,11 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 		w.consumers.log(e, fmt.Sprintf("processes: %s, window %d, consumers", s.name, rep+1))
 		w.producers.log(e, fmt.Sprintf("processes: %s, window %d, producers", s.name, rep+1))
 	}
-	idle, idleNote, err := benchProcessesIdleRate(ctx, e, db, caughtUp)
+	idle, idleNote, sessions, err := benchProcessesIdleRate(ctx, e, db, s.processes(), caughtUp)
 	if err != nil {
 		return fail(err)
 	}
-	e.logf("processes: %s, idle: %.2f transactions/s", s.name, idle)
+	e.logf("processes: %s, idle: %.2f transactions/s, %d server sessions", s.name, idle, sessions)
 	for i, p := range procs {
 		if err := p.stop(); err != nil {
 			return fail(fmt.Errorf("consumer process %d: %w", i, err))
@@ -293,6 +296,8 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 			noted("the producers' role, the same way (%.2f sent by the clients)", col(func(w benchProcessesWindow) float64 { return w.producers.top })[0]),
 		newBenchResult("processes", name("idle transactions/s"), "1/s", []float64{idle}).
 			noted("%s", idleNote),
+		newBenchResult("processes", name("idle server sessions per process"), "1", []float64{float64(sessions) / float64(s.processes())}).
+			noted("the consumer processes' client backends (pg_stat_activity) after the idle window above, divided by the processes (%d): read every second until there are two per process, or %s after the consumers caught up", s.processes(), benchProcessesSessionsBy),
 	}, nil
 }
 
@@ -368,13 +373,15 @@ func benchProcessesMeasure(ctx context.Context, e *benchEnv, db *benchDB, ppool 
 // benchProcessesIdleRate waits until the consumers have caught up and the
 // database has been vacuumed and analysed, then counts the transactions of
 // the database over benchProcessesIdle, with nothing appended and the
-// bench's own sessions on it silent.
-func benchProcessesIdleRate(ctx context.Context, e *benchEnv, db *benchDB, caughtUp func() (bool, error)) (float64, string, error) {
+// bench's own sessions on it silent; and, at the end of that window, how
+// many server sessions the consumer processes hold.
+func benchProcessesIdleRate(ctx context.Context, e *benchEnv, db *benchDB, procs int, caughtUp func() (bool, error)) (float64, string, int, error) {
 	if err := benchWait(ctx, 60*time.Second, "consumers caught up", caughtUp); err != nil {
-		return 0, "", err
+		return 0, "", 0, err
 	}
+	idleFrom := time.Now()
 	if err := db.exec(ctx, `VACUUM (ANALYZE)`); err != nil {
-		return 0, "", err
+		return 0, "", 0, err
 	}
 	// A backend reports its transaction counts at most every second, and
 	// one that went idle with counts unreported reports them up to
@@ -382,27 +389,45 @@ func benchProcessesIdleRate(ctx context.Context, e *benchEnv, db *benchDB, caugh
 	// in the idle window when it began 1.5 s after the load.
 	select {
 	case <-ctx.Done():
-		return 0, "", ctx.Err()
+		return 0, "", 0, ctx.Err()
 	case <-time.After(benchProcessesIdleSettle):
 	}
 	x0, _, err := benchDBXacts(ctx, e, db.name)
 	if err != nil {
-		return 0, "", err
+		return 0, "", 0, err
 	}
 	began := time.Now()
 	select {
 	case <-ctx.Done():
-		return 0, "", ctx.Err()
+		return 0, "", 0, ctx.Err()
 	case <-time.After(benchProcessesIdle):
 	}
 	x1, _, err := benchDBXacts(ctx, e, db.name)
 	if err != nil {
-		return 0, "", err
+		return 0, "", 0, err
 	}
 	took := time.Since(began)
+	// The sessions: polled until they are down to two per process, or
+	// benchProcessesSessionsBy after the consumers caught up (a worker
+	// closes its session after 20 s without a batch).
+	var sessions int
+	for {
+		if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM (`+benchConsumerSessionsSQL+`) s`).Scan(&sessions); err != nil {
+			return 0, "", 0, err
+		}
+		if sessions <= 2*procs || time.Since(idleFrom) >= benchProcessesSessionsBy {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, "", 0, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+	e.logf("processes: %d server sessions %s after the consumers caught up", sessions, time.Since(idleFrom).Round(time.Second))
 	return float64(x1-x0) / took.Seconds(),
 		fmt.Sprintf("from 11 s after the load, all caught up and the database vacuumed and analysed: xact_commit + xact_rollback of the database in pg_stat_database over %s (read from another database; the bench runs nothing on the database meanwhile; autovacuum's transactions would count too; a backend reports its counts up to a second late)",
-			took.Round(time.Millisecond)), nil
+			took.Round(time.Millisecond)), sessions, nil
 }
 
 // benchSessionCPU follows the CPU time of the consumers' server sessions
