@@ -149,23 +149,3 @@ func TestAcquireWhileDisconnected(t *testing.T) {
 	e.sink.awaitConnected(t, 10*time.Second, 2)
 	e.sink.awaitNotifies(t, 10*time.Second, e.appendEvents(t, "after"))
 }
-
-// TestCanaryOnItsOwnSession is TestCanaryDetectsSilentConnection with the
-// canary sent on the listening session (no Config.Notify), as a consumer
-// runs it: a send the frozen session does not answer closes the
-// connection, and the listener connects again. (With no canary sent on
-// the session, the test fails: no second Connected.)
-func TestCanaryOnItsOwnSession(t *testing.T) {
-	t.Parallel()
-	e := startEnv(t, envOptions{viaProxy: true, tweak: func(c *Config) {
-		c.Notify = nil
-		c.CanaryInterval = 200 * time.Millisecond
-		c.CanaryTimeout = time.Second
-	}})
-	e.sink.awaitNotifies(t, 10*time.Second, e.appendEvents(t, "before"))
-	if n := e.proxy.Freeze(); n != 1 {
-		t.Fatalf("froze %d connections, want the listener's 1", n)
-	}
-	e.sink.awaitConnected(t, 10*time.Second, 2)
-	e.sink.awaitNotifies(t, 10*time.Second, e.appendEvents(t, hosts("after", 8)...))
-}

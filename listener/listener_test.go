@@ -288,27 +288,42 @@ func TestReconnectAfterTerminate(t *testing.T) {
 
 // TestCanaryDetectsSilentConnection freezes the listening connection: no
 // byte crosses it any more, yet neither end sees it close and TCP keepalive
-// is answered, as with a silent network. Only the canary can notice.
+// is answered, as with a silent network. Only the canary can notice: a
+// notification sent through another connection (Config.Notify) that does
+// not come back, or, as a consumer runs it, a ping of the session itself
+// that goes unanswered (with no ping sent, that case fails: no second
+// Connected).
 func TestCanaryDetectsSilentConnection(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, envOptions{viaProxy: true, tweak: func(c *Config) {
-		c.CanaryInterval = 200 * time.Millisecond
-		c.CanaryTimeout = time.Second
-	}})
-	e.sink.awaitNotifies(t, 10*time.Second, e.appendEvents(t, "before"))
+	for _, tc := range []struct {
+		name string
+		ping bool
+	}{{"notification through another connection", false}, {"ping of the session", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := startEnv(t, envOptions{viaProxy: true, tweak: func(c *Config) {
+				c.CanaryInterval = 200 * time.Millisecond
+				c.CanaryTimeout = time.Second
+				if tc.ping {
+					c.Notify = nil
+				}
+			}})
+			e.sink.awaitNotifies(t, 10*time.Second, e.appendEvents(t, "before"))
 
-	if n := e.proxy.Freeze(); n != 1 {
-		t.Fatalf("froze %d connections, want the listener's 1", n)
-	}
+			if n := e.proxy.Freeze(); n != 1 {
+				t.Fatalf("froze %d connections, want the listener's 1", n)
+			}
 
-	// CanaryTimeout plus a tick, then a reconnect through the proxy.
-	e.sink.awaitConnected(t, 5*time.Second, 2)
-	if n := e.l.Connects(); n != 2 {
-		t.Errorf("Connects() = %d, want 2", n)
-	}
-	e.sink.awaitNotifies(t, 10*time.Second, e.appendEvents(t, hosts("after", 8)...))
-	if !e.l.Ready() {
-		t.Error("Ready() = false after reconnect")
+			// CanaryTimeout plus a tick, then a reconnect through the proxy.
+			e.sink.awaitConnected(t, 5*time.Second, 2)
+			if n := e.l.Connects(); n != 2 {
+				t.Errorf("Connects() = %d, want 2", n)
+			}
+			e.sink.awaitNotifies(t, 10*time.Second, e.appendEvents(t, hosts("after", 8)...))
+			if !e.l.Ready() {
+				t.Error("Ready() = false after reconnect")
+			}
+		})
 	}
 }
 
