@@ -341,7 +341,7 @@ func (l *Listener) lend(ctx context.Context, conn *pgx.Conn) error {
 		case <-kept.C:
 			// A borrower that never gives the session back (a bug: rows
 			// never closed, say) would stop the wake-ups for good.
-			l.cfg.Logger.Error().Dur("kept", loanMax).Msg("listener: the session was not given back; closing it and connecting again")
+			l.cfg.Logger.Error().Int64("kept_ms", loanMax.Milliseconds()).Msg("listener: the session was not given back; closing it and connecting again")
 			_ = conn.PgConn().Conn().Close()
 			select {
 			case <-ln.done:
