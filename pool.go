@@ -125,9 +125,11 @@ func NewPoolConfig(url string, opts PoolOptions) (*pgxpool.Config, error) {
 // and one each for the poller, the lease heartbeat, the subscription
 // heartbeat, maintenance and the wake-up rechecks. The listener has a
 // connection of its own, outside the pool, and the upkeep runs on it
-// while it is up (control): those five are opened only for maintenance's
-// passes and while the listener's session is away or busy. Given a pool of at least that
-// many, each worker keeps its connection while it owns its partition and
-// finds work at least every 20 seconds, so that its statements are
-// prepared and planned once; with fewer, the workers take turns. Consumers sharing one pool need the sum of theirs.
+// while it is up (control): of those five, an idle process keeps only the
+// watcher's session open, and opens the others for maintenance's passes
+// and while the listener's session is away or busy. Given a pool
+// of at least that many, each worker keeps its connection while it owns
+// its partition and finds work at least every 20 seconds, so that its
+// statements are prepared and planned once; with fewer, the workers take
+// turns. Consumers sharing one pool need the sum of theirs.
 func PoolSize(partitions int) int { return partitions + 5 }
