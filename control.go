@@ -28,8 +28,10 @@ const controlPatience = 50 * time.Millisecond
 // controlPatience, a statement runs on the pool: the upkeep never waits
 // for the listener to connect again.
 //
-// A notification that comes while the session runs an upkeep statement
-// is read after it: a wake-up waits for at most one such statement.
+// A notification that comes while the session runs upkeep statements is
+// kept by the connection and read once the session is given back: a
+// wake-up waits for the statements lent before it, each a short read or
+// write (DESIGN.md, "Sessions": nothing that may wait long for a lock).
 type control struct{ c *Consumer }
 
 var _ schema.DB = control{}
