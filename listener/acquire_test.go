@@ -24,8 +24,10 @@ func (e *env) listenerPID(t *testing.T) int64 {
 // itself while it is lent, and the notifications committed while a
 // borrower holds it (several appends, several partitions each) all reach
 // the Sink after the release; loans from several goroutines at once take
-// turns. Without the kept notifications (a wait that dropped what the
-// connection read while lent), the appends' calls would be missing.
+// turns. The borrower runs a statement after the appends, so that the
+// connection reads their notifications while it is lent: a wait that
+// looked only at the socket, not at what the connection kept, would miss
+// them.
 func TestAcquireLosesNoNotification(t *testing.T) {
 	t.Parallel()
 	e := startEnv(t, envOptions{})
@@ -46,6 +48,11 @@ func TestAcquireLosesNoNotification(t *testing.T) {
 	var want []notifyCall
 	for _, hs := range [][]string{hosts("a", 5), hosts("b", 3), {"c"}} {
 		want = append(want, e.appendEvents(t, hs...)...)
+	}
+	// A statement after the appends: the connection reads their
+	// notifications during it, and must keep them for the listener.
+	if _, err := conn.Exec(ctx, `SELECT pg_sleep(0.05)`); err != nil {
+		t.Fatal(err)
 	}
 	release()
 	e.sink.awaitNotifies(t, 10*time.Second, want)
