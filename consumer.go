@@ -124,9 +124,15 @@ type Consumer struct {
 	replicaID  string
 	clockSkew  atomic.Int64 // database clock minus local clock, ns
 	// wakeAlways says that every append to the topic notifies
-	// (schema.WakeAlways), so the watcher need not read the tails. The
-	// poller reads the topic's mode again at every poll (refreshWake).
+	// (schema.WakeAlways), or that the topic is sequenced (its ticks
+	// notify every partition they move, whatever the mode: migration
+	// 0023), so the watcher need not read the tails. The poller reads the
+	// topic's mode again at every poll (refreshWake).
 	wakeAlways atomic.Bool
+	// sequenced says that the topic is sequenced (schema.ScopeSequenced),
+	// which a topic is from its creation, and that its ticks announce every
+	// partition they move (the schema is at tickAnnouncesVersion or later).
+	sequenced bool
 	// watch finds new events between notifications (watcher.go).
 	watch *watcher
 	// trace starts the spans of batches and handler calls; nil when
@@ -288,7 +294,17 @@ func (c *Consumer) run(ctx context.Context) error {
 	if topic.Partitions != c.cfg.TotalPartitions {
 		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
 	}
-	c.wakeAlways.Store(topic.Wake == schema.WakeAlways)
+	if topic.Scope == schema.ScopeSequenced {
+		// A tick announces every partition it moves from migration 0023
+		// on; before it, a schema another tool migrates later has ticks
+		// that notify only sleeping partitions, which the watcher keeps.
+		v, err := schema.Version(ctx, c.pool)
+		if err != nil {
+			return err
+		}
+		c.sequenced = v >= tickAnnouncesVersion
+	}
+	c.wakeAlways.Store(topic.Wake == schema.WakeAlways || c.sequenced)
 	if c.cfg.Channel != "" && topic.Channel != c.cfg.Channel {
 		return &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
 	}
@@ -377,6 +393,10 @@ func (c *Consumer) run(ctx context.Context) error {
 // idleTimeoutSQL reads the pool's sessions' idle_in_transaction_session_timeout
 // in milliseconds (0: none).
 const idleTimeoutSQL = `SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'`
+
+// tickAnnouncesVersion is the schema version from which a sequenced
+// topic's ticks notify every partition they move (migration 0023).
+const tickAnnouncesVersion = 23
 
 // Ready reports whether the consumer's listener is connected.
 func (c *Consumer) Ready() bool {

@@ -19,7 +19,7 @@ import (
 	"github.com/pgevents/pgevents/schema"
 )
 
-var sequencedSeed = flag.Uint64("sequenced.seed", 0, "seed of TestSequencedModel (0: drawn)")
+var sequencedSeed = flag.Uint64("sequenced.seed", 0, "seed of TestSequencedModel and TestSequencedTicksWakeWorkers (0: drawn)")
 
 // seqTx is one producer transaction of TestSequencedModel, as the model
 // knows it.
@@ -560,5 +560,148 @@ func TestSequencedLongTransaction(t *testing.T) {
 	}
 	if !last {
 		t.Fatal("the long transaction's event is not the last of its partition, though it committed last")
+	}
+}
+
+// TestSequencedTickReadsByIndex: a tick finds what it moves through the
+// staging table's xid index, never by reading the table whole (0023):
+// neither a tick that moves events, nor an empty one, nor one that moves
+// the events of a transaction that was in progress at the previous tick
+// (its id among that snapshot's in-progress ones), scans a staging table
+// sequentially, with thousands of staged events already sequenced beside
+// them. Each tick runs in a transaction of its own, whose scans
+// pg_stat_xact_user_tables counts; the number of events it moved is
+// checked too.
+func TestSequencedTickReadsByIndex(t *testing.T) {
+	t.Parallel()
+	ctx := pgtest.Context(context.Background())
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 4, Scope: schema.ScopeSequenced})
+	stage := func(q schema.DB, n int) {
+		t.Helper()
+		evs := make([]Event, n)
+		for i := range evs {
+			evs[i] = Event{HostID: fmt.Sprintf("h%d", i%13), EventType: "t", Payload: []byte(`{}`)}
+		}
+		if _, err := Append(ctx, q, evs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// tick runs one tick in a transaction and checks what it moved and
+	// how it read the staging tables.
+	tick := func(want int) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		// The session's counts not yet reported are counted in too: the
+		// tick's are the difference.
+		scans := func() (seq, idx int64) {
+			t.Helper()
+			if err := tx.QueryRow(ctx, `SELECT coalesce(sum(seq_scan), 0), coalesce(sum(idx_scan), 0)
+				FROM pg_stat_xact_user_tables WHERE relname LIKE 'staged\_events\_1\_%'`).Scan(&seq, &idx); err != nil {
+				t.Fatal(err)
+			}
+			return seq, idx
+		}
+		seq0, idx0 := scans()
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT sequence_tick(1)`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		seq1, idx1 := scans()
+		seq, idx := seq1-seq0, idx1-idx0
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n != want {
+			t.Fatalf("the tick moved %d events, want %d", n, want)
+		}
+		if seq != 0 || idx == 0 {
+			t.Fatalf("a tick that moved %d events scanned the staging tables %d times sequentially, %d times by index; want by index only", n, seq, idx)
+		}
+	}
+	for range 40 {
+		stage(pool, 100)
+	}
+	tick(4000)
+	tick(0)
+	open, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = open.Rollback(ctx) }()
+	stage(open, 3) // in progress at the next tick
+	stage(pool, 5)
+	tick(5)
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tick(3)
+	tick(0)
+}
+
+// wakeCounter is an Observer that counts the workers' wake-ups by source.
+type wakeCounter struct {
+	nopObserver
+	mu sync.Mutex
+	n  map[WakeSource]int
+}
+
+func (o *wakeCounter) Woken(_ int, s WakeSource) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[WakeSource]int{}
+	}
+	o.n[s]++
+}
+
+func (o *wakeCounter) count(s WakeSource) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n[s]
+}
+
+// TestSequencedTicksWakeWorkers: the workers of a sequenced topic learn of
+// its events from the tick that moved them (0023: a tick notifies every
+// partition it moved, whatever the topic's wake-up mode), not from the
+// watcher, which does not watch a sequenced topic, nor from the poll,
+// which comes once a minute here. Producer transactions of one to four
+// events over several hosts, with seeded gaps around the watcher's quiet
+// threshold (a partition of a topic in mode 'waiting' would go to sleep
+// between them), are all handled once and in order well before the poll,
+// and every wake-up is a notification.
+func TestSequencedTicksWakeWorkers(t *testing.T) {
+	t.Parallel()
+	seed := *sequencedSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.Logf("seed %d (rerun with -sequenced.seed %d)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 23))
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 4, Scope: schema.ScopeSequenced})
+	mustExec(t, pool, handledTable)
+	obs := &wakeCounter{}
+	startConsumer(t, pool, Config{TotalPartitions: 4, WaitPeriod: time.Minute, Handlers: recordingHandlers(), Observer: obs})
+	total := 0
+	for i := range 25 {
+		evs := make([]Event, 1+rng.IntN(4))
+		for j := range evs {
+			evs[j] = Event{HostID: fmt.Sprintf("h%d", rng.IntN(7)), EventType: "t", Payload: []byte(fmt.Sprintf(`{"tx":%d,"i":%d}`, i, j))}
+		}
+		appendTx(t, pool, evs...)
+		total += len(evs)
+		gap := time.Duration(rng.IntN(120)) * time.Millisecond
+		time.Sleep(gap) // the producers' pace, not a synchronisation
+	}
+	waitHandled(t, pool, int64(total), 15*time.Second)
+	checkHandled(t, pool)
+	if n := obs.count(WakeNotify); n == 0 {
+		t.Fatal("no worker was woken by a notification")
+	}
+	if tail, flight := obs.count(WakeTail), obs.count(WakeInFlight); tail+flight > 0 {
+		t.Fatalf("the watcher woke workers of a sequenced topic (%d from tails, %d from appends in flight); want notifications only", tail, flight)
 	}
 }

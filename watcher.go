@@ -389,7 +389,8 @@ func (w *watcher) partitions() ([]int, map[int]*worker) {
 // append notifies, and nobody sleeps), and if so whether the watcher must
 // still watch: the appends that started under 'waiting' notify nobody, so
 // they are watched to their commit first (alwaysGrace, then until none is
-// in flight).
+// in flight). A sequenced topic is always 'always', and never watched: its
+// ticks announce every partition they move, whatever the mode.
 func (w *watcher) wakeMode(now time.Time) (always, watchAlways bool) {
 	always = w.c.wakeAlways.Load()
 	switch {
@@ -398,7 +399,7 @@ func (w *watcher) wakeMode(now time.Time) (always, watchAlways bool) {
 	case w.alwaysAt.IsZero():
 		w.alwaysAt = now
 	}
-	return always, always && (now.Sub(w.alwaysAt) < alwaysGrace || w.inFlight)
+	return always, always && !w.c.sequenced && (now.Sub(w.alwaysAt) < alwaysGrace || w.inFlight)
 }
 
 // wakeAsked wakes the sleeping partitions that were asked to wake (by
