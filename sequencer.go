@@ -18,11 +18,15 @@ import (
 
 // The sequencer's timing.
 const (
-	// tickPause is the wait before the next tick when a tick found nothing
-	// and an append is in flight (its commit will come, and nobody
-	// notifies the sequencer of it): the bound on the sequencer's share of
-	// an event's latency while producers are busy, and on its rate of
-	// empty looks (each one an index probe).
+	// tickPause is the wait before the next tick after a tick that moved
+	// events, or that found nothing while an append is in flight (its
+	// commit will come, and nobody notifies the sequencer of it): the bound
+	// on the sequencer's share of an event's latency while producers are
+	// busy, and on its rate of ticks (measured at 1,000 single-event
+	// transactions a second, four runs each way: with the pause after a
+	// moving tick, the sequencer's session spent 11 % less CPU per event,
+	// the machine 9 % less, and COMMIT → handler p50 stayed within the
+	// runs' spread).
 	tickPause = 300 * time.Microsecond
 	// idleCheck is how long an idle sequencer waits for a notification
 	// before it looks again on its own: it covers a notification lost with
@@ -61,10 +65,11 @@ type timingKey struct{}
 // run no statement for 2 s): then they end its session, and one of them
 // takes the key over. The one holding it ticks: each tick
 // moves what producers committed in the staging tables since the previous
-// one into the log (migration 0016). A tick that moved events is followed
-// by another at once; one that found nothing, by another after 0.3 ms
-// while appends are in flight; with none in flight, the sequencer sleeps
-// until an append notifies it. Failures (a dropped connection, a session
+// one into the log (migration 0016), and notifies the topic's channel of
+// every partition it moved (0023). A tick that moved events is followed by
+// another after 0.3 ms, as is one that found nothing while appends are in
+// flight; with none in flight, the sequencer sleeps until an append
+// notifies it. Failures (a dropped connection, a session
 // ended) are logged, and it connects again with backoff.
 func Sequence(ctx context.Context, pool *pgxpool.Pool, topic int, name string, log *zerolog.Logger) error {
 	l := log.With().Int("topic", topic).Logger()
@@ -155,6 +160,11 @@ func (s *sequencer) lead(ctx context.Context) error {
 			return err
 		}
 		if n > 0 {
+			// The next tick after a pause too: ticking at once mostly
+			// finds nothing at a steady rate (its empty look and the sleep
+			// key's try then cost two statements), and under a burst it
+			// moves more at a time.
+			fine.Sleep(tickPause)
 			continue
 		}
 		if !time.Now().Before(rotateAt) {
