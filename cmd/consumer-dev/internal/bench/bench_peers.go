@@ -86,6 +86,10 @@ type benchPeersWindow struct {
 	// program, the server); the machine's busy share and the part of it
 	// neither used.
 	machineUS, ownUS, busy, foreign float64
+	// latency mode: CPU µs per event handled by part: the sessions of the
+	// system's database by application_name (benchPeersPart), the bench
+	// process (producers, and the in-process consumers), the River program.
+	parts map[string]float64
 	// paced modes: transactions offered, committed, and committed within
 	// one producer interval of their scheduled time.
 	offered, committed, onTime int64
@@ -93,21 +97,74 @@ type benchPeersWindow struct {
 }
 
 // benchPeersReading is a reading of CPU times around a window: the
-// machine's, the bench's and the server's (benchCPU), and the River
-// program's.
+// machine's, the bench's and the server's (benchCPU), the River
+// program's, and the server sessions' of the system's database.
 type benchPeersReading struct {
 	cpu   benchCPU
 	child time.Duration
+	// sessions maps each session of the system's database, by pid, to its
+	// part and CPU time (empty when the server's /proc cannot be read).
+	sessions map[int]benchPeersSession
 }
 
+// benchPeersSession is a server session's part and CPU time.
+type benchPeersSession struct {
+	part string
+	cpu  time.Duration
+}
+
+// benchPeersSessionsSQL lists the sessions of the database, but the
+// reader's own, with their application_name.
+const benchPeersSessionsSQL = `SELECT pid, application_name FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`
+
 // peersReading reads the CPU times; child is the River program's pid, 0
-// for none.
-func (e *benchEnv) peersReading(child int) benchPeersReading {
-	r := benchPeersReading{cpu: e.cpu()}
+// for none; db is the system's database, whose sessions are read (a
+// session that starts and ends within the window is missed: the
+// systems' sessions live as long as their pools, which outlive it).
+func (e *benchEnv) peersReading(ctx context.Context, db *pgxpool.Pool, child int) benchPeersReading {
+	r := benchPeersReading{cpu: e.cpu(), sessions: map[int]benchPeersSession{}}
 	if child > 0 {
 		r.child, _ = benchProcCPU(child)
 	}
+	rows, err := db.Query(ctx, benchPeersSessionsSQL)
+	if err != nil {
+		return r // the split is a note: the window's figures stand without it
+	}
+	var (
+		pid  int32
+		name string
+	)
+	_, _ = pgx.ForEachRow(rows, []any{&pid, &name}, func() error {
+		if c, err := benchProcCPU(int(pid)); err == nil {
+			r.sessions[int(pid)] = benchPeersSession{part: benchPeersPart(name), cpu: c}
+		}
+		return nil
+	})
 	return r
+}
+
+// benchPeersPart names the part of a system a session of application_name
+// name belongs to.
+func benchPeersPart(name string) string {
+	for _, role := range []string{"watcher", "listener", "sequencer"} {
+		if strings.HasPrefix(name, "pgevents "+role) {
+			return role + "'s session"
+		}
+	}
+	switch name {
+	case "pgevents-listener":
+		return "listener's session"
+	case "bench-producer":
+		return "producers' sessions"
+	case "pgevents-consumer":
+		return "consumer pool's sessions"
+	case "river":
+		return "River client's sessions"
+	case "":
+		return "unnamed sessions"
+	}
+	return name + " sessions"
 }
 
 // setCPU fills in the window's span and CPU per event from the readings
@@ -124,7 +181,44 @@ func (w *benchPeersWindow) setCPU(r0, r1 benchPeersReading, events int64) {
 	if events > 0 {
 		w.machineUS = float64(busy.Microseconds()) / float64(events)
 		w.ownUS = float64(own.Microseconds()) / float64(events)
+		w.parts = map[string]float64{}
+		for pid, s := range r1.sessions {
+			w.parts[s.part] += float64((s.cpu - r0.sessions[pid].cpu).Microseconds()) / float64(events)
+		}
+		w.parts["bench process"] = float64((r1.cpu.self - r0.cpu.self).Microseconds()) / float64(events)
+		if r1.child > 0 {
+			w.parts["River program"] = float64((r1.child - r0.child).Microseconds()) / float64(events)
+		}
 	}
+}
+
+// partsText lists the window's CPU per event by part, the largest first.
+func (w benchPeersWindow) partsText() string {
+	return benchPartsText(w.parts)
+}
+
+// benchPartsText lists CPU per event by part, the largest first.
+func benchPartsText(parts map[string]float64) string {
+	names := make([]string, 0, len(parts))
+	for n := range parts {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if parts[a] != parts[b] {
+			if parts[a] > parts[b] {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	var out []string
+	for _, n := range names {
+		if parts[n] >= 0.5 {
+			out = append(out, fmt.Sprintf("%s %.0f µs", n, parts[n]))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // benchPeer is a system of the peers case.
@@ -217,6 +311,9 @@ func benchPeers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 						figures[i].foreign[k] = append(figures[i].foreign[k], w.foreign)
 					}
 				}
+				if m == benchPeersLatency {
+					figures[i].parts = append(figures[i].parts, w.parts)
+				}
 				e.logf("peers: rep %d, %s, %s: %s", rep+1, m, p.name, w.summary(m))
 			}
 		}
@@ -228,9 +325,9 @@ func benchPeers(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 func (w benchPeersWindow) summary(m benchPeersMode) string {
 	switch m {
 	case benchPeersLatency:
-		return fmt.Sprintf("%d events in %.1f s; COMMIT → handler p50 %.2f ms, p99 %.2f ms; call → handler p50 %.2f ms, p99 %.2f ms; producer tx p50 %.2f ms, p99 %.2f ms; CPU/event %.0f µs machine, %.0f µs bench+server; machine %.0f%% busy (%.0f%% other processes); %d of %d offered committed, %d on schedule",
+		return fmt.Sprintf("%d events in %.1f s; COMMIT → handler p50 %.2f ms, p99 %.2f ms; call → handler p50 %.2f ms, p99 %.2f ms; producer tx p50 %.2f ms, p99 %.2f ms; CPU/event %.0f µs machine, %.0f µs bench+server; machine %.0f%% busy (%.0f%% other processes); %d of %d offered committed, %d on schedule; CPU/event by part: %s",
 			w.events, w.seconds, w.commit[0], w.commit[1], w.call[0], w.call[1], w.tx[0], w.tx[1], w.machineUS, w.ownUS, 100*w.busy, 100*w.foreign,
-			w.committed, w.offered, w.onTime)
+			w.committed, w.offered, w.onTime, w.partsText())
 	case benchPeersSchedule:
 		return fmt.Sprintf("%d of %d offered committed, %d on schedule; handled by %.1f s", w.committed, w.offered, w.onTime, w.seconds)
 	default:
@@ -380,7 +477,7 @@ func benchPeersPaced(ctx context.Context, e *benchEnv, pool *pgxpool.Pool, m ben
 			marks.committed(evs, t)
 			sched.add(t)
 		}}
-	r0 := e.peersReading(0)
+	r0 := e.peersReading(ctx, pool, 0)
 	lr, err := load.run(ctx, pool, d, appended)
 	if err != nil {
 		return w, err
@@ -388,7 +485,7 @@ func benchPeersPaced(ctx context.Context, e *benchEnv, pool *pgxpool.Pool, m ben
 	if err := caughtUp(ctx); err != nil {
 		return w, err
 	}
-	w.setCPU(r0, e.peersReading(0), lr.events)
+	w.setCPU(r0, e.peersReading(ctx, pool, 0), lr.events)
 	w.offered, w.committed, w.onTime = int64(rate*d.Seconds()), lr.events, int64(sched.summary().onTime)
 	c := marks.percentiles(false, 0.5, 0.99)
 	b := marks.percentiles(true, 0.5, 0.99)
@@ -415,14 +512,14 @@ func benchPeersDrainInProcess(ctx context.Context, e *benchEnv, db *benchDB, poo
 	if err := db.exec(ctx, `VACUUM (ANALYZE)`); err != nil {
 		return w, err
 	}
-	r0 := e.peersReading(0)
+	r0 := e.peersReading(ctx, pool, 0)
 	if err := start(ctx); err != nil {
 		return w, err
 	}
 	if err := caughtUp(ctx); err != nil {
 		return w, err
 	}
-	w.setCPU(r0, e.peersReading(0), n)
+	w.setCPU(r0, e.peersReading(ctx, pool, 0), n)
 	w.drainRate = float64(n) / w.seconds
 	return w, nil
 }
@@ -442,6 +539,28 @@ type benchPeersMeasure struct {
 	// foreign: each system's row says how busy other processes kept the
 	// machine during its windows.
 	foreign bool
+	// parts: each system's row says where its CPU per event went
+	// (benchPeersWindow.parts).
+	parts bool
+}
+
+// benchMedianParts returns, for each part named in any of runs, the median
+// of its figures (0 in a run that does not name it).
+func benchMedianParts(runs []map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for _, r := range runs {
+		for n := range r {
+			out[n] = 0
+		}
+	}
+	for n := range out {
+		xs := make([]float64, len(runs))
+		for i, r := range runs {
+			xs[i] = r[n]
+		}
+		out[n] = benchMedian(xs)
+	}
+	return out
 }
 
 // benchPeersMeasures are the figures of the peers case, in the order of
@@ -462,7 +581,7 @@ var benchPeersMeasures = []benchPeersMeasure{
 		note: "the producer's whole transaction: connection acquired, BEGIN, the insert, COMMIT returned"},
 	{name: "1,000 tx/s, 4 producers: producer transaction BEGIN → COMMIT returned, p99", unit: "ms", mode: benchPeersLatency, riverRatio: 1,
 		get: func(w benchPeersWindow) float64 { return w.tx[1] }},
-	{name: "1,000 tx/s, 4 producers: machine CPU per event, every process", unit: "µs", mode: benchPeersLatency, riverRatio: 0.7, foreign: true,
+	{name: "1,000 tx/s, 4 producers: machine CPU per event, every process", unit: "µs", mode: benchPeersLatency, riverRatio: 0.7, foreign: true, parts: true,
 		get:  func(w benchPeersWindow) float64 { return w.machineUS },
 		note: "the machine's busy time (the cores' time less their idle, iowait and steal time in /proc/stat, which this kernel keeps exactly, unlike its tick-sampled busy counters) from the window's start until every event of it was handled, divided by those events: producers, consumer or worker, server, and whatever else ran on the machine meanwhile"},
 	{name: "1,000 tx/s, 4 producers: CPU per event, bench, River program and server", unit: "µs", mode: benchPeersLatency,
@@ -493,6 +612,9 @@ type benchPeersFigures struct {
 	// foreign is, beside each figure of runs, the share of the machine
 	// other processes kept busy during its window.
 	foreign [][]float64
+	// parts holds, per repetition, the latency window's CPU per event by
+	// part (benchPeersWindow.parts).
+	parts []map[string]float64
 }
 
 // benchPeersResults reports the figures: per measure, one row per system
@@ -515,6 +637,9 @@ func benchPeersResults(measures []benchPeersMeasure, systems []benchPeersFigures
 			}
 			if s.skipped != "" {
 				r = r.noted("%s not measured: %s", s.name, s.skipped)
+			}
+			if m.parts && len(s.parts) > 0 {
+				r = r.noted("CPU per event by part, %s (median of the repetitions): %s", s.name, benchPartsText(benchMedianParts(s.parts)))
 			}
 			if m.foreign && k < len(s.foreign) && len(s.foreign[k]) > 0 {
 				r = r.noted("other processes kept the machine %.0f%% busy during the windows of %s (median)", 100*benchMedian(s.foreign[k]), s.name)

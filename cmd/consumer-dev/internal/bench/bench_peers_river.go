@@ -162,9 +162,9 @@ func (r *benchRiverProgram) window(ctx context.Context, e *benchEnv, db *benchDB
 		}
 		switch {
 		case l.Type == "mark" && l.Mark == "start":
-			r0, started = e.peersReading(cmd.Process.Pid), true
+			r0, started = e.peersReading(ctx, db.pool, cmd.Process.Pid), true
 		case l.Type == "mark" && l.Mark == "end":
-			r1, ended = e.peersReading(cmd.Process.Pid), true
+			r1, ended = e.peersReading(ctx, db.pool, cmd.Process.Pid), true
 		case l.Type == "result":
 			res = &l
 		}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"maps"
 	"math"
 	"strings"
 	"testing"
@@ -123,19 +124,40 @@ func TestBenchPeersResults(t *testing.T) {
 
 // TestBenchPeersWindowSetCPU checks the CPU per event of a window: the
 // machine's busy time, and the bench's own processes' (itself, the River
-// program, the server), each over the events handled.
+// program, the server), each over the events handled; and its split by
+// part: the sessions by part (one that started in the window counted
+// whole), the bench process, the River program.
 func TestBenchPeersWindowSetCPU(t *testing.T) {
 	at := time.Now()
 	r0 := benchPeersReading{cpu: benchCPU{machineIdle: 30 * time.Second, cpus: 2, statAt: at, server: 3 * time.Second, self: 2 * time.Second, at: at},
-		child: time.Second}
+		child: time.Second, sessions: map[int]benchPeersSession{
+			10: {part: "producers' sessions", cpu: time.Second},
+			11: {part: "producers' sessions", cpu: time.Second},
+			12: {part: "watcher's session", cpu: time.Second},
+		}}
 	r1 := benchPeersReading{cpu: benchCPU{machineIdle: 34 * time.Second, cpus: 2, statAt: at.Add(10 * time.Second), server: 8 * time.Second, self: 4 * time.Second,
-		at: at.Add(10 * time.Second)}, child: 6 * time.Second}
+		at: at.Add(10 * time.Second)}, child: 6 * time.Second, sessions: map[int]benchPeersSession{
+		10: {part: "producers' sessions", cpu: 2 * time.Second},
+		11: {part: "producers' sessions", cpu: 3 * time.Second},
+		12: {part: "watcher's session", cpu: time.Second},
+		13: {part: "sequencer's session", cpu: 800 * time.Millisecond},
+	}}
 	var w benchPeersWindow
 	w.setCPU(r0, r1, 8000)
 	// The cores' 20 s less 4 s idle: busy 16 s; own 2 + 5 + 5 = 12 s;
 	// other processes 4 s.
 	if w.events != 8000 || w.seconds != 10 || w.machineUS != 2000 || w.ownUS != 1500 || w.busy != 0.8 || w.foreign != 0.2 {
 		t.Fatalf("window %+v", w)
+	}
+	want := map[string]float64{"producers' sessions": 375, "watcher's session": 0, "sequencer's session": 100, "bench process": 250, "River program": 625}
+	if !maps.Equal(w.parts, want) {
+		t.Fatalf("parts %v, want %v", w.parts, want)
+	}
+	if got := w.partsText(); got != "River program 625 µs, producers' sessions 375 µs, bench process 250 µs, sequencer's session 100 µs" {
+		t.Fatalf("parts text %q", got)
+	}
+	if got := benchMedianParts([]map[string]float64{{"a": 1, "b": 5}, {"a": 3}, {"a": 2, "b": 7}}); !maps.Equal(got, map[string]float64{"a": 2, "b": 5}) {
+		t.Fatalf("median parts %v", got)
 	}
 	w = benchPeersWindow{}
 	w.setCPU(r0, r0, 0)
