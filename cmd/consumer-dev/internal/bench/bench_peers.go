@@ -3,8 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -118,18 +120,75 @@ type benchPeersSession struct {
 const benchPeersSessionsSQL = `SELECT pid, application_name FROM pg_stat_activity
 WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`
 
-// peersReading reads the CPU times; child is the River program's pid, 0
-// for none; db is the system's database, whose sessions are read (a
-// session that starts and ends within the window is missed: the
-// systems' sessions live as long as their pools, which outlive it).
-func (e *benchEnv) peersReading(ctx context.Context, db *pgxpool.Pool, child int) benchPeersReading {
-	r := benchPeersReading{cpu: e.cpu(), sessions: map[int]benchPeersSession{}}
-	if child > 0 {
-		r.child, _ = benchProcCPU(child)
+// benchPeersSample is how often the sessions of a window are read while
+// it lasts: a session that ends before the window's end (the River
+// program closes its pools as soon as it has printed its end mark) is
+// counted up to its last reading.
+const benchPeersSample = 200 * time.Millisecond
+
+// benchPeersSessions reads the sessions of a system's database during a
+// window: at its start, every benchPeersSample, and at its end, keeping
+// each session's last reading.
+type benchPeersSessions struct {
+	db     *pgxpool.Pool
+	mu     sync.Mutex
+	last   map[int]benchPeersSession
+	err    error
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// peersStart reads the CPU times at a window's start and starts reading
+// the sessions of db, the system's database; child is the River program's
+// pid, 0 for none. peersEnd takes the reading at the window's end.
+func (e *benchEnv) peersStart(ctx context.Context, db *pgxpool.Pool, child int) (benchPeersReading, *benchPeersSessions) {
+	ss := &benchPeersSessions{db: db, last: map[int]benchPeersSession{}, done: make(chan struct{})}
+	ss.read(ctx)
+	r := e.peersReading(child)
+	r.sessions = maps.Clone(ss.last)
+	sctx, cancel := context.WithCancel(ctx)
+	ss.cancel = cancel
+	go func() {
+		defer close(ss.done)
+		t := time.NewTicker(benchPeersSample)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+				ss.read(sctx)
+			}
+		}
+	}()
+	return r, ss
+}
+
+// peersEnd reads the CPU times at a window's end, and the sessions' last
+// readings.
+func (e *benchEnv) peersEnd(ctx context.Context, ss *benchPeersSessions, child int) benchPeersReading {
+	ss.cancel()
+	<-ss.done
+	ss.read(ctx)
+	r := e.peersReading(child)
+	r.sessions = ss.last
+	if ss.err != nil {
+		// The split is a note: the window's figures stand without it.
+		e.logf("peers: the sessions' CPU not read: %v", ss.err)
 	}
-	rows, err := db.Query(ctx, benchPeersSessionsSQL)
+	return r
+}
+
+// read lists the database's sessions and reads their CPU times.
+func (ss *benchPeersSessions) read(ctx context.Context) {
+	rows, err := ss.db.Query(ctx, benchPeersSessionsSQL)
 	if err != nil {
-		return r // the split is a note: the window's figures stand without it
+		if ctx.Err() == nil {
+			ss.mu.Lock()
+			ss.err = err
+			ss.mu.Unlock()
+		}
+		return
 	}
 	var (
 		pid  int32
@@ -137,10 +196,21 @@ func (e *benchEnv) peersReading(ctx context.Context, db *pgxpool.Pool, child int
 	)
 	_, _ = pgx.ForEachRow(rows, []any{&pid, &name}, func() error {
 		if c, err := benchProcCPU(int(pid)); err == nil {
-			r.sessions[int(pid)] = benchPeersSession{part: benchPeersPart(name), cpu: c}
+			ss.mu.Lock()
+			ss.last[int(pid)] = benchPeersSession{part: benchPeersPart(name), cpu: c}
+			ss.mu.Unlock()
 		}
 		return nil
 	})
+}
+
+// peersReading reads the CPU times of the machine, the bench, the server
+// and the River program (child; 0 for none).
+func (e *benchEnv) peersReading(child int) benchPeersReading {
+	r := benchPeersReading{cpu: e.cpu()}
+	if child > 0 {
+		r.child, _ = benchProcCPU(child)
+	}
 	return r
 }
 
@@ -477,15 +547,16 @@ func benchPeersPaced(ctx context.Context, e *benchEnv, pool *pgxpool.Pool, m ben
 			marks.committed(evs, t)
 			sched.add(t)
 		}}
-	r0 := e.peersReading(ctx, pool, 0)
+	r0, ss := e.peersStart(ctx, pool, 0)
 	lr, err := load.run(ctx, pool, d, appended)
+	if err == nil {
+		err = caughtUp(ctx)
+	}
+	r1 := e.peersEnd(ctx, ss, 0)
 	if err != nil {
 		return w, err
 	}
-	if err := caughtUp(ctx); err != nil {
-		return w, err
-	}
-	w.setCPU(r0, e.peersReading(ctx, pool, 0), lr.events)
+	w.setCPU(r0, r1, lr.events)
 	w.offered, w.committed, w.onTime = int64(rate*d.Seconds()), lr.events, int64(sched.summary().onTime)
 	c := marks.percentiles(false, 0.5, 0.99)
 	b := marks.percentiles(true, 0.5, 0.99)
@@ -512,14 +583,16 @@ func benchPeersDrainInProcess(ctx context.Context, e *benchEnv, db *benchDB, poo
 	if err := db.exec(ctx, `VACUUM (ANALYZE)`); err != nil {
 		return w, err
 	}
-	r0 := e.peersReading(ctx, pool, 0)
-	if err := start(ctx); err != nil {
+	r0, ss := e.peersStart(ctx, pool, 0)
+	err = start(ctx)
+	if err == nil {
+		err = caughtUp(ctx)
+	}
+	r1 := e.peersEnd(ctx, ss, 0)
+	if err != nil {
 		return w, err
 	}
-	if err := caughtUp(ctx); err != nil {
-		return w, err
-	}
-	w.setCPU(r0, e.peersReading(ctx, pool, 0), n)
+	w.setCPU(r0, r1, n)
 	w.drainRate = float64(n) / w.seconds
 	return w, nil
 }

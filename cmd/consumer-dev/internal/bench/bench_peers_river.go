@@ -148,6 +148,7 @@ func (r *benchRiverProgram) window(ctx context.Context, e *benchEnv, db *benchDB
 	}
 	var (
 		r0, r1         benchPeersReading
+		ss             *benchPeersSessions
 		started, ended bool
 		res            *benchRiverLine
 		perr           error
@@ -162,12 +163,16 @@ func (r *benchRiverProgram) window(ctx context.Context, e *benchEnv, db *benchDB
 		}
 		switch {
 		case l.Type == "mark" && l.Mark == "start":
-			r0, started = e.peersReading(ctx, db.pool, cmd.Process.Pid), true
-		case l.Type == "mark" && l.Mark == "end":
-			r1, ended = e.peersReading(ctx, db.pool, cmd.Process.Pid), true
+			r0, ss = e.peersStart(ctx, db.pool, cmd.Process.Pid)
+			started = true
+		case l.Type == "mark" && l.Mark == "end" && started:
+			r1, ended = e.peersEnd(ctx, ss, cmd.Process.Pid), true
 		case l.Type == "result":
 			res = &l
 		}
+	}
+	if started && !ended {
+		ss.cancel() // the sessions' reader of a window that never ended
 	}
 	werr := cmd.Wait()
 	switch {
