@@ -3,10 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -99,20 +97,11 @@ type benchPeersWindow struct {
 }
 
 // benchPeersReading is a reading of CPU times around a window: the
-// machine's, the bench's and the server's (benchCPU), the River
-// program's, and the server sessions' of the system's database.
+// machine's, the bench's and the server's (benchCPU), and the River
+// program's.
 type benchPeersReading struct {
 	cpu   benchCPU
 	child time.Duration
-	// sessions maps each session of the system's database, by pid, to its
-	// part and CPU time (empty when the server's /proc cannot be read).
-	sessions map[int]benchPeersSession
-}
-
-// benchPeersSession is a server session's part and CPU time.
-type benchPeersSession struct {
-	part string
-	cpu  time.Duration
 }
 
 // benchPeersSessionsSQL lists the sessions of the database, but the
@@ -126,82 +115,31 @@ WHERE datname = current_database() AND backend_type = 'client backend' AND pid <
 // counted up to its last reading.
 const benchPeersSample = 200 * time.Millisecond
 
-// benchPeersSessions reads the sessions of a system's database during a
-// window: at its start, every benchPeersSample, and at its end, keeping
-// each session's last reading.
-type benchPeersSessions struct {
-	db     *pgxpool.Pool
-	mu     sync.Mutex
-	last   map[int]benchPeersSession
-	err    error
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-// peersStart reads the CPU times at a window's start and starts reading
-// the sessions of db, the system's database; child is the River program's
-// pid, 0 for none. peersEnd takes the reading at the window's end.
-func (e *benchEnv) peersStart(ctx context.Context, db *pgxpool.Pool, child int) (benchPeersReading, *benchPeersSessions) {
-	ss := &benchPeersSessions{db: db, last: map[int]benchPeersSession{}, done: make(chan struct{})}
-	ss.read(ctx)
-	r := e.peersReading(child)
-	r.sessions = maps.Clone(ss.last)
-	sctx, cancel := context.WithCancel(ctx)
-	ss.cancel = cancel
-	go func() {
-		defer close(ss.done)
-		t := time.NewTicker(benchPeersSample)
-		defer t.Stop()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-t.C:
-				ss.read(sctx)
-			}
-		}
-	}()
-	return r, ss
-}
-
-// peersEnd reads the CPU times at a window's end, and the sessions' last
-// readings.
-func (e *benchEnv) peersEnd(ctx context.Context, ss *benchPeersSessions, child int) benchPeersReading {
-	ss.cancel()
-	<-ss.done
-	ss.read(ctx)
-	r := e.peersReading(child)
-	r.sessions = ss.last
-	if ss.err != nil {
-		// The split is a note: the window's figures stand without it.
-		e.logf("peers: the sessions' CPU not read: %v", ss.err)
-	}
-	return r
-}
-
-// read lists the database's sessions and reads their CPU times.
-func (ss *benchPeersSessions) read(ctx context.Context) {
-	rows, err := ss.db.Query(ctx, benchPeersSessionsSQL)
+// peersStart reads the CPU times at a window's start and starts following
+// the sessions of db, the system's database (nil when they cannot be
+// listed: the split by part is then left out); child is the River
+// program's pid, 0 for none.
+func (e *benchEnv) peersStart(ctx context.Context, db *pgxpool.Pool, child int) (benchPeersReading, *benchSessionCPU) {
+	ss, err := startBenchSessionCPU(ctx, db, benchPeersSessionsSQL, benchPeersSample)
 	if err != nil {
-		if ctx.Err() == nil {
-			ss.mu.Lock()
-			ss.err = err
-			ss.mu.Unlock()
-		}
-		return
+		e.logf("peers: the sessions' CPU not read: %v", err)
 	}
-	var (
-		pid  int32
-		name string
-	)
-	_, _ = pgx.ForEachRow(rows, []any{&pid, &name}, func() error {
-		if c, err := benchProcCPU(int(pid)); err == nil {
-			ss.mu.Lock()
-			ss.last[int(pid)] = benchPeersSession{part: benchPeersPart(name), cpu: c}
-			ss.mu.Unlock()
-		}
-		return nil
-	})
+	return e.peersReading(child), ss
+}
+
+// peersEnd reads the CPU times at a window's end, and returns the
+// sessions' CPU time over the window by part (nil without ss).
+func (e *benchEnv) peersEnd(ss *benchSessionCPU, child int) (benchPeersReading, map[string]time.Duration) {
+	r := e.peersReading(child)
+	if ss == nil {
+		return r, nil
+	}
+	parts, err := ss.byPart()
+	if err != nil {
+		// The split is a note: the window's figures stand without it.
+		e.logf("peers: the sessions' CPU not read: %v", err)
+	}
+	return r, parts
 }
 
 // peersReading reads the CPU times of the machine, the bench, the server
@@ -238,8 +176,9 @@ func benchPeersPart(name string) string {
 }
 
 // setCPU fills in the window's span and CPU per event from the readings
-// around it, over events handled.
-func (w *benchPeersWindow) setCPU(r0, r1 benchPeersReading, events int64) {
+// around it, over events handled, and its split by part from the
+// sessions' CPU time (sessions, by part; nil: no split).
+func (w *benchPeersWindow) setCPU(r0, r1 benchPeersReading, sessions map[string]time.Duration, events int64) {
 	w.events = events
 	w.seconds = r1.cpu.at.Sub(r0.cpu.at).Seconds()
 	busy, all := r1.cpu.machine(r0.cpu)
@@ -252,8 +191,8 @@ func (w *benchPeersWindow) setCPU(r0, r1 benchPeersReading, events int64) {
 		w.machineUS = float64(busy.Microseconds()) / float64(events)
 		w.ownUS = float64(own.Microseconds()) / float64(events)
 		w.parts = map[string]float64{}
-		for pid, s := range r1.sessions {
-			w.parts[s.part] += float64((s.cpu - r0.sessions[pid].cpu).Microseconds()) / float64(events)
+		for part, c := range sessions {
+			w.parts[part] += float64(c.Microseconds()) / float64(events)
 		}
 		w.parts["bench process"] = float64((r1.cpu.self - r0.cpu.self).Microseconds()) / float64(events)
 		if r1.child > 0 {
@@ -552,11 +491,11 @@ func benchPeersPaced(ctx context.Context, e *benchEnv, pool *pgxpool.Pool, m ben
 	if err == nil {
 		err = caughtUp(ctx)
 	}
-	r1 := e.peersEnd(ctx, ss, 0)
+	r1, parts := e.peersEnd(ss, 0)
 	if err != nil {
 		return w, err
 	}
-	w.setCPU(r0, r1, lr.events)
+	w.setCPU(r0, r1, parts, lr.events)
 	w.offered, w.committed, w.onTime = int64(rate*d.Seconds()), lr.events, int64(sched.summary().onTime)
 	c := marks.percentiles(false, 0.5, 0.99)
 	b := marks.percentiles(true, 0.5, 0.99)
@@ -588,11 +527,11 @@ func benchPeersDrainInProcess(ctx context.Context, e *benchEnv, db *benchDB, poo
 	if err == nil {
 		err = caughtUp(ctx)
 	}
-	r1 := e.peersEnd(ctx, ss, 0)
+	r1, parts := e.peersEnd(ss, 0)
 	if err != nil {
 		return w, err
 	}
-	w.setCPU(r0, r1, n)
+	w.setCPU(r0, r1, parts, n)
 	w.drainRate = float64(n) / w.seconds
 	return w, nil
 }

@@ -148,7 +148,8 @@ func (r *benchRiverProgram) window(ctx context.Context, e *benchEnv, db *benchDB
 	}
 	var (
 		r0, r1         benchPeersReading
-		ss             *benchPeersSessions
+		ss             *benchSessionCPU
+		parts          map[string]time.Duration
 		started, ended bool
 		res            *benchRiverLine
 		perr           error
@@ -166,13 +167,14 @@ func (r *benchRiverProgram) window(ctx context.Context, e *benchEnv, db *benchDB
 			r0, ss = e.peersStart(ctx, db.pool, cmd.Process.Pid)
 			started = true
 		case l.Type == "mark" && l.Mark == "end" && started:
-			r1, ended = e.peersEnd(ctx, ss, cmd.Process.Pid), true
+			r1, parts = e.peersEnd(ss, cmd.Process.Pid)
+			ended = true
 		case l.Type == "result":
 			res = &l
 		}
 	}
-	if started && !ended {
-		ss.cancel() // the sessions' reader of a window that never ended
+	if started && !ended && ss != nil {
+		ss.stop() // the sessions' reader of a window that never ended
 	}
 	werr := cmd.Wait()
 	switch {
@@ -186,7 +188,7 @@ func (r *benchRiverProgram) window(ctx context.Context, e *benchEnv, db *benchDB
 		return benchPeersWindow{}, fmt.Errorf("river program: result of mode %q, asked for %q", res.Mode, m)
 	}
 	r.version = res.River
-	return res.window(r0, r1), nil
+	return res.window(r0, r1, parts), nil
 }
 
 // benchRiverLine is a line of the River program's output: a mark
@@ -251,15 +253,15 @@ func benchParseRiverLine(b []byte) (benchRiverLine, error) {
 }
 
 // window returns the window a result describes, with the CPU readings
-// taken at its marks.
-func (l *benchRiverLine) window(r0, r1 benchPeersReading) benchPeersWindow {
+// taken at its marks and the sessions' CPU time by part between them.
+func (l *benchRiverLine) window(r0, r1 benchPeersReading, sessions map[string]time.Duration) benchPeersWindow {
 	var w benchPeersWindow
 	if l.Mode == "drain" {
-		w.setCPU(r0, r1, l.Jobs)
+		w.setCPU(r0, r1, sessions, l.Jobs)
 		w.drainRate = l.Rate
 		return w
 	}
-	w.setCPU(r0, r1, l.Handled)
+	w.setCPU(r0, r1, sessions, l.Handled)
 	w.commit = [2]float64{l.CommitToHandlerMs[0], l.CommitToHandlerMs[1]}
 	w.call = [2]float64{l.CallToHandlerMs[0], l.CallToHandlerMs[1]}
 	w.tx = [2]float64{l.TxMs[0], l.TxMs[1]}

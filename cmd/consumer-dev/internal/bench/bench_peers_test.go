@@ -29,7 +29,7 @@ func TestBenchParseRiverLine(t *testing.T) {
 		l.CommitToHandlerMs[1] != 9.7 || l.CallToHandlerMs[0] != 4.5 || l.TxMs[1] != 10.7 {
 		t.Fatalf("latency result read as %+v", l)
 	}
-	w := l.window(benchPeersReading{}, benchPeersReading{})
+	w := l.window(benchPeersReading{}, benchPeersReading{}, nil)
 	if w.commit != [2]float64{2.1, 9.7} || w.call != [2]float64{4.5, 20} || w.tx != [2]float64{2.6, 10.7} ||
 		w.offered != 10000 || w.committed != 10000 || w.onTime != 9990 || w.events != 10000 {
 		t.Fatalf("latency window %+v", w)
@@ -38,7 +38,7 @@ func TestBenchParseRiverLine(t *testing.T) {
 	if err != nil || l.Rate != 25000 || l.Jobs != 50000 {
 		t.Fatalf("drain result: %+v, %v", l, err)
 	}
-	if w := l.window(benchPeersReading{}, benchPeersReading{}); w.drainRate != 25000 || w.events != 50000 {
+	if w := l.window(benchPeersReading{}, benchPeersReading{}, nil); w.drainRate != 25000 || w.events != 50000 {
 		t.Fatalf("drain window %+v", w)
 	}
 
@@ -125,25 +125,16 @@ func TestBenchPeersResults(t *testing.T) {
 // TestBenchPeersWindowSetCPU checks the CPU per event of a window: the
 // machine's busy time, and the bench's own processes' (itself, the River
 // program, the server), each over the events handled; and its split by
-// part: the sessions by part (one that started in the window counted
-// whole), the bench process, the River program.
+// part: the sessions' CPU by part, the bench process, the River program.
 func TestBenchPeersWindowSetCPU(t *testing.T) {
 	at := time.Now()
 	r0 := benchPeersReading{cpu: benchCPU{machineIdle: 30 * time.Second, cpus: 2, statAt: at, server: 3 * time.Second, self: 2 * time.Second, at: at},
-		child: time.Second, sessions: map[int]benchPeersSession{
-			10: {part: "producers' sessions", cpu: time.Second},
-			11: {part: "producers' sessions", cpu: time.Second},
-			12: {part: "watcher's session", cpu: time.Second},
-		}}
+		child: time.Second}
 	r1 := benchPeersReading{cpu: benchCPU{machineIdle: 34 * time.Second, cpus: 2, statAt: at.Add(10 * time.Second), server: 8 * time.Second, self: 4 * time.Second,
-		at: at.Add(10 * time.Second)}, child: 6 * time.Second, sessions: map[int]benchPeersSession{
-		10: {part: "producers' sessions", cpu: 2 * time.Second},
-		11: {part: "producers' sessions", cpu: 3 * time.Second},
-		12: {part: "watcher's session", cpu: time.Second},
-		13: {part: "sequencer's session", cpu: 800 * time.Millisecond},
-	}}
+		at: at.Add(10 * time.Second)}, child: 6 * time.Second}
+	sessions := map[string]time.Duration{"producers' sessions": 3 * time.Second, "watcher's session": 0, "sequencer's session": 800 * time.Millisecond}
 	var w benchPeersWindow
-	w.setCPU(r0, r1, 8000)
+	w.setCPU(r0, r1, sessions, 8000)
 	// The cores' 20 s less 4 s idle: busy 16 s; own 2 + 5 + 5 = 12 s;
 	// other processes 4 s.
 	if w.events != 8000 || w.seconds != 10 || w.machineUS != 2000 || w.ownUS != 1500 || w.busy != 0.8 || w.foreign != 0.2 {
@@ -160,7 +151,7 @@ func TestBenchPeersWindowSetCPU(t *testing.T) {
 		t.Fatalf("median parts %v", got)
 	}
 	w = benchPeersWindow{}
-	w.setCPU(r0, r0, 0)
+	w.setCPU(r0, r0, nil, 0)
 	if w.machineUS != 0 || w.ownUS != 0 || w.busy != 0 {
 		t.Fatalf("empty window %+v", w)
 	}

@@ -104,7 +104,7 @@ FROM consumer_offsets o WHERE o.group_id = $1 AND o.topic_id = $3`
 // Sessions are told by what they are not: the consumer processes' pools
 // name theirs pgevents-consumer, but their listeners and watchers name
 // theirs otherwise.
-const benchConsumerSessionsSQL = `SELECT pid FROM pg_stat_activity
+const benchConsumerSessionsSQL = `SELECT pid, application_name FROM pg_stat_activity
 WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()
   AND application_name <> 'pgevents-bench' AND application_name NOT LIKE 'bench-%'`
 
@@ -305,7 +305,7 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 func benchProcessesMeasure(ctx context.Context, e *benchEnv, db *benchDB, ppool *pgxpool.Pool, procs []*benchProc, load benchLoad,
 	onSchedule *atomic.Int64, window time.Duration, caughtUp func() (bool, error)) (benchProcessesWindow, error) {
 	var w benchProcessesWindow
-	sessions, err := startBenchSessionCPU(ctx, db.pool)
+	sessions, err := startBenchSessionCPU(ctx, db.pool, benchConsumerSessionsSQL, benchProcessesSample)
 	if err != nil {
 		return w, err
 	}
@@ -430,26 +430,32 @@ func benchProcessesIdleRate(ctx context.Context, e *benchEnv, db *benchDB, procs
 			took.Round(time.Millisecond)), sessions, nil
 }
 
-// benchSessionCPU follows the CPU time of the consumers' server sessions
-// over a window: it lists them every benchProcessesSample and reads their
-// /proc/<pid>/stat, a session present at the start counting from its
-// reading then, one that appears later from 0, one that exits up to its
-// last reading.
+// benchSessionCPU follows the CPU time of server sessions over a window:
+// it lists them (sql: their pid and application_name) every every, and
+// reads their /proc/<pid>/stat, a session present at the start counting
+// from its reading then, one that appears later from 0, one that exits up
+// to its last reading. Each session's part is named from its
+// application_name (benchPeersPart).
 type benchSessionCPU struct {
 	pool   *pgxpool.Pool
+	sql    string
 	mu     sync.Mutex
 	base   map[int]time.Duration
 	last   map[int]time.Duration
+	part   map[int]string
 	err    error
 	cancel context.CancelFunc
 	done   chan struct{}
 	total  time.Duration
+	parts  map[string]time.Duration
 	once   sync.Once
 }
 
-// startBenchSessionCPU takes the first reading and starts sampling.
-func startBenchSessionCPU(ctx context.Context, pool *pgxpool.Pool) (*benchSessionCPU, error) {
-	s := &benchSessionCPU{pool: pool, base: map[int]time.Duration{}, last: map[int]time.Duration{}, done: make(chan struct{})}
+// startBenchSessionCPU takes the first reading of the sessions sql lists
+// on pool and starts sampling them every every.
+func startBenchSessionCPU(ctx context.Context, pool *pgxpool.Pool, sql string, every time.Duration) (*benchSessionCPU, error) {
+	s := &benchSessionCPU{pool: pool, sql: sql, base: map[int]time.Duration{}, last: map[int]time.Duration{}, part: map[int]string{},
+		done: make(chan struct{})}
 	if err := s.sample(ctx, true); err != nil {
 		return nil, err
 	}
@@ -457,7 +463,7 @@ func startBenchSessionCPU(ctx context.Context, pool *pgxpool.Pool) (*benchSessio
 	s.cancel = cancel
 	go func() {
 		defer close(s.done)
-		t := time.NewTicker(benchProcessesSample)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
@@ -478,36 +484,45 @@ func startBenchSessionCPU(ctx context.Context, pool *pgxpool.Pool) (*benchSessio
 // sample lists the sessions and reads their CPU; first marks the reading
 // at the window's start.
 func (s *benchSessionCPU) sample(ctx context.Context, first bool) error {
-	rows, err := s.pool.Query(ctx, benchConsumerSessionsSQL)
+	rows, err := s.pool.Query(ctx, s.sql)
 	if err != nil {
 		return err
 	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	type session struct {
+		pid  int32
+		name string
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (session, error) {
+		var x session
+		return x, r.Scan(&x.pid, &x.name)
+	})
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, pid := range pids {
-		c, err := benchProcCPU(int(pid))
+	for _, x := range list {
+		pid := int(x.pid)
+		c, err := benchProcCPU(pid)
 		if err != nil {
 			continue // exited since listed
 		}
-		if _, seen := s.base[int(pid)]; !seen {
+		if _, seen := s.base[pid]; !seen {
 			if first {
-				s.base[int(pid)] = c
+				s.base[pid] = c
 			} else {
-				s.base[int(pid)] = 0
+				s.base[pid] = 0
 			}
 		}
-		s.last[int(pid)] = c
+		s.last[pid] = c
+		s.part[pid] = benchPeersPart(x.name)
 	}
 	return nil
 }
 
 // stop takes a last reading, stops sampling and returns the CPU time of
 // the sessions over the window (0 when their /proc cannot be read: the
-// server on another machine).
+// server on another machine); byPart splits it.
 func (s *benchSessionCPU) stop() time.Duration {
 	s.once.Do(func() {
 		s.cancel()
@@ -515,11 +530,22 @@ func (s *benchSessionCPU) stop() time.Duration {
 		_ = s.sample(context.Background(), false)
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		s.parts = map[string]time.Duration{}
 		for pid, c := range s.last {
 			s.total += c - s.base[pid]
+			s.parts[s.part[pid]] += c - s.base[pid]
 		}
 	})
 	return s.total
+}
+
+// byPart returns, after stop, the sessions' CPU time by part, and the
+// error of a sampling that failed (nil when all succeeded).
+func (s *benchSessionCPU) byPart() (map[string]time.Duration, error) {
+	s.stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.parts, s.err
 }
 
 // benchProc is a `consumer run` process of this binary.
