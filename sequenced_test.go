@@ -21,6 +21,19 @@ import (
 
 var sequencedSeed = flag.Uint64("sequenced.seed", 0, "seed of TestSequencedModel and TestSequencedTicksWakeWorkers (0: drawn)")
 
+// sequencedRand returns the random source of a seeded test of this file,
+// and its seed: -sequenced.seed, or one drawn, which it logs with the flag
+// that replays it; stream tells the tests' sources apart.
+func sequencedRand(t *testing.T, stream uint64) (*rand.Rand, uint64) {
+	t.Helper()
+	seed := *sequencedSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.Logf("seed %d (rerun with -sequenced.seed %d)", seed, seed)
+	return rand.New(rand.NewPCG(seed, stream)), seed
+}
+
 // seqTx is one producer transaction of TestSequencedModel, as the model
 // knows it.
 type seqTx struct {
@@ -50,12 +63,7 @@ type seqTx struct {
 // The seed is printed; -sequenced.seed replays it.
 func TestSequencedModel(t *testing.T) {
 	t.Parallel()
-	seed := *sequencedSeed
-	if seed == 0 {
-		seed = rand.Uint64()
-	}
-	t.Logf("seed %d (rerun with -sequenced.seed %d)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 27))
+	rng, seed := sequencedRand(t, 27)
 	const partitions = 4
 	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: partitions, Scope: schema.ScopeSequenced})
 	ctx := pgtest.Context(context.Background())
@@ -675,12 +683,7 @@ func (o *wakeCounter) count(s WakeSource) int {
 // and every wake-up is a notification.
 func TestSequencedTicksWakeWorkers(t *testing.T) {
 	t.Parallel()
-	seed := *sequencedSeed
-	if seed == 0 {
-		seed = rand.Uint64()
-	}
-	t.Logf("seed %d (rerun with -sequenced.seed %d)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 23))
+	rng, _ := sequencedRand(t, 23)
 	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 4, Scope: schema.ScopeSequenced})
 	mustExec(t, pool, handledTable)
 	obs := &wakeCounter{}
