@@ -21,8 +21,9 @@ import (
 // for its session, so that the elected watcher of a topic (the one
 // consumer process per topic and database that reads the tails while
 // events flow) announces every partition that moved, and producers notify
-// the partitions it sleeps on. A notification wakes the fetches waiting
-// on its partitions at once.
+// the partitions it sleeps on. A sequenced topic's ticks notify every
+// partition they move, whoever watches (migration 0023). A notification
+// wakes the fetches waiting on its partitions at once.
 //
 // When no consumer of the topic runs (nobody holds its watch key: looked
 // at every electedCheck), nobody announces anything, and the endpoint
