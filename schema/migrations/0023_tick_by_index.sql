@@ -29,8 +29,10 @@
 -- ("<topic>:<partition>/<tail>,..."), whatever the topic's wake-up mode,
 -- and no longer marks its partitions in flight. A notifying commit holds
 -- the database's notification lock until it ends, which is what the
--- 'waiting' mode spares producers; a tick commits asynchronously, so it
--- holds that lock for no flush, and a topic's ticks come one at a time.
+-- 'waiting' mode spares producers; the sequencer commits its ticks
+-- asynchronously (its session's synchronous_commit is the consumer pool's,
+-- off), so a tick holds that lock for no flush, and a topic's ticks come
+-- one at a time.
 -- So consumers learn of sequenced events from the tick that moved them,
 -- when it commits, and the watcher need not look for them: consumers treat
 -- a sequenced topic as one of wake-up mode 'always' (no watching, no
