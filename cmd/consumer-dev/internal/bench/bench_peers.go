@@ -87,7 +87,7 @@ type benchPeersWindow struct {
 	// neither used.
 	machineUS, ownUS, busy, foreign float64
 	// latency mode: CPU µs per event handled by part: the sessions of the
-	// system's database by application_name (benchPeersPart), the bench
+	// system's database by application_name (benchSessionPart), the bench
 	// process (producers, and the in-process consumers), the River program.
 	parts map[string]float64
 	// paced modes: transactions offered, committed, and committed within
@@ -152,9 +152,9 @@ func (e *benchEnv) peersReading(child int) benchPeersReading {
 	return r
 }
 
-// benchPeersPart names the part of a system a session of application_name
+// benchSessionPart names the part of a system a session of application_name
 // name belongs to.
-func benchPeersPart(name string) string {
+func benchSessionPart(name string) string {
 	for _, role := range []string{"watcher", "listener", "sequencer"} {
 		if strings.HasPrefix(name, "pgevents "+role) {
 			return role + "'s session"

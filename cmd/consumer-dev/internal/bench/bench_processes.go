@@ -435,7 +435,7 @@ func benchProcessesIdleRate(ctx context.Context, e *benchEnv, db *benchDB, procs
 // reads their /proc/<pid>/stat, a session present at the start counting
 // from its reading then, one that appears later from 0, one that exits up
 // to its last reading. Each session's part is named from its
-// application_name (benchPeersPart).
+// application_name (benchSessionPart).
 type benchSessionCPU struct {
 	pool   *pgxpool.Pool
 	sql    string
@@ -515,7 +515,7 @@ func (s *benchSessionCPU) sample(ctx context.Context, first bool) error {
 			}
 		}
 		s.last[pid] = c
-		s.part[pid] = benchPeersPart(x.name)
+		s.part[pid] = benchSessionPart(x.name)
 	}
 	return nil
 }
