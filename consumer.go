@@ -304,7 +304,7 @@ func (c *Consumer) run(ctx context.Context) error {
 		}
 		c.sequenced = v >= tickAnnouncesVersion
 	}
-	c.wakeAlways.Store(topic.Wake == schema.WakeAlways || c.sequenced)
+	c.wakeAlways.Store(c.notifiesAlways(topic.Wake))
 	if c.cfg.Channel != "" && topic.Channel != c.cfg.Channel {
 		return &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
 	}
@@ -393,6 +393,14 @@ func (c *Consumer) run(ctx context.Context) error {
 // idleTimeoutSQL reads the pool's sessions' idle_in_transaction_session_timeout
 // in milliseconds (0: none).
 const idleTimeoutSQL = `SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'`
+
+// notifiesAlways reports whether every event of the topic is announced by
+// a notification, wake being the topic's wake-up mode: in mode 'always',
+// or when the topic is sequenced (its ticks notify every partition they
+// move, whatever the mode). The watcher then need not read the tails.
+func (c *Consumer) notifiesAlways(wake string) bool {
+	return wake == schema.WakeAlways || c.sequenced
+}
 
 // tickAnnouncesVersion is the schema version from which a sequenced
 // topic's ticks notify every partition they move (migration 0023).

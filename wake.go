@@ -179,7 +179,7 @@ func (c *Consumer) refreshWake(ctx context.Context, rt *layoutRun) {
 		ln.SetChannel(channel)
 		c.warnSharedChannel(ctx, channel)
 	}
-	always := wake == schema.WakeAlways || c.sequenced
+	always := c.notifiesAlways(wake)
 	if c.wakeAlways.Swap(always) && !always {
 		c.log.Info().Msg("the topic's wake-up mode is now 'waiting': appends notify only partitions a consumer sleeps on")
 		c.eligible()
