@@ -133,7 +133,8 @@ type Consumer struct {
 	// which a topic is from its creation, and that its ticks announce every
 	// partition they move (the schema is at tickAnnouncesVersion or later).
 	sequenced bool
-	// watch finds new events between notifications (watcher.go).
+	// watch finds new events between notifications (watcher.go); it does
+	// not run for a sequenced topic (sequenced).
 	watch *watcher
 	// trace starts the spans of batches and handler calls; nil when
 	// Config.TracerProvider is (tracing.go).
@@ -371,12 +372,20 @@ func (c *Consumer) run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ln.Run(gctx) })
 	g.Go(func() error { return c.poll(gctx) })
-	g.Go(func() error { return c.watch.run(gctx) })
+	if !c.sequenced {
+		// A sequenced topic's ticks announce every partition they move:
+		// nothing is left to watch, and the watcher's session (the watch
+		// key's, held or waited for) is not taken.
+		g.Go(func() error { return c.watch.run(gctx) })
+	}
 	g.Go(func() error { return c.consume(gctx, batchCtx) })
 	g.Go(func() error { return c.subscription(gctx) })
 	g.Go(func() error { return c.maintain(gctx) })
 	g.Go(func() error {
-		err := Sequence(gctx, c.pool, c.cfg.TopicID, c.replicaID, &c.topicLog)
+		// Its ticks' announcements wake this consumer's workers on the
+		// sequencer's session, before its listener hears them.
+		local := &localTicks{channel: ln.Channel, announce: c.ticked}
+		err := sequence(gctx, c.pool, c.cfg.TopicID, c.replicaID, &c.topicLog, local)
 		if errors.Is(err, ErrNotSequenced) {
 			return nil
 		}

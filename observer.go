@@ -41,6 +41,10 @@ const (
 	// partition, whose worker had nothing to do: the worker's claim waits
 	// for that append's commit.
 	WakeInFlight
+	// WakeTick is the announcement of a tick of the sequencer this
+	// consumer runs (a sequenced topic), heard on the sequencer's own
+	// session at the tick's commit, before the listener's copy of it.
+	WakeTick
 )
 
 // String returns the source's metric label.
@@ -54,6 +58,8 @@ func (s WakeSource) String() string {
 		return "tail"
 	case WakeInFlight:
 		return "in_flight"
+	case WakeTick:
+		return "tick"
 	}
 	return "notify"
 }

@@ -2,6 +2,7 @@ package pgevents
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -92,4 +93,53 @@ func TestRotationAfterAnOpenProducer(t *testing.T) {
 	pgtest.WaitFor(t, 10*time.Second, "the held event sequenced", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE event_type = 'held'`) == 1
 	})
+}
+
+// TestSleepingSequencerWakesOnAppend: an idle sequencer sleeps (its session
+// holds the topic's sleep key) until an append notifies it, not until its
+// own next look, which comes once a minute here. Each append, made while
+// the sequencer sleeps, through Go (Append in a transaction, two events)
+// or SQL (append_event with and without an idempotency key,
+// append_events), is in the log within seconds. Without the wake-up (the
+// sequencer not reading it, or appends not sending it), the first append
+// waits the minute.
+func TestSleepingSequencerWakesOnAppend(t *testing.T) {
+	t.Parallel()
+	ctx := pgtest.Context(context.Background())
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 2, Scope: schema.ScopeSequenced})
+	log := zerolog.Nop()
+	sctx, stop := context.WithCancel(context.WithValue(ctx, timingKey{}, sequencerTiming{every: rotateEvery, retry: rotateRetry, idle: time.Minute}))
+	done := make(chan error, 1)
+	go func() { done <- Sequence(sctx, pool, 1, "test", &log) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Sequence: %v", err)
+		}
+	})
+	const asleepSQL = `SELECT count(*) FROM pg_locks l, (SELECT lock_key('sequencer', '1/sleep') AS key) k
+WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid`
+	forms := []struct {
+		name   string
+		events int
+		append func()
+	}{
+		{"Append in a transaction", 2, func() { appendTx(t, pool, ev("h1", "t", `{}`), ev("h2", "t", `{}`)) }},
+		{"SQL append_event", 1, func() { mustExec(t, pool, `SELECT append_event(1, 'h3', '', 't', '{}')`) }},
+		{"SQL append_event with a key", 1, func() { mustExec(t, pool, `SELECT append_event(1, 'h4', '', 't', '{}', NULL, 'k4')`) }},
+		{"SQL append_events", 2, func() {
+			mustExec(t, pool, `SELECT append_events(1, '[{"host_id":"h5","event_type":"t"},{"host_id":"h6","event_type":"t"}]')`)
+		}},
+	}
+	logged := int64(0)
+	for _, f := range forms {
+		pgtest.WaitFor(t, 10*time.Second, "the sequencer asleep before "+f.name, func() bool { return queryInt(t, pool, asleepSQL) == 1 })
+		f.append()
+		logged += int64(f.events)
+		pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("the events of %s in the log (the sequencer's own look comes after a minute)", f.name), func() bool {
+			return queryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1`) == logged
+		})
+	}
 }

@@ -675,21 +675,28 @@ func (o *wakeCounter) count(s WakeSource) int {
 // TestSequencedTicksWakeWorkers: the workers of a sequenced topic learn of
 // its events from the tick that moved them (0023: a tick notifies every
 // partition it moved, whatever the topic's wake-up mode), not from the
-// watcher, which does not watch a sequenced topic, nor from the poll,
-// which comes once a minute here. Producer transactions of one to four
-// events over several hosts, with seeded gaps around the watcher's quiet
-// threshold (a partition of a topic in mode 'waiting' would go to sleep
-// between them), are all handled once and in order well before the poll,
-// and every wake-up is a notification.
+// watcher, which does not run for a sequenced topic, nor from the poll,
+// which comes once a minute here. Two consumers of the group serve two
+// partitions each (static mode); one of them runs the sequencer, and hears
+// its ticks' announcements on the sequencer's own session (WakeTick), the
+// other through its listener (WakeNotify). Producer transactions of one to
+// four events over several hosts, with seeded gaps around the watcher's
+// quiet threshold (a partition of a topic in mode 'waiting' would go to
+// sleep between them), are all handled once and in order well before the
+// poll. Without the sequencer's LISTEN on the topic's channel, no worker
+// is woken by a tick.
 func TestSequencedTicksWakeWorkers(t *testing.T) {
 	t.Parallel()
 	rng, _ := sequencedRand(t, 23)
 	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 4, Scope: schema.ScopeSequenced})
 	mustExec(t, pool, handledTable)
-	obs := &wakeCounter{}
-	startConsumer(t, pool, Config{TotalPartitions: 4, WaitPeriod: time.Minute, Handlers: recordingHandlers(), Observer: obs})
+	obs := []*wakeCounter{{}, {}}
+	for i, parts := range [][]int{{0, 1}, {2, 3}} {
+		startConsumer(t, pool, Config{TotalPartitions: 4, Partitions: parts, ReplicaID: fmt.Sprintf("r%d", i),
+			WaitPeriod: time.Minute, Handlers: recordingHandlers(), Observer: obs[i]})
+	}
 	total := 0
-	for i := range 25 {
+	for i := range 40 {
 		evs := make([]Event, 1+rng.IntN(4))
 		for j := range evs {
 			evs[j] = Event{HostID: fmt.Sprintf("h%d", rng.IntN(7)), EventType: "t", Payload: []byte(fmt.Sprintf(`{"tx":%d,"i":%d}`, i, j))}
@@ -701,10 +708,23 @@ func TestSequencedTicksWakeWorkers(t *testing.T) {
 	}
 	waitHandled(t, pool, int64(total), 15*time.Second)
 	checkHandled(t, pool)
-	if n := obs.count(WakeNotify); n == 0 {
-		t.Fatal("no worker was woken by a notification")
+	// The consumer whose sequencer ticked, and the other one.
+	seq, other := obs[0], obs[1]
+	if seq.count(WakeTick) == 0 {
+		seq, other = other, seq
 	}
-	if tail, flight := obs.count(WakeTail), obs.count(WakeInFlight); tail+flight > 0 {
-		t.Fatalf("the watcher woke workers of a sequenced topic (%d from tails, %d from appends in flight); want notifications only", tail, flight)
+	if n := seq.count(WakeTick); n == 0 {
+		t.Fatalf("no worker was woken by its own sequencer's tick (notifications: %d and %d)", obs[0].count(WakeNotify), obs[1].count(WakeNotify))
+	}
+	if n := other.count(WakeTick); n > 0 {
+		t.Fatalf("both consumers' workers were woken by their own sequencer's ticks (%d and %d): only one sequences", seq.count(WakeTick), n)
+	}
+	if n := other.count(WakeNotify); n == 0 {
+		t.Fatal("the consumer that does not sequence was never woken by a notification")
+	}
+	for i, o := range obs {
+		if tail, flight := o.count(WakeTail), o.count(WakeInFlight); tail+flight > 0 {
+			t.Fatalf("the watcher woke workers of consumer %d of a sequenced topic (%d from tails, %d from appends in flight); want ticks and notifications only", i, tail, flight)
+		}
 	}
 }

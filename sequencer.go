@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
@@ -43,10 +45,12 @@ const (
 	rotateRetry = time.Second
 )
 
-// sequencerTiming is the rotation's timing of a sequencer: rotateEvery
-// and rotateRetry, which a test shortens through the context it gives
-// Sequence (timingKey).
-type sequencerTiming struct{ every, retry time.Duration }
+// sequencerTiming is a sequencer's timing: the rotation's (rotateEvery
+// and rotateRetry, which a test shortens) and the idle sequencer's look
+// (idleCheck, which a test lengthens to see that appends wake it), set by
+// a test through the context it gives Sequence (timingKey; a zero idle
+// means idleCheck).
+type sequencerTiming struct{ every, retry, idle time.Duration }
 
 // timingKey is the context key of a test's sequencerTiming.
 type timingKey struct{}
@@ -72,11 +76,36 @@ type timingKey struct{}
 // notifies it. Failures (a dropped connection, a session
 // ended) are logged, and it connects again with backoff.
 func Sequence(ctx context.Context, pool *pgxpool.Pool, topic int, name string, log *zerolog.Logger) error {
+	return sequence(ctx, pool, topic, name, log, nil)
+}
+
+// localTicks lets the consumer that runs a sequencer hear the
+// announcements of the ticks its sequencer runs on the sequencer's own
+// session: it listens on the topic's channel too, and PostgreSQL delivers
+// a session's own notification at its commit, in the reply to the tick's
+// statement. The consumer's workers of the partitions a tick moved are
+// woken then, without waiting for the copy its listener's session
+// receives (the server signals that session, which wakes the listener's
+// goroutine, which wakes the worker); that copy finds them woken.
+type localTicks struct {
+	// channel returns the topic's channel, read at each connect.
+	channel func() string
+	// announce receives the payload of a tick's announcement, in the
+	// sequencer's goroutine; it must not block.
+	announce func(payload string)
+}
+
+// sequence is Sequence, with local (nil: none) told of the ticks'
+// announcements.
+func sequence(ctx context.Context, pool *pgxpool.Pool, topic int, name string, log *zerolog.Logger, local *localTicks) error {
 	l := log.With().Int("topic", topic).Logger()
 	s := &sequencer{pool: pool, topic: topic, name: name, log: &l, retry: backoff.New(l, "sequencer"),
-		timing: sequencerTiming{every: rotateEvery, retry: rotateRetry}}
+		timing: sequencerTiming{every: rotateEvery, retry: rotateRetry, idle: idleCheck}, local: local, payload: strconv.Itoa(topic)}
 	if tm, ok := ctx.Value(timingKey{}).(sequencerTiming); ok {
 		s.timing = tm
+		if s.timing.idle == 0 {
+			s.timing.idle = idleCheck
+		}
 	}
 	for {
 		ok, err := store.Sequenced(ctx, pool, topic)
@@ -105,8 +134,32 @@ type sequencer struct {
 	name  string
 	log   *zerolog.Logger
 	retry *backoff.Retry
-	// timing is the rotation's: rotateEvery and rotateRetry.
+	// timing is the rotation's and the idle look's.
 	timing sequencerTiming
+	// local, when not nil, hears the ticks' announcements (localTicks), on
+	// channel, the topic's channel as read at the last connect.
+	local   *localTicks
+	channel string
+	// payload is an append's wake-up on store.SequencerChannel (the
+	// topic's id); woken says that one arrived since the sequencer went to
+	// sleep (notified sets it).
+	payload string
+	woken   atomic.Bool
+}
+
+// notified receives the notifications of the sequencer's session while a
+// statement or a wait reads its connection: an append's wake-up of the
+// sleeping sequencer, and, with local, the session's own announcements
+// (those whose sender is this session) on the topic's channel.
+func (s *sequencer) notified(pc *pgconn.PgConn, n *pgconn.Notification) {
+	switch {
+	case n.Channel == store.SequencerChannel:
+		if n.Payload == s.payload {
+			s.woken.Store(true)
+		}
+	case s.local != nil && n.PID == pc.PID() && n.Channel == s.channel:
+		s.local.announce(n.Payload)
+	}
 }
 
 // run sequences until ctx is cancelled.
@@ -131,6 +184,10 @@ func (s *sequencer) lead(ctx context.Context) error {
 	// staged and are sequenced again, with the event ids they were staged
 	// with.)
 	cfg.RuntimeParams["statement_timeout"] = "0"
+	cfg.OnNotification = s.notified
+	if s.local != nil {
+		s.channel = s.local.channel()
+	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -148,12 +205,16 @@ func (s *sequencer) lead(ctx context.Context) error {
 	if err := store.ListenSequencer(ctx, conn); err != nil {
 		return err
 	}
+	if s.channel != "" {
+		if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+			return fmt.Errorf("listen for the ticks' announcements: %w", err)
+		}
+	}
 	s.retry.Ok()
 	s.log.Info().Msg("sequencing the topic: this process moves what producers commit into the log")
 	fine := finetimer.New()
 	defer fine.Close()
 	rotateAt := time.Now().Add(s.timing.every) // the next rotation's
-	payload := strconv.Itoa(topic)
 	for ctx.Err() == nil {
 		n, err := store.Tick(ctx, conn, topic)
 		if err != nil {
@@ -185,11 +246,12 @@ func (s *sequencer) lead(ctx context.Context) error {
 			fine.Sleep(tickPause) // an append is in flight
 			continue
 		}
-		// Asleep: every append from now on notifies; what committed
-		// before is found by this tick.
+		// Asleep: every append from now on notifies (a wake-up that came
+		// before is stale); what committed before is found by this tick.
+		s.woken.Store(false)
 		n, err = store.Tick(ctx, conn, topic)
 		if err == nil && n == 0 {
-			err = waitFor(ctx, conn, payload, idleCheck)
+			err = s.waitWoken(ctx, conn, s.timing.idle)
 		}
 		if err != nil {
 			return err
@@ -201,23 +263,21 @@ func (s *sequencer) lead(ctx context.Context) error {
 	return nil
 }
 
-// waitFor waits until conn receives a notification with payload, or for
-// d, or until ctx ends (then it returns nil: the caller sees ctx).
-func waitFor(ctx context.Context, conn *pgx.Conn, payload string, d time.Duration) error {
+// waitWoken waits until an append wakes the sleeping sequencer (notified
+// sets woken; one may have come during the last statement), or for d, or
+// until ctx ends (then it returns nil: the caller sees ctx).
+func (s *sequencer) waitWoken(ctx context.Context, conn *pgx.Conn, d time.Duration) error {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	for {
-		n, err := conn.WaitForNotification(wctx)
-		if err != nil {
+	for !s.woken.Load() {
+		if err := conn.PgConn().WaitForNotification(wctx); err != nil {
 			if wctx.Err() != nil && !conn.IsClosed() {
 				return nil
 			}
 			return err
 		}
-		if n.Payload == payload {
-			return nil
-		}
 	}
+	return nil
 }
 
 // Staged is what SequenceStaged did.

@@ -123,15 +123,28 @@ func TestConsumerOutlivesItsSessions(t *testing.T) {
 // work), gives its sessions back once nothing comes: its listener's
 // session, which also runs its heartbeats (control), and its watcher's
 // stay, not one per partition and none for the upkeep (maintenance opens
-// one for each pass, a few milliseconds every MaintenanceInterval).
-// Events appended after each quiet spell are handled once and in order, on
-// sessions taken again. Without the worker's close after pinIdle, or with
-// the upkeep on the pool (control's statements all run there), the count
-// does not come down to 2 within a minute.
+// one for each pass, a few milliseconds every MaintenanceInterval); of a
+// sequenced topic, its listener's and its sequencer's (its ticks announce
+// every partition they move: no watcher runs). Events appended after each
+// quiet spell are handled once and in order, on sessions taken again.
+// Without the worker's close after pinIdle, or with the upkeep on the pool
+// (control's statements all run there), or with a watcher for a sequenced
+// topic, the count does not come down to 2 within a minute.
 func TestIdleProcessGivesSessionsBack(t *testing.T) {
 	t.Parallel()
+	for _, scope := range []string{schema.ScopeTopic, schema.ScopeSequenced} {
+		t.Run(scope, func(t *testing.T) {
+			t.Parallel()
+			testIdleSessions(t, scope)
+		})
+	}
+}
+
+// testIdleSessions is TestIdleProcessGivesSessionsBack for a topic of
+// offset scope scope.
+func testIdleSessions(t *testing.T, scope string) {
 	const partitions = 8
-	pool := newTopic(t, partitions)
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: partitions, Scope: scope})
 	mustExec(t, pool, handledTable)
 	startConsumer(t, pool, Config{TotalPartitions: partitions, Handlers: recordingHandlers()})
 	seed := time.Now().UnixNano()
@@ -140,6 +153,18 @@ func TestIdleProcessGivesSessionsBack(t *testing.T) {
 	sessions := func() int64 {
 		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'pgevents%'`)
 	}
+	names := func() string {
+		var s string
+		if err := pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(application_name, ', ' ORDER BY application_name), '') FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'pgevents%'`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the consumer's sessions at the end: %s", names())
+		}
+	})
 	total := 0
 	for round := range 2 {
 		for range 20 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgevents/pgevents/internal/backoff"
 	"github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/listener"
 	"github.com/pgevents/pgevents/schema"
 )
 
@@ -147,9 +148,7 @@ func (c *Consumer) pollOnce(ctx context.Context, source WakeSource) {
 	after := time.Now()
 	c.clockSkew.Store(int64(dbNow.Sub(before.Add(after.Sub(before) / 2))))
 	for _, wk := range work {
-		if w := rt.workers[wk.Partition]; w != nil && w.hint(wk.MaxOffset) {
-			c.cfg.Observer.Woken(wk.Partition, source)
-		}
+		c.hintWorker(rt, wk.Partition, wk.MaxOffset, source)
 	}
 }
 
@@ -203,13 +202,36 @@ func (s *sink) Notify(topic, p int, maxOffset int64) {
 		return
 	}
 	if rt := c.rt.Load(); rt != nil {
-		if w := rt.workers[p]; w != nil && w.hint(maxOffset) {
-			c.cfg.Observer.Woken(p, WakeNotify)
-		}
+		c.hintWorker(rt, p, maxOffset, WakeNotify)
 	}
 	// Events flow again in the partition: the watcher reads its tail, and
 	// appends stop notifying it.
 	c.watch.wake(p)
+}
+
+// hintWorker tells this consumer's worker of partition p, if it runs one,
+// that the partition has events up to maxOffset, and the observer when
+// that woke it (source: what found them).
+func (c *Consumer) hintWorker(rt *layoutRun, p int, maxOffset int64, source WakeSource) {
+	if w := rt.workers[p]; w != nil && w.hint(maxOffset) {
+		c.cfg.Observer.Woken(p, source)
+	}
+}
+
+// ticked receives the announcement of a tick that this consumer's
+// sequencer ran (localTicks), at the tick's commit, and wakes the workers
+// of the partitions it moved; a payload of another form is left to the
+// listener, which receives it too.
+func (c *Consumer) ticked(payload string) {
+	rt := c.rt.Load()
+	if rt == nil {
+		return
+	}
+	_ = listener.Decode(payload, func(topic, p int, maxOffset int64) {
+		if topic == c.cfg.TopicID && p >= 0 {
+			c.hintWorker(rt, p, maxOffset, WakeTick)
+		}
+	})
 }
 
 func (s *sink) Connected() {

@@ -78,8 +78,10 @@ const (
 //
 // # One watcher per topic and database
 //
-// Every consumer of the topic runs a watcher, but only one of them, in the
-// whole database, watches: the one whose session holds the topic's watch
+// Every consumer of a topic that is not sequenced runs a watcher (a
+// sequenced topic's ticks announce every partition they move:
+// Consumer.sequenced), but only one of them, in the whole database,
+// watches: the one whose session holds the topic's watch
 // key (store.Lead). The others wait for the key in the server, which costs
 // them nothing, and the first of them takes over when the holder's session
 // ends; every followCheck a waiting watcher looks whether the holder is

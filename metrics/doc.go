@@ -70,7 +70,9 @@
 //     partition's tail move: the usual source while events flow),
 //     in_flight (it saw an append in flight there), notify (a
 //     notification, from a producer after a quiet period or from another
-//     process's watcher), poll (the safety net found work), reconnect.
+//     process's watcher, or a sequencer's tick), poll (the safety net
+//     found work), reconnect, tick (a tick of the sequencer this process
+//     runs, heard on the sequencer's own session at its commit).
 //     Wake-ups by poll while events flow mean lost notifications.
 //   - pgevents_listener_reconnects_total{group,topic}: reconnects of the
 //     listening connection (the first connect is not one);

@@ -160,7 +160,7 @@ func New(opts Options) (*Metrics, error) {
 	}, append(gtp, labelReason))
 	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pgevents_wakeups_total",
-		Help: "Partition workers woken, by source: tail, the elected watcher of this process saw the partition's tail move (the usual source while events flow); in_flight, it saw an append in flight there; notify, a notification (from a producer after a quiet period, or from another process's elected watcher); poll, the waitPeriod safety net found work (lost notifications); reconnect, the poll after a listener reconnect.",
+		Help: "Partition workers woken, by source: tail, the elected watcher of this process saw the partition's tail move (the usual source while events flow); in_flight, it saw an append in flight there; notify, a notification (from a producer after a quiet period, or from another process's elected watcher); poll, the waitPeriod safety net found work (lost notifications); reconnect, the poll after a listener reconnect; tick, the announcement of a tick of the sequencer this process runs (a sequenced topic), heard on the sequencer's session.",
 	}, append(gt, labelSource))
 	m.reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pgevents_listener_reconnects_total",

@@ -309,6 +309,9 @@ func writeStatusTable(w io.Writer, s *statusJSON) error {
 		}
 	}
 	watcher := "none elected (no consumer runs)"
+	if s.Sequencer != nil {
+		watcher = "none needed (the sequencer's ticks announce every partition they move)"
+	}
 	if s.Watcher != nil {
 		watcher = fmt.Sprintf("%s, %d waiting", s.Watcher.Session, s.Watcher.Waiting)
 	}
