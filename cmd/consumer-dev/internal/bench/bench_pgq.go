@@ -77,8 +77,10 @@ type benchPgqVariant struct {
 // pgevents.AppendCommit to a topic of 8 partitions in topic and in
 // partition scope, each with an in-process consumer group attached and
 // caught up, and each with none; to a sequenced topic with a consumer
-// group attached (whose process runs the sequencer); and PgQ's pgq.insert_event with a ticker
-// and a consumer keeping up. The variants take turns in slices.
+// group attached (whose process runs the sequencer), and with none; the
+// attached topics again through SQL append_event in autocommit; and PgQ's
+// pgq.insert_event with a ticker and a consumer keeping up. The variants
+// take turns in slices.
 func benchPgq(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 	db, err := e.newDB(ctx, benchProducersPartitions)
 	if err != nil {
@@ -135,6 +137,17 @@ func benchPgq(ctx context.Context, e *benchEnv) ([]benchResult, error) {
 			v.name += ", no consumer"
 		}
 		variants = append(variants, v)
+	}
+	// The same topics with a consumer attached, appended to from SQL:
+	// SELECT append_event(...) in autocommit, as an application without
+	// the Go package appends (same counters, same consumers).
+	for i, t := range topics {
+		if !t.attached {
+			continue
+		}
+		v := variants[1+i]
+		variants = append(variants, benchPgqVariant{name: v.name + ", SQL append_event", fn: benchSQLAppendTx(t.id), appended: v.appended, caughtUp: v.caughtUp,
+			note: fmt.Sprintf("SELECT append_event(...) in autocommit (one statement, its own transaction) to the %s-scope topic of the row above, whose consumer group is attached", t.scope)})
 	}
 	q, skipped := benchStartPgq(ctx, e, db, benchPgqLoopPgq)
 	if q != nil {

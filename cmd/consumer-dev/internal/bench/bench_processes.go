@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // benchProcessesShape is a deployment of the processes case: how many
@@ -27,15 +28,20 @@ type benchProcessesShape struct {
 	// perPartition: one process per partition (partitionId: k); otherwise
 	// one process serves every partition.
 	perPartition bool
+	// mode is the topic's mode: a new topic's default, or sequenced (whose
+	// sequencer one of the processes runs, elected among them).
+	mode benchProducerMode
 }
 
 // benchProcessesShapes are the processes case's deployments: one process
 // for 8 partitions, one process per partition of 8 (the
-// deployment docs/deploying.md describes), and one per partition of 16.
+// deployment docs/deploying.md describes), the same for a sequenced topic,
+// and one per partition of 16.
 var benchProcessesShapes = []benchProcessesShape{
-	{"1 process, 8 partitions", 8, false},
-	{"8 processes, one per partition", 8, true},
-	{"16 processes, one per partition", 16, true},
+	{"1 process, 8 partitions", 8, false, benchDefaultMode},
+	{"8 processes, one per partition", 8, true, benchDefaultMode},
+	{"8 processes, one per partition, sequenced", 8, true, benchProducerMode{name: "sequenced", scope: schema.ScopeSequenced}},
+	{"16 processes, one per partition", 16, true, benchDefaultMode},
 }
 
 // processes returns how many processes the shape runs.
@@ -92,10 +98,15 @@ const benchSeenLatencySQL = `SELECT count(*), coalesce(percentile_cont(ARRAY[0.5
 FROM bench_seen WHERE created_at >= $1 AND created_at < $2`
 
 // benchCaughtUpSQL is true when every partition ($2 of them) of topic $3
-// has an offsets row of group $1 and no event at or beyond it.
+// has an offsets row of group $1 and no event at or beyond it, and, for a
+// sequenced topic, no committed staged event the sequencer's last tick did
+// not see (its snapshot): one still waiting for an offset.
 const benchCaughtUpSQL = `SELECT count(*) = $2 AND coalesce(bool_and(NOT EXISTS (
     SELECT 1 FROM outbox_message_t m
     WHERE m.topic_id = o.topic_id AND m.partition_id = o.partition_id AND m.c_offset >= o.next_offset)), false)
+  AND NOT EXISTS (SELECT 1 FROM staged_events e JOIN sequencer_ticks s ON s.topic_id = e.topic_id
+                  WHERE e.topic_id = $3 AND NOT pg_visible_in_snapshot(e.xid, s.snapshot)
+                    AND pg_xact_status(e.xid) = 'committed')
 FROM consumer_offsets o WHERE o.group_id = $1 AND o.topic_id = $3`
 
 // benchConsumerSessionsSQL lists the server sessions of the consumer
@@ -149,7 +160,7 @@ type benchProcessesWindow struct {
 
 // benchProcessesRun measures one deployment on a database of its own.
 func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProcessesShape) ([]benchResult, error) {
-	db, err := e.newDB(ctx, s.partitions)
+	db, err := e.newModeDB(ctx, s.partitions, s.mode)
 	if err != nil {
 		return nil, err
 	}
@@ -267,6 +278,9 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 	shape := fmt.Sprintf("%d `consumer run` process(es) of this binary, one group, %d partitions, batchSize 100, sql handler (one INSERT into bench_seen per event)", s.processes(), s.partitions)
 	if s.perPartition {
 		shape += ", partitionId k in process k"
+	}
+	if s.mode.scope == schema.ScopeSequenced {
+		shape += ", a sequenced topic (its sequencer in the process elected among them)"
 	}
 	load1 := fmt.Sprintf("%d single-event transactions/s offered by %d paced producers (pgevents.AppendCommit) for %s per window, after a 2 s warm-up and with the consumers caught up at its start", benchProcessesRate, benchProcessesProducers, window)
 	cpuHow := "from the window's start until the consumers caught up after it, divided by the events appended in the window"
