@@ -121,8 +121,9 @@ WHERE datname = current_database() AND backend_type = 'client backend' AND pid <
 
 // benchProcesses measures the deployments users run: this very binary as
 // `consumer run --config yml` processes (one for every partition, one per
-// partition of 8, one per partition of 16), one consumer group with a sql
-// handler that records each event's latency in the database, under
+// partition of 8, the same for a sequenced topic, one per partition of
+// 16), one consumer group with a sql handler that records each event's
+// latency in the database, under
 // single-event transactions offered at 1,000/s by paced producers. Per
 // deployment: the share of offered transactions committed on schedule,
 // the append statement → handler latency, the CPU per event of the
