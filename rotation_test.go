@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/pgevents/pgevents/internal/pgtest"
@@ -33,16 +34,7 @@ func TestRotationAfterAnOpenProducer(t *testing.T) {
 	const period = 6 * time.Second
 	ctx := pgtest.Context(context.Background())
 	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 2, Scope: schema.ScopeSequenced})
-	log := zerolog.Nop()
-	sctx, stop := context.WithCancel(context.WithValue(ctx, timingKey{}, sequencerTiming{every: period, retry: 100 * time.Millisecond}))
-	done := make(chan error, 1)
-	go func() { done <- Sequence(sctx, pool, 1, "test", &log) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Sequence: %v", err)
-		}
-	})
+	startSequencer(ctx, t, pool, sequencerTiming{every: period, retry: 100 * time.Millisecond})
 	gen := func() int {
 		var g int16
 		if err := pool.QueryRow(ctx, `SELECT stage_gen FROM log_counter WHERE topic_id = 1`).Scan(&g); err != nil {
@@ -107,16 +99,7 @@ func TestSleepingSequencerWakesOnAppend(t *testing.T) {
 	t.Parallel()
 	ctx := pgtest.Context(context.Background())
 	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 2, Scope: schema.ScopeSequenced})
-	log := zerolog.Nop()
-	sctx, stop := context.WithCancel(context.WithValue(ctx, timingKey{}, sequencerTiming{every: rotateEvery, retry: rotateRetry, idle: time.Minute}))
-	done := make(chan error, 1)
-	go func() { done <- Sequence(sctx, pool, 1, "test", &log) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Sequence: %v", err)
-		}
-	})
+	startSequencer(ctx, t, pool, sequencerTiming{every: rotateEvery, retry: rotateRetry, idle: time.Minute})
 	const asleepSQL = `SELECT count(*) FROM pg_locks l, (SELECT lock_key('sequencer', '1/sleep') AS key) k
 WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -142,4 +125,20 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.o
 			return queryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE topic_id = 1`) == logged
 		})
 	}
+}
+
+// startSequencer runs topic 1's sequencer on pool with timing until the
+// test ends, and fails the test if Sequence returns an error.
+func startSequencer(ctx context.Context, t *testing.T, pool *pgxpool.Pool, timing sequencerTiming) {
+	t.Helper()
+	log := zerolog.Nop()
+	sctx, stop := context.WithCancel(context.WithValue(ctx, timingKey{}, timing))
+	done := make(chan error, 1)
+	go func() { done <- Sequence(sctx, pool, 1, "test", &log) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Sequence: %v", err)
+		}
+	})
 }
