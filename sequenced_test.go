@@ -728,3 +728,49 @@ func TestSequencedTicksWakeWorkers(t *testing.T) {
 		}
 	}
 }
+
+// TestSequencerFollowsChannelChange: when the topic's channel changes
+// (schema.SetChannel) under a running consumer of a sequenced topic, its
+// sequencer's session listens on the new channel as its listener does, so
+// the ticks still wake its workers at their commit (WakeTick), not only
+// through the listener's copy. Every event, before and after the change,
+// is handled once and in order. Without the sequencer following the
+// channel, no worker is woken by a tick after the change.
+func TestSequencerFollowsChannelChange(t *testing.T) {
+	t.Parallel()
+	ctx := pgtest.Context(context.Background())
+	rng, _ := sequencedRand(t, 29)
+	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 4, Scope: schema.ScopeSequenced})
+	mustExec(t, pool, handledTable)
+	obs := &wakeCounter{}
+	c := startConsumer(t, pool, Config{TotalPartitions: 4, WaitPeriod: time.Minute, Handlers: recordingHandlers(), Observer: obs})
+	total := 0
+	produce := func(n int) {
+		for i := range n {
+			evs := make([]Event, 1+rng.IntN(3))
+			for j := range evs {
+				evs[j] = Event{HostID: fmt.Sprintf("h%d", rng.IntN(7)), EventType: "t", Payload: []byte(fmt.Sprintf(`{"tx":%d,"i":%d}`, i, j))}
+			}
+			appendTx(t, pool, evs...)
+			total += len(evs)
+			waitHandled(t, pool, int64(total), 10*time.Second)
+		}
+	}
+	produce(10)
+	if obs.count(WakeTick) == 0 {
+		t.Fatal("no worker was woken by its own sequencer's tick before the channel changed")
+	}
+	if err := schema.SetChannel(ctx, pool, 1, "moved_here"); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the consumer listens on the new channel", func() bool {
+		ln := c.ln.Load()
+		return ln.Channel() == "moved_here" && ln.Ready()
+	})
+	before := obs.count(WakeTick)
+	produce(20)
+	if obs.count(WakeTick) == before {
+		t.Fatalf("no worker was woken by its own sequencer's tick after the channel changed (%d notifications)", obs.count(WakeNotify))
+	}
+	checkHandled(t, pool)
+}

@@ -88,7 +88,8 @@ func Sequence(ctx context.Context, pool *pgxpool.Pool, topic int, name string, l
 // receives (the server signals that session, which wakes the listener's
 // goroutine, which wakes the worker); that copy finds them woken.
 type localTicks struct {
-	// channel returns the topic's channel, read at each connect.
+	// channel returns the topic's channel; it is read before every tick
+	// (sequencer.follow), and must be cheap.
 	channel func() string
 	// announce receives the payload of a tick's announcement, in the
 	// sequencer's goroutine; it must not block.
@@ -137,7 +138,7 @@ type sequencer struct {
 	// timing is the rotation's and the idle look's.
 	timing sequencerTiming
 	// local, when not nil, hears the ticks' announcements (localTicks), on
-	// channel, the topic's channel as read at the last connect.
+	// channel, the channel the session listens on (follow).
 	local   *localTicks
 	channel string
 	// payload is an append's wake-up on store.SequencerChannel (the
@@ -185,9 +186,7 @@ func (s *sequencer) lead(ctx context.Context) error {
 	// with.)
 	cfg.RuntimeParams["statement_timeout"] = "0"
 	cfg.OnNotification = s.notified
-	if s.local != nil {
-		s.channel = s.local.channel()
-	}
+	s.channel = "" // a new session listens on nothing yet (follow)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -205,17 +204,15 @@ func (s *sequencer) lead(ctx context.Context) error {
 	if err := store.ListenSequencer(ctx, conn); err != nil {
 		return err
 	}
-	if s.channel != "" {
-		if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{s.channel}.Sanitize()); err != nil {
-			return fmt.Errorf("listen for the ticks' announcements: %w", err)
-		}
-	}
 	s.retry.Ok()
 	s.log.Info().Msg("sequencing the topic: this process moves what producers commit into the log")
 	fine := finetimer.New()
 	defer fine.Close()
 	rotateAt := time.Now().Add(s.timing.every) // the next rotation's
 	for ctx.Err() == nil {
+		if err := s.follow(ctx, conn); err != nil {
+			return err
+		}
 		n, err := store.Tick(ctx, conn, topic)
 		if err != nil {
 			return err
@@ -260,6 +257,34 @@ func (s *sequencer) lead(ctx context.Context) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// follow makes the session listen on the topic's channel as local reads
+// it now, before a tick: the consumer's listener follows a channel change
+// (schema.SetChannel), and so must the sequencer's session, or the ticks'
+// announcements would no longer reach the consumer's workers before the
+// listener's copy. Without local, it does nothing.
+func (s *sequencer) follow(ctx context.Context, conn *pgx.Conn) error {
+	if s.local == nil {
+		return nil
+	}
+	ch := s.local.channel()
+	if ch == s.channel {
+		return nil
+	}
+	if s.channel != "" {
+		if _, err := conn.Exec(ctx, `UNLISTEN `+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+			return fmt.Errorf("stop listening on %q: %w", s.channel, err)
+		}
+		s.channel = ""
+	}
+	if ch != "" {
+		if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fmt.Errorf("listen for the ticks' announcements on %q: %w", ch, err)
+		}
+	}
+	s.channel = ch
 	return nil
 }
 
