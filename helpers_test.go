@@ -128,6 +128,21 @@ func queryInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
 	return eventtest.QueryInt(t, pool, sql, args...)
 }
 
+// heldKeySQL counts the sessions of the database that hold the advisory
+// key lock_key($1, $2) (a session's or a transaction's), in mode $3 (any
+// mode when empty): pg_locks shows a bigint key as its high and low words.
+const heldKeySQL = `SELECT count(*) FROM pg_locks l, (SELECT lock_key($1, $2) AS k) s
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND ($3 = '' OR l.mode = $3)
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ((s.k >> 32) & 4294967295)::oid AND l.objid = (s.k & 4294967295)::oid`
+
+// heldKey returns how many sessions hold pgevents' advisory key of purpose
+// and id in mode ("ShareLock", "ExclusiveLock", or "" for either).
+func heldKey(t *testing.T, pool *pgxpool.Pool, purpose, id, mode string) int64 {
+	t.Helper()
+	return queryInt(t, pool, heldKeySQL, purpose, id, mode)
+}
+
 func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()
 	eventtest.Exec(t, pool, sql, args...)

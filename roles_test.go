@@ -51,9 +51,7 @@ func TestMaintenanceTakenOverFromFrozenHolder(t *testing.T) {
 		return n == 0
 	})
 	pgtest.WaitFor(t, 10*time.Second, "the maintenance key released after the pass", func() bool {
-		n := queryInt(t, pool, `SELECT count(*) FROM pg_locks l, (SELECT lock_key('maintenance', '1') AS k) s
-		WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND l.classid = ((s.k >> 32) & 4294967295)::oid AND l.objid = (s.k & 4294967295)::oid`)
+		n := heldKey(t, pool, "maintenance", "1", "")
 		return n == 0
 	})
 }

@@ -100,10 +100,6 @@ func TestSleepingSequencerWakesOnAppend(t *testing.T) {
 	ctx := pgtest.Context(context.Background())
 	pool := pgtest.TopicPoolSpec(t, schema.TopicSpec{ID: 1, Partitions: 2, Scope: schema.ScopeSequenced})
 	startSequencer(ctx, t, pool, sequencerTiming{every: rotateEvery, retry: rotateRetry, idle: time.Minute})
-	const asleepSQL = `SELECT count(*) FROM pg_locks l, (SELECT lock_key('sequencer', '1/sleep') AS key) k
-WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid = ((k.key >> 32) & 4294967295)::oid AND l.objid = (k.key & 4294967295)::oid`
 	forms := []struct {
 		name   string
 		events int
@@ -118,7 +114,7 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.o
 	}
 	logged := int64(0)
 	for _, f := range forms {
-		pgtest.WaitFor(t, 10*time.Second, "the sequencer asleep before "+f.name, func() bool { return queryInt(t, pool, asleepSQL) == 1 })
+		pgtest.WaitFor(t, 10*time.Second, "the sequencer asleep before "+f.name, func() bool { return heldKey(t, pool, "sequencer", "1/sleep", "ExclusiveLock") == 1 })
 		f.append()
 		logged += int64(f.events)
 		pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("the events of %s in the log (the sequencer's own look comes after a minute)", f.name), func() bool {

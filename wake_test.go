@@ -120,10 +120,7 @@ func TestNoEventWaitsForThePoll(t *testing.T) {
 // its sleep key shared.
 func sleepers(t *testing.T, pool *pgxpool.Pool, p int) int64 {
 	t.Helper()
-	return queryInt(t, pool, `SELECT count(*) FROM pg_locks l, (SELECT lock_key('sleep', '1/' || $1::int) AS k) s
-		WHERE l.locktype = 'advisory' AND l.mode = 'ShareLock' AND l.granted AND l.objsubid = 1
-		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND l.classid = ((s.k >> 32) & 4294967295)::oid AND l.objid = (s.k & 4294967295)::oid`, p)
+	return heldKey(t, pool, "sleep", fmt.Sprintf("1/%d", p), "ShareLock")
 }
 
 // TestSleepWaitsForAppendsInFlight plays the race the wake-up protocol
@@ -175,10 +172,7 @@ func TestSleepWaitsForAppendsInFlight(t *testing.T) {
 				if _, err := Append(ctx, tx, ev("a", "t", `{}`)); err != nil {
 					t.Fatal(err)
 				}
-				if queryInt(t, pool, `SELECT count(*) FROM pg_locks l, (SELECT lock_key('sleep', '1/0') AS k) s
-					WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid()
-					  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-					  AND l.classid = ((s.k >> 32) & 4294967295)::oid AND l.objid = (s.k & 4294967295)::oid`) == 1 {
+				if heldKey(t, pool, "sleep", "1/0", "ExclusiveLock") == 1 {
 					break
 				}
 				// On a slow machine the consumer went back to sleep before
