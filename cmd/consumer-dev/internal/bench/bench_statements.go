@@ -93,7 +93,8 @@ func (d *benchDB) resetStatements(ctx context.Context) bool {
 }
 
 // statements reads what role ran on the database since the last reset,
-// per event of events.
+// per event of events: each statement's calls, mean time and time (the
+// mean by the calls) per event.
 func (d *benchDB) statements(ctx context.Context, role string, events int64) (benchStatements, error) {
 	var out benchStatements
 	if events <= 0 {
@@ -121,12 +122,16 @@ func (d *benchDB) statements(ctx context.Context, role string, events int64) (be
 			out.top += per
 			where = "  client"
 		}
-		if len(out.lines) < 16 {
-			out.lines = append(out.lines, fmt.Sprintf("%s %6.3f/event %8.1f µs  %s", where, per, us, query))
+		if len(out.lines) < benchStatementLines {
+			out.lines = append(out.lines, fmt.Sprintf("%s %6.3f/event %8.1f µs %8.1f µs/event  %s", where, per, us, per*us, query))
 		}
 	}
 	return out, rows.Err()
 }
+
+// benchStatementLines is how many statements a listing shows, the most
+// called first.
+const benchStatementLines = 24
 
 // log prints s under a title.
 func (s benchStatements) log(e *benchEnv, title string) {
