@@ -332,12 +332,17 @@ func (bc *benchConsumer) waitHandled(ctx context.Context, n int64, timeout time.
 }
 
 // benchWaits samples the active sessions of a database in pg_stat_activity
-// and counts their wait events by application_name ("CPU" when a session
-// is active and waits for nothing): evidence of what bounds a rate.
+// and counts their wait events by application_name, or by role when byRole
+// is set ("CPU" when a session is active and waits for nothing): evidence
+// of what bounds a rate. A session that waits in pg_advisory_lock, a
+// candidate for a role (the watcher's or the sequencer's key: it waits as
+// long as another process holds the role), is not counted: it does no
+// work and holds nothing up.
 type benchWaits struct {
+	byRole  bool
 	mu      sync.Mutex
 	ticks   int
-	samples map[string]map[string]int // application_name -> wait -> samples
+	samples map[string]map[string]int // application_name (or role) -> wait -> samples
 }
 
 // run samples every interval until ctx ends.
@@ -380,9 +385,11 @@ func benchSampleWaits(ctx context.Context, pool *pgxpool.Pool, every time.Durati
 		if w == nil {
 			continue
 		}
-		rows, err := pool.Query(ctx, `SELECT application_name, coalesce(wait_event_type || ':' || wait_event, 'CPU')
+		rows, err := pool.Query(ctx, `SELECT CASE WHEN $1 THEN usename::text ELSE application_name END,
+       coalesce(wait_event_type || ':' || wait_event, 'CPU')
 FROM pg_stat_activity
-WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()`)
+WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()
+  AND NOT (wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock(%')`, w.byRole)
 		if err != nil {
 			continue
 		}
@@ -405,8 +412,9 @@ WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pi
 	}
 }
 
-// summary describes what the sessions of app were doing: the average number
-// active and the share of their samples per wait event, largest first.
+// summary describes what the sessions of app (a role, with byRole) were
+// doing: the average number active and the share of their samples per
+// wait event, largest first.
 func (w *benchWaits) summary(app string) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -157,7 +157,14 @@ type benchProcessesWindow struct {
 	// consumers and producers are what each side ran per event, from
 	// pg_stat_statements (zero without it).
 	consumers, producers benchStatements
+	// waits are the wait events of each side's active sessions, sampled
+	// every benchProcessesWaitEvery through the window.
+	waits struct{ consumers, producers string }
 }
+
+// benchProcessesWaitEvery is how often a window samples the wait events of
+// the active sessions.
+const benchProcessesWaitEvery = 20 * time.Millisecond
 
 // benchProcessesRun measures one deployment on a database of its own.
 func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProcessesShape) ([]benchResult, error) {
@@ -255,6 +262,7 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 		ws = append(ws, w)
 		e.logf("processes: %s, window %d: %d transactions committed (%d late), %.1f%% on schedule, latency p50 %.2f ms p99 %.2f ms, CPU/event %.1f µs processes + %.1f µs server sessions, machine %.0f%% busy",
 			s.name, rep+1, w.committed, w.late, 100*w.onSchedule, w.p50, w.p99, w.procUS, w.serverUS, 100*w.busy)
+		e.logf("processes: %s, window %d, wait events of the active sessions (every %s): %s; %s", s.name, rep+1, benchProcessesWaitEvery, w.waits.producers, w.waits.consumers)
 		w.consumers.log(e, fmt.Sprintf("processes: %s, window %d, consumers", s.name, rep+1))
 		w.producers.log(e, fmt.Sprintf("processes: %s, window %d, producers", s.name, rep+1))
 	}
@@ -288,7 +296,8 @@ func benchProcessesRun(ctx context.Context, e *benchEnv, exe string, s benchProc
 	name := func(m string) string { return s.name + ": " + m }
 	return []benchResult{
 		newBenchResult("processes", name("committed on schedule"), "%", col(func(w benchProcessesWindow) float64 { return 100 * w.onSchedule })).
-			noted("%s; %s; the producer transactions that committed within %s of their scheduled time, as a share of rate × window", shape, load1, benchProcessesLate),
+			noted("%s; %s; the producer transactions that committed within %s of their scheduled time, as a share of rate × window; wait events of the active sessions in the last window (pg_stat_activity every %s, by role): %s; %s",
+				shape, load1, benchProcessesLate, benchProcessesWaitEvery, ws[len(ws)-1].waits.producers, ws[len(ws)-1].waits.consumers),
 		newBenchResult("processes", name("producers' committed rate"), "tx/s", col(func(w benchProcessesWindow) float64 { return float64(w.committed) / window.Seconds() })).
 			noted("the transactions the producers committed in the window, on schedule or late, per second of the window (%d offered)", benchProcessesRate),
 		newBenchResult("processes", name("append statement → handler latency p50"), "ms", col(func(w benchProcessesWindow) float64 { return w.p50 })).
@@ -338,10 +347,20 @@ func benchProcessesMeasure(ctx context.Context, e *benchEnv, db *benchDB, ppool 
 	counted := db.resetStatements(ctx)
 	cpu0 := readBenchCPU(0)
 	onSchedule.Store(0)
+	waits := &benchWaits{byRole: true}
+	wctx, stopWaits := context.WithCancel(ctx)
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		waits.run(wctx, db.pool, benchProcessesWaitEvery)
+	}()
 	lr, err := load.run(ctx, ppool, window, nil)
+	stopWaits()
+	<-waited
 	if err != nil {
 		return w, err
 	}
+	w.waits.consumers, w.waits.producers = waits.summary(benchConsumerRole), waits.summary(benchProducerRole)
 	if err := db.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t1); err != nil {
 		return w, err
 	}
