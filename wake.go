@@ -205,10 +205,8 @@ func (s *sink) Notify(topic, p int, maxOffset int64) {
 		c.hintWorker(rt, p, maxOffset, WakeNotify)
 	}
 	// Events flow again in the partition: the watcher reads its tail, and
-	// appends stop notifying it. (A sequenced topic runs no watcher.)
-	if !c.sequenced {
-		c.watch.wake(p)
-	}
+	// appends stop notifying it.
+	c.watch.wake(p)
 }
 
 // hintWorker tells this consumer's worker of partition p, if it runs one,

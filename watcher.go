@@ -158,8 +158,13 @@ func newWatcher(c *Consumer) *watcher {
 }
 
 // wake asks the watcher to wake partition p: to release its sleep key and
-// read its tail again. It never blocks.
+// read its tail again. It never blocks. It does nothing when the topic is
+// sequenced: its consumer runs no watcher (Consumer.sequenced, set before
+// any goroutine starts).
 func (w *watcher) wake(p int) {
+	if w.c.sequenced {
+		return
+	}
 	w.mu.Lock()
 	w.woken[p] = true
 	w.mu.Unlock()
@@ -168,6 +173,9 @@ func (w *watcher) wake(p int) {
 
 // wakeAll is wake for every partition.
 func (w *watcher) wakeAll() {
+	if w.c.sequenced {
+		return
+	}
 	w.mu.Lock()
 	w.all = true
 	w.mu.Unlock()
