@@ -38,7 +38,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	cl, err := store.Claim{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
 		Limit: w.limit + 1, Parked: cfg.OnPermanentFailure == PolicyParkHost,
 		Owner: w.c.replicaID, Epoch: epoch, Layout: w.lr.layout.Version, SQL: w.sql,
-		AwaitAppend: w.inFlight.Swap(false)}.Do(ctx, conn, w.buf[:0])
+		AwaitAppend: w.inFlight.Swap(false), AwaitMax: w.c.awaitMax}.Do(ctx, conn, w.buf[:0])
 	w.buf = cl.Events
 	if err != nil {
 		return false, err
@@ -81,6 +81,7 @@ func (w *worker) batch(ctx context.Context, epoch int64) (more bool, err error) 
 	if w.c.trace != nil {
 		ctx, w.span = w.c.trace.startBatch(ctx, w.partition, evs)
 	}
+	w.last.first = evs[0].Offset
 	st := batchState{w: w, ctx: ctx, tx: handlerTx{Tx: tx, epoch: epoch}, parked: cl.Parked,
 		first: evs[0].Offset, e2e: w.e2e[:0], lastSQL: start,
 		batch: &Batch{group: cfg.GroupID, topic: cfg.TopicID, partition: w.partition, start: evs[0].Offset}}
@@ -184,6 +185,7 @@ func sessionEnded(err error) bool {
 // committed updates the worker after a batch committed.
 func (w *worker) committed(st *batchState, start time.Time) {
 	w.next.Store(st.last + 1)
+	w.failing.reset()
 	w.haltRecord = false
 	if st.deadLettered == 0 {
 		w.guard = false // a batch went through without a permanent failure

@@ -192,8 +192,11 @@ type Config struct {
 	// RetryMax caps the backoff; at least RetryInitial. Default
 	// DefaultRetryMax (30 s), or RetryInitial when that is longer.
 	RetryMax time.Duration
-	// MaxAttempts is how often a failure of class ClassUnknown is retried
-	// before it is treated as permanent; default DefaultMaxAttempts (5).
+	// MaxAttempts is how often a failure of class ClassUnknown, or a
+	// timeout of a unit run alone (HandlerTimeout, or a handler's statement
+	// cancelled by the server's statement_timeout or lock_timeout), is
+	// retried before it is treated as permanent; default
+	// DefaultMaxAttempts (5).
 	MaxAttempts int
 	// OnPermanentFailure is the policy for units that fail permanently;
 	// default PolicyDeadLetter.
@@ -209,8 +212,10 @@ type Config struct {
 	// HandlerTimeout bounds the handling of one unit, per BatchSize events
 	// (a unit of 3×BatchSize events gets three times as long); default
 	// DefaultHandlerTimeout (30 s).
-	// Running out is a transient failure; after two the batch is narrowed
-	// to the unit, where MaxAttempts applies.
+	// Running out is a timeout of the unit: the batch is narrowed to the
+	// unit, which then runs alone, where MaxAttempts applies. A handler's
+	// statement cancelled by the server's statement_timeout or
+	// lock_timeout is the same failure.
 	HandlerTimeout time.Duration
 	// ShutdownTimeout bounds how long an in-flight batch may go on after
 	// Run's context is cancelled before it is cancelled too (and rolled

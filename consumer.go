@@ -71,19 +71,50 @@ func (e *ChannelMismatchError) Error() string {
 		e.TopicID, e.Recorded, e.Configured, e.Recorded, e.Configured)
 }
 
-// TimeoutError is returned by Run when HandlerTimeout is not shorter than
-// the idle_in_transaction_session_timeout of the pool's sessions: a handler
-// that calls out without running SQL for its whole budget would have its
-// session ended by the server, and its batch could never commit.
+// TimeoutError is returned by Run when HandlerTimeout plus a batch's
+// round trips (idleSlack) does not fit in the idle_in_transaction_session_timeout
+// of the pool's sessions: a handler that calls out without running SQL
+// for its whole budget would have its session ended by the server, and
+// its batch could never commit. The setting may come from the consumer's
+// configuration or from the server (ALTER ROLE ... SET, ALTER DATABASE
+// ... SET, postgresql.conf); Source and Role say which.
 type TimeoutError struct {
+	// HandlerTimeout is the consumer's Config.HandlerTimeout.
 	HandlerTimeout time.Duration
-	IdleTimeout    time.Duration
+	// IdleTimeout is the sessions' idle_in_transaction_session_timeout.
+	IdleTimeout time.Duration
+	// Source is where the sessions' setting comes from, as pg_settings
+	// names it ("client" for the consumer's own, "user" for the role's,
+	// "database", "database user", "configuration file", ...).
+	Source string
+	// Role is the sessions' role (current_user).
+	Role string
 }
 
-// Error says what conflicts and what to do.
+// Error says what conflicts, where the setting comes from, and what to do.
 func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("HandlerTimeout %s must be shorter than the sessions' idle_in_transaction_session_timeout %s; lower the handler timeout or raise the idle timeout",
-		e.HandlerTimeout, e.IdleTimeout)
+	return fmt.Sprintf("HandlerTimeout %s plus a batch's round trips (%s) must be shorter than the sessions' idle_in_transaction_session_timeout %s (%s, role %q); lower the handler timeout or raise the idle timeout",
+		e.HandlerTimeout, idleSlack, e.IdleTimeout, settingSource(e.Source), e.Role)
+}
+
+// settingSource says in words where a session setting comes from, from
+// its pg_settings source.
+func settingSource(source string) string {
+	switch source {
+	case "client":
+		return "set by the consumer's connection: idleInTransactionTimeoutMs or the URL"
+	case "user":
+		return "set for the role by ALTER ROLE ... SET"
+	case "database":
+		return "set for the database by ALTER DATABASE ... SET"
+	case "database user":
+		return "set for the role in this database by ALTER ROLE ... IN DATABASE ... SET"
+	case "configuration file":
+		return "set in the server's configuration file"
+	case "default":
+		return "the server's default"
+	}
+	return "source " + source
 }
 
 // Consumer runs a group's partition workers. Create it with NewConsumer and
@@ -143,6 +174,9 @@ type Consumer struct {
 	// before it stops taking units and commits, so that the server's
 	// idle_in_transaction_session_timeout never ends it; 0: no limit.
 	idleCut time.Duration
+	// awaitMax bounds a claim's wait for an append in flight below the
+	// sessions' statement_timeout (store.Claim.AwaitMax); 0: the default.
+	awaitMax time.Duration
 	// The failure states of the loops that retry against the database:
 	// they pace the retries and keep a repeated failure to one line per
 	// interval (internal/backoff).
@@ -310,17 +344,8 @@ func (c *Consumer) run(ctx context.Context) error {
 		return &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
 	}
 	c.warnSharedChannel(ctx, topic.Channel)
-	var idleMs int64
-	if err := c.pool.QueryRow(ctx, idleTimeoutSQL).Scan(&idleMs); err != nil {
-		return fmt.Errorf("read idle_in_transaction_session_timeout: %w", err)
-	}
-	if idle := time.Duration(idleMs) * time.Millisecond; idle > 0 {
-		if idle <= c.cfg.HandlerTimeout {
-			return &TimeoutError{HandlerTimeout: c.cfg.HandlerTimeout, IdleTimeout: idle}
-		}
-		// A unit starting at the cut still ends, within its budget, before
-		// the server's limit.
-		c.idleCut = (idle - c.cfg.HandlerTimeout) / 2
+	if err := c.checkTimeouts(ctx); err != nil {
+		return err
 	}
 	state, isNew, err := store.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start.internal(), c.cfg.DeadAfter)
 	if err != nil {
@@ -398,10 +423,6 @@ func (c *Consumer) run(ctx context.Context) error {
 	}
 	return nil
 }
-
-// idleTimeoutSQL reads the pool's sessions' idle_in_transaction_session_timeout
-// in milliseconds (0: none).
-const idleTimeoutSQL = `SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'`
 
 // notifiesAlways reports whether every event of the topic is announced by
 // a notification, wake being the topic's wake-up mode: in mode 'always',

@@ -21,6 +21,9 @@ func TestDecide(t *testing.T) {
 	t.Parallel()
 	unit := func(err error) *unitError { return &unitError{txID: 7, unitFirst: 10, offset: 11, err: err} }
 	idle := &pgconn.PgError{Code: "25P03", Severity: "FATAL"}
+	stmtTimeout := &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}
+	lockTimeout := &pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout"}
+	cancelled := &pgconn.PgError{Code: "57014", Message: "canceling statement due to user request"}
 	cases := []struct {
 		name     string
 		f        batchFailure
@@ -42,10 +45,20 @@ func TestDecide(t *testing.T) {
 		{"unknown retried", batchFailure{unit: unit(errors.New("?"))}, 3, 0, failurePolicy{maxAttempts: 5}, retryBatch, ClassUnknown, 4},
 		{"unknown at max", batchFailure{unit: unit(errors.New("?"))}, 4, 0, failurePolicy{maxAttempts: 5}, deadLetterUnit, ClassUnknown, 5},
 		{"parked host", batchFailure{unit: &unitError{txID: 7, parkFor: 3}}, 0, 0, failurePolicy{maxAttempts: 5}, parkUnit, ClassPermanent, 0},
-		{"first timeout", batchFailure{unit: &unitError{txID: 7, timeout: true}}, 0, 0, failurePolicy{maxAttempts: 5}, retryBatch, ClassTransient, 0},
-		{"second timeout narrows", batchFailure{unit: &unitError{txID: 7, timeout: true}}, 0, 1, failurePolicy{maxAttempts: 5}, narrowToUnit, ClassTransient, 0},
-		{"timeout when narrowed counts", batchFailure{unit: &unitError{txID: 7, timeout: true}, narrowed: true}, 1, 2, failurePolicy{maxAttempts: 5}, retryBatch, ClassTransient, 2},
-		{"timeout when narrowed, at max", batchFailure{unit: &unitError{txID: 7, timeout: true}, narrowed: true}, 4, 2, failurePolicy{maxAttempts: 5}, deadLetterUnit, ClassUnknown, 5},
+		{"first timeout, alone", batchFailure{unit: &unitError{txID: 7, timeout: true}, units: 1}, 0, 0, failurePolicy{maxAttempts: 5}, retryBatch, ClassTransient, 1},
+		{"timeout after other units narrows", batchFailure{unit: &unitError{txID: 7, timeout: true}, units: 3, unitsBefore: true}, 0, 0, failurePolicy{maxAttempts: 5}, narrowToUnit, ClassTransient, 0},
+		{"timeout when narrowed counts", batchFailure{unit: &unitError{txID: 7, timeout: true}, narrowed: true, units: 1}, 1, 2, failurePolicy{maxAttempts: 5}, retryBatch, ClassTransient, 2},
+		{"timeout when narrowed, at max", batchFailure{unit: &unitError{txID: 7, timeout: true}, narrowed: true, units: 1}, 4, 2, failurePolicy{maxAttempts: 5}, deadLetterUnit, ClassUnknown, 5},
+		{"statement timeout is a timeout", batchFailure{unit: unit(stmtTimeout), units: 1}, 1, 1, failurePolicy{maxAttempts: 3}, retryBatch, ClassTransient, 2},
+		{"statement timeout at max halts under halt", batchFailure{unit: unit(stmtTimeout), units: 1}, 2, 2, failurePolicy{maxAttempts: 3, onPermanent: PolicyHalt}, haltBeforeUnit, ClassUnknown, 3},
+		{"lock timeout at max dead-letters", batchFailure{unit: unit(lockTimeout), units: 1}, 2, 2, failurePolicy{maxAttempts: 3}, deadLetterUnit, ClassUnknown, 3},
+		{"statement timeout after other units narrows", batchFailure{unit: unit(stmtTimeout), units: 2, unitsBefore: true}, 0, 0, failurePolicy{maxAttempts: 3}, narrowToUnit, ClassTransient, 0},
+		{"a cancel request is not a timeout", batchFailure{unit: unit(cancelled), units: 1}, 4, 0, failurePolicy{maxAttempts: 5}, retryBatch, ClassTransient, 4},
+		{"transient after other units narrows", batchFailure{unit: unit(&pgconn.PgError{Code: "40P01"}), units: 4, unitsBefore: true}, 0, 0, failurePolicy{maxAttempts: 5}, narrowToUnit, ClassTransient, 0},
+		{"transient when narrowed retries", batchFailure{unit: unit(&pgconn.PgError{Code: "40P01"}), units: 1, narrowed: true}, 0, 0, failurePolicy{maxAttempts: 5}, retryBatch, ClassTransient, 0},
+		{"deployment after other units narrows", batchFailure{unit: unit(&pgconn.PgError{Code: "42P01"}), units: 2, unitsBefore: true}, 0, 0, failurePolicy{maxAttempts: 5}, narrowToUnit, ClassDeployment, 0},
+		{"unknown after other units counts and narrows", batchFailure{unit: unit(errors.New("?")), units: 2, unitsBefore: true}, 1, 0, failurePolicy{maxAttempts: 5}, narrowToUnit, ClassUnknown, 2},
+		{"a claim's statement timeout blames no unit", batchFailure{err: stmtTimeout, units: 3}, 0, 0, failurePolicy{maxAttempts: 1}, retryBatch, ClassTransient, 0},
 		{"session lost with several units shrinks", batchFailure{err: idle, sessionLost: true, idleKilled: true, units: 4}, 0, 0, failurePolicy{maxAttempts: 5}, shrinkBatch, ClassTransient, 0},
 		{"network lost with several units shrinks", batchFailure{err: errors.New("EOF"), sessionLost: true, units: 4}, 0, 0, failurePolicy{maxAttempts: 5}, shrinkBatch, ClassTransient, 0},
 		{"idle kill of a unit alone counts", batchFailure{unit: unit(idle), sessionLost: true, idleKilled: true, units: 1}, 1, 0, failurePolicy{maxAttempts: 5}, retryBatch, ClassTransient, 2},

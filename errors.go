@@ -145,7 +145,10 @@ func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v",
 //   - SQLSTATE classes 08 (connection), 40 (serialization failure,
 //     deadlock), 53 (insufficient resources), and 55P03 (lock not
 //     available), 57014 (query canceled, statement_timeout), 57P01 (admin
-//     shutdown): ClassTransient;
+//     shutdown): ClassTransient. A statement of a handler cancelled by
+//     statement_timeout or lock_timeout is, besides, a timeout of its
+//     unit, which counts towards MaxAttempts as a HandlerTimeout expiry
+//     does (see Config.MaxAttempts);
 //   - SQLSTATE classes 42 (undefined table or column, syntax, privilege),
 //     28 (authorization), 3D (invalid catalog name), 3F (invalid schema
 //     name): ClassDeployment;

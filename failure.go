@@ -3,7 +3,10 @@ package pgevents
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // unitFailure is what a worker remembers of a failing unit, the
@@ -67,6 +70,9 @@ type batchFailure struct {
 	idleKilled bool
 	// units is the number of units the batch had started.
 	units int
+	// unitsBefore says that the batch had started units before unit, the
+	// one the failure happened in.
+	unitsBefore bool
 	// narrowed says that the batch had been narrowed to unit alone.
 	narrowed bool
 }
@@ -83,8 +89,9 @@ const (
 	// ended, possibly because the batch took longer than the server allows
 	// a transaction to sit idle.
 	shrinkBatch
-	// narrowToUnit runs it again ending before the unit, then with the unit
-	// alone, where MaxAttempts applies.
+	// narrowToUnit runs it again at once ending before the unit, then,
+	// after the backoff, with the unit alone, where MaxAttempts applies to
+	// timeouts.
 	narrowToUnit
 	// parkUnit runs it again with the unit parked behind a dead letter.
 	parkUnit
@@ -129,18 +136,27 @@ type failurePolicy struct {
 // it returns the verdict and the failure's class.
 //
 //   - a unit that touches a parked host is parked;
-//   - a unit that ran out of its time budget is retried; after two
-//     timeouts the batch is narrowed to it, where MaxAttempts applies;
 //   - a batch of several units whose session ended shrinks; a unit alone
 //     in a batch that the server ended for idling in its transaction counts
 //     an attempt, and after MaxAttempts it failed permanently (other ends
 //     of a session, such as a network failure, are transient);
+//   - a unit whose handlers failed, whatever the class of the failure, in
+//     a batch where units preceded it, narrows the batch to it: the next
+//     attempt commits the units before it at once, and the unit then runs
+//     alone, after the backoff, so one slow or failing statement holds up
+//     no unit but its own and those after it;
+//   - a unit that ran out of time, whoever enforced it (its handler budget,
+//     or the server's statement_timeout or lock_timeout: see
+//     unitTimedOut), counts an attempt when it ran alone, and after
+//     MaxAttempts it failed permanently;
 //   - a unit's error of class permanent, or of class unknown MaxAttempts
 //     times, is a permanent failure: halt under PolicyHalt or an open
 //     breaker, dead-letter (parking its hosts under PolicyParkHost)
 //     otherwise;
-//   - anything else is retried as it is: transient and deployment
-//     failures forever.
+//   - anything else is retried: transient and deployment failures
+//     forever, narrowed to their unit as above. A failure of the batch's
+//     own statements (claim, fetch, dead-letter writes, commit) blames no
+//     unit and retries the batch as it is.
 func decide(f batchFailure, h *unitFailure, p failurePolicy) (verdict, Class) {
 	permanent := func(class Class) (verdict, Class) {
 		if p.onPermanent == PolicyHalt || p.breakerOpen {
@@ -148,22 +164,29 @@ func decide(f batchFailure, h *unitFailure, p failurePolicy) (verdict, Class) {
 		}
 		return deadLetterUnit, class
 	}
+	// Units went before the failing one in this attempt: they can commit
+	// without it.
+	prefix := f.unit != nil && f.unitsBefore && !f.narrowed
 	switch {
 	case f.unit != nil && f.unit.parkFor != 0:
 		return parkUnit, ClassPermanent
 	case f.sessionLost && f.units > 1:
 		return shrinkBatch, ClassTransient
-	case f.idleKilled && h != nil, f.unit != nil && f.unit.timeout:
+	case f.idleKilled && h != nil:
 		h.timeouts++
-		if f.idleKilled || f.narrowed {
-			h.attempts++
-			if h.attempts >= p.maxAttempts {
-				return permanent(ClassUnknown)
-			}
-			return retryBatch, ClassTransient
+		h.attempts++
+		if h.attempts >= p.maxAttempts {
+			return permanent(ClassUnknown)
 		}
-		if h.timeouts >= 2 {
+		return retryBatch, ClassTransient
+	case f.unit != nil && unitTimedOut(f.unit):
+		h.timeouts++
+		if prefix {
 			return narrowToUnit, ClassTransient
+		}
+		h.attempts++
+		if h.attempts >= p.maxAttempts {
+			return permanent(ClassUnknown)
 		}
 		return retryBatch, ClassTransient
 	case f.unit != nil:
@@ -178,6 +201,9 @@ func decide(f batchFailure, h *unitFailure, p failurePolicy) (verdict, Class) {
 				return permanent(class)
 			}
 		}
+		if prefix {
+			return narrowToUnit, class
+		}
 		return retryBatch, class
 	}
 	if Classify(f.err) == ClassDeployment {
@@ -187,3 +213,39 @@ func decide(f batchFailure, h *unitFailure, p failurePolicy) (verdict, Class) {
 	// events did, so retrying is the only safe course.
 	return retryBatch, ClassTransient
 }
+
+// unitTimedOut says whether a unit's failure is a timeout of its
+// handlers: its budget (HandlerTimeout) ran out, or the server cancelled
+// one of its statements for statement_timeout (SQLSTATE 57014, other than
+// a cancel request: see statementTimedOut) or lock_timeout (55P03). Both
+// are the same fact about a handler, and lead to the same outcome: a
+// timeout of the batch's own statements (claim, commit) blames no unit.
+func unitTimedOut(ue *unitError) bool {
+	return ue.timeout || statementTimedOut(ue.err)
+}
+
+// statementTimedOut says whether err is the server's cancellation of a
+// statement for statement_timeout or lock_timeout. A cancel request
+// (pg_cancel_backend, or the client's own on a cancelled context) has the
+// same SQLSTATE as a statement timeout, 57014, and another message; it is
+// not the statement's timeout.
+func statementTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case pgerrLockNotAvailable:
+		return true
+	case pgerrQueryCanceled:
+		return !strings.Contains(pgErr.Message, "user request")
+	}
+	return false
+}
+
+// SQLSTATEs the failure policy tells apart.
+const (
+	pgerrQueryCanceled     = "57014" // query_canceled: statement_timeout, or a cancel request
+	pgerrLockNotAvailable  = "55P03" // lock_not_available: lock_timeout, or NOWAIT
+	pgerrIdleInTransaction = "25P03" // idle_in_transaction_session_timeout
+)

@@ -72,13 +72,24 @@ const (
 	behaveTimeout behaviour = "timeout" // ignores nothing, never ends: timeouts, then permanent
 	behaveSwallow behaviour = "swallow" // a SQL error ignored, nil returned: permanent
 	behaveSlow    behaviour = "slow"    // outside work taking a while, then success
+	// behaveStmt has the server cancel a statement of its handler for
+	// statement_timeout (57014) or, with Lock, lock_timeout (55P03) in its
+	// first Storm attempts: a timeout of its unit, which counts towards
+	// MaxAttempts when the unit runs alone, then success.
+	behaveStmt behaviour = "stmt"
 )
+
+// modelLockSQL is the lock a behaveStmt handler with Lock waits for: the
+// model's own session holds it for the whole case (two-int keys never
+// meet pgevents' bigint ones).
+const modelLockSQL = `SELECT pg_advisory_xact_lock(7, 7)`
 
 // modelPayload is every event's payload.
 type modelPayload struct {
 	Key   string    `json:"k"`
 	Do    behaviour `json:"do"`
 	Storm int       `json:"storm,omitempty"`
+	Lock  bool      `json:"lock,omitempty"`
 }
 
 // modelEvent is a committed event as the model knows it.
@@ -291,6 +302,16 @@ func runModelCase(t *testing.T, mc modelCase) (ops int) {
 			t.Fatal(err)
 		}
 	}
+	// behaveStmt's lock, held by a session of the model's until the case
+	// ends.
+	lockConn, err := m.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockConn.Release()
+	if _, err := lockConn.Exec(ctx, `SELECT pg_advisory_lock(7, 7)`); err != nil {
+		t.Fatal(err)
+	}
 	// The ghost group starts with the topic and stops early: it is DEAD
 	// while retention goes past it, and comes back at the end.
 	ghost := m.start("ghost")
@@ -481,6 +502,8 @@ func (m *model) produce(r *rand.Rand, tag string) {
 			p.Do = behaveSwallow
 		case x < 110:
 			p.Do = behaveSlow
+		case x < 125:
+			p.Do, p.Storm, p.Lock = behaveStmt, 1+r.IntN(4), r.IntN(2) == 0
 		}
 		b, _ := json.Marshal(p)
 		host := fmt.Sprintf("h%d", r.IntN(10))
@@ -542,7 +565,7 @@ func (m *model) handle(ctx context.Context, tx pgx.Tx, ev *Event, group string) 
 	m.calls[p.Key]++
 	fixed := m.fixed.Load() || m.fixedKeys[p.Key] || group == "ghost"
 	attempt := 0
-	if p.Do == behaveStorm {
+	if p.Do == behaveStorm || p.Do == behaveStmt {
 		m.attempts[p.Key]++
 		attempt = m.attempts[p.Key]
 	}
@@ -566,6 +589,24 @@ func (m *model) handle(ctx context.Context, tx pgx.Tx, ev *Event, group string) 
 	case behaveSwallow:
 		_, _ = tx.Exec(ctx, `INSERT INTO handled (group_id, c_offset, k, host_id, partition_id, transaction_id) VALUES (NULL, 0, '', '', 0, 0)`)
 		return nil
+	case behaveStmt:
+		if attempt <= p.Storm {
+			// Two statements: a statement's timeout is armed when it
+			// starts, so the setting must precede it. The unit's rollback
+			// (whole, or to its savepoint) undoes the SET LOCAL.
+			set, stmt := `SET LOCAL statement_timeout = '20ms'`, `SELECT pg_sleep(0.2)`
+			if p.Lock {
+				set, stmt = `SET LOCAL lock_timeout = '20ms'`, modelLockSQL
+			}
+			if _, err := tx.Exec(ctx, set); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, stmt)
+			if err == nil {
+				err = fmt.Errorf("model: %s did not time out", stmt)
+			}
+			return err
+		}
 	case behaveSlow:
 		select {
 		case <-time.After(10 * time.Millisecond):

@@ -381,9 +381,10 @@ func TestPanicTimeoutAndUndecodablePayload(t *testing.T) {
 			t.Errorf("dead letter %q, want one starting %q", dls[i], want[i])
 		}
 	}
-	// Timeouts are transient: twice before narrowing, then MaxAttempts.
-	if n := timeouts.Load(); n < 3 {
-		t.Errorf("the hanging handler ran %d times; timeouts must be retried before they count", n)
+	// A timeout counts an attempt of the unit run alone: MaxAttempts (2)
+	// runs at least, one more when it first timed out behind other units.
+	if n := timeouts.Load(); n < 2 || n > 3 {
+		t.Errorf("the hanging handler ran %d times; want MaxAttempts (2), or 3 after a narrowing", n)
 	}
 }
 

@@ -24,7 +24,7 @@ func (w *worker) retry(ctx context.Context, err error) {
 	w.c.retries.Add(1)
 	f := batchFailure{err: err, sessionLost: w.last.lost, units: w.last.units}
 	var pgErr *pgconn.PgError
-	f.idleKilled = errors.As(err, &pgErr) && pgErr.Code == "25P03"
+	f.idleKilled = errors.As(err, &pgErr) && pgErr.Code == pgerrIdleInTransaction
 	var ue *unitError
 	if errors.As(err, &ue) {
 		f.unit = ue
@@ -36,6 +36,7 @@ func (w *worker) retry(ctx context.Context, err error) {
 	var h *unitFailure
 	if ue != nil {
 		f.narrowed = w.narrow == ue.txID
+		f.unitsBefore = ue.unitFirst > w.last.first
 		h = w.failure(ue)
 		if f.idleKilled && !errors.Is(h.err, errSessionLost) {
 			h.err = fmt.Errorf("%w: the unit's handlers ran without a statement for longer than the server's idle_in_transaction_session_timeout: %v",
@@ -56,7 +57,6 @@ func (w *worker) retry(ctx context.Context, err error) {
 		w.limit = max(1, min(w.limit, w.last.events)/2)
 	case narrowToUnit:
 		w.narrow = ue.txID
-		w.log.Warn().Int64("offset", ue.offset).Msg("unit timed out twice, narrowing the batch to it")
 	case parkUnit:
 		w.park[ue.txID] = ue.parkHost
 	case deadLetterUnit, haltBeforeUnit:
@@ -64,17 +64,26 @@ func (w *worker) retry(ctx context.Context, err error) {
 		w.guard = true
 	}
 	w.failures++
+	w.failing.record(class, time.Now())
 	d := backoff.Delay(w.c.cfg.RetryInitial, w.c.cfg.RetryMax, w.failures)
 	if after := min(retryAfter(err), w.c.cfg.RetryMax); after > d {
 		d = after // the failure asked for a longer wait (Retry-After)
+	}
+	if v == narrowToUnit {
+		// The units before the failing one passed in this attempt: the
+		// next one commits them at once, and stops before that unit,
+		// which alone waits for the backoff (its own next failure). The
+		// batch ends earlier at each narrowing, so this cannot spin.
+		d = 0
 	}
 	ev := w.log.Warn()
 	if class == ClassDeployment {
 		ev = w.log.Error()
 	}
-	if v == retryBatch && (class == ClassTransient || class == ClassDeployment) {
+	if (v == retryBatch || v == narrowToUnit) && (class == ClassTransient || class == ClassDeployment) {
 		// The same failure in every partition (an outage, a missing
-		// table): one line per interval for the consumer, with the count.
+		// table, a statement that times out under load): one line per
+		// interval for the consumer, with the count.
 		ok, repeated := w.c.batchLines.Allow(class.String())
 		if !ok {
 			ev = nil
@@ -82,24 +91,44 @@ func (w *worker) retry(ctx context.Context, err error) {
 			ev = ev.Int("repeated", repeated)
 		}
 	}
-	ev = ev.Err(err).Stringer("class", class).Stringer("next", v).Int("attempt", w.failures).
-		Int64("retry_in_ms", d.Milliseconds())
+	ev = ev.Err(err).Stringer("class", class).Str("failed_in", failedIn(ue, f.sessionLost)).Stringer("next", v).
+		Int("attempt", w.failures).Int64("retry_in_ms", d.Milliseconds())
 	if next := w.next.Load(); next > 0 {
 		ev = ev.Int64("next_offset", next) // 0: not known since the lease was taken (offsets start at 1)
 	}
 	if ue != nil {
-		ev = ev.Int64("offset", ue.offset)
+		ev = ev.Int64("offset", ue.offset).Int64("unit_offset", ue.unitFirst)
+		if h != nil && h.attempts > 0 {
+			ev = ev.Int("unit_attempts", h.attempts)
+		}
 	}
 	if v == shrinkBatch {
 		ev = ev.Int("batch_limit", w.limit)
 	}
 	ev.Msg("batch failed, rolled back")
+	if d == 0 {
+		return
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// failedIn names, for the log, the part of a batch its failure came
+// from: a handler's (the unit's statements and calls), or the batch's own
+// machinery (the claim, a fetch, a dead letter's write, the commit), or
+// the batch's session, which ended.
+func failedIn(ue *unitError, sessionLost bool) string {
+	switch {
+	case ue != nil && errors.Is(ue.err, errSessionLost), ue == nil && sessionLost:
+		return "session"
+	case ue != nil:
+		return "handler"
+	}
+	return "batch"
 }
 
 // failure returns the record of the unit's failures, creating it, with the

@@ -47,8 +47,14 @@ var keys = batching.Keys[Event]{
 // what the next attempt does, always after a backoff. The failure's unit is
 // the partition-local slice of one producer transaction it happened in:
 //
-//   - transient or deployment: the batch is retried, unchanged; the
-//     partition waits, others flow;
+//   - transient or deployment: the batch is retried; the partition waits,
+//     others flow. When the failure is a handler's (a unit's statement or
+//     call) and units preceded the failing one, the batch is narrowed: the
+//     next attempt, at once, commits the units before it and stops there,
+//     and the unit runs alone after the backoff, so a statement that fails
+//     now and then holds up only its own unit and those behind it. A
+//     failure of the batch's own statements (claim, commit) or session
+//     blames no unit and retries the batch as it is;
 //   - permanent (or unknown, MaxAttempts times): the unit is remembered as
 //     poisonous and the batch runs again; this time the unit is not handled
 //     but dead-lettered (or parked behind a dead letter, or the partition
@@ -68,9 +74,11 @@ var keys = batching.Keys[Event]{
 //     SQL error) has failed permanently, with ErrAbortedTransaction: the
 //     transaction status is checked after every handler call, so that unit,
 //     not the next one, is blamed;
-//   - a handler timeout is transient, but after two timeouts of the same
-//     unit the batch is narrowed to end before it, then to that unit alone,
-//     where MaxAttempts applies;
+//   - a handler timeout, whoever enforces it (HandlerTimeout, or the
+//     server's statement_timeout or lock_timeout on one of the unit's
+//     statements), narrows the batch to its unit as above; each timeout of
+//     the unit alone counts an attempt, and after MaxAttempts the unit
+//     takes the group's failure policy (dead-letter, park or halt);
 //   - a batch whose session the server ended (idle in transaction for too
 //     long, terminated) is retried with half as many events.
 //
@@ -114,6 +122,7 @@ type worker struct {
 	buf      []Event
 	e2e      []time.Duration // reused for BatchStats.EndToEnd
 	failures int             // consecutive failed batches, for the backoff
+	failing  failingState    // the failed batches since the last commit, for Consumer.Failing
 	limit    int             // events per batch: BatchSize, halved while sessions end
 	last     batchShape      // what the last batch started, for decide
 
@@ -142,6 +151,7 @@ type worker struct {
 
 // batchShape is what a batch had started when it ended.
 type batchShape struct {
+	first     int64 // the batch's first offset
 	units     int
 	events    int
 	lastTx    int64 // the unit in progress

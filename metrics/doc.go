@@ -79,6 +79,12 @@
 //     pgevents_listener_connects_total counts every connect.
 //   - pgevents_listener_connected{group,topic}: 1 while the listening
 //     connection is up (see Metrics.SetListenerConnectedFunc).
+//   - pgevents_partition_failing_batches{group,topic,partition}: batches
+//     of the partition that failed since its last commit, and
+//     pgevents_partition_failing_since_seconds{group,topic,partition}: when
+//     the first of them failed (Unix time; 0 while batches commit). A
+//     partition whose batches keep failing holds its events back: alert
+//     on time() - since above a few minutes while batches > 0.
 //   - pgevents_partitions_owned{group,topic}: partitions this process
 //     serves and that are not halted (see Metrics.SetPartitionsOwnedFunc).
 //     Summed over a group's processes, it should equal the partition count.

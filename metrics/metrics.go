@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -95,6 +96,10 @@ type Metrics struct {
 	wakeups      *prometheus.CounterVec
 	reconnects   *prometheus.CounterVec
 	connects     *prometheus.CounterVec
+	failing      *prometheus.GaugeVec
+	failingSince *prometheus.GaugeVec
+	failMu       sync.Mutex
+	failCount    map[int]int // failed batches since the partition's last commit
 	owned        atomic.Pointer[func() int]
 	listenerUp   atomic.Pointer[func() bool]
 	lagCollector *lagCollector
@@ -170,6 +175,15 @@ func New(opts Options) (*Metrics, error) {
 		Name: "pgevents_listener_connects_total",
 		Help: "Successful connects of the listening connection, the first one included.",
 	}, gt)
+	m.failing = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pgevents_partition_failing_batches",
+		Help: "Batches of the partition that failed since its last commit (0 once a batch commits): a partition whose batches keep failing holds its events back.",
+	}, gtp)
+	m.failingSince = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pgevents_partition_failing_since_seconds",
+		Help: "Unix time of the first of the partition's failed batches since its last commit; 0 while its batches commit.",
+	}, gtp)
+	m.failCount = map[int]int{}
 	owned := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "pgevents_partitions_owned",
 		Help:        "Partitions this process serves and that are not halted.",
@@ -191,7 +205,7 @@ func New(opts Options) (*Metrics, error) {
 		return 0
 	})
 	cs := []prometheus.Collector{m.handled, m.batchSize, m.handlerTime, m.batchTime, m.endToEnd, m.retries,
-		m.deadLetters, m.parkedUnits, m.skipped, m.wakeups, m.reconnects, m.connects, owned, listenerUp}
+		m.deadLetters, m.parkedUnits, m.skipped, m.wakeups, m.reconnects, m.connects, m.failing, m.failingSince, owned, listenerUp}
 	if !opts.NoRuntimeMetrics {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
@@ -211,6 +225,8 @@ func New(opts Options) (*Metrics, error) {
 		m.handled.WithLabelValues(m.group, m.topic, ps)
 		m.deadLetters.WithLabelValues(m.group, m.topic, ps)
 		m.parkedUnits.WithLabelValues(m.group, m.topic, ps)
+		m.failing.WithLabelValues(m.group, m.topic, ps)
+		m.failingSince.WithLabelValues(m.group, m.topic, ps)
 		for _, c := range []pgevents.Class{pgevents.ClassTransient, pgevents.ClassDeployment, pgevents.ClassPermanent, pgevents.ClassUnknown} {
 			m.retries.WithLabelValues(m.group, m.topic, ps, c.String())
 		}
@@ -256,6 +272,13 @@ func (m *Metrics) SetListenerConnectedFunc(f func() bool) { m.listenerUp.Store(&
 func (m *Metrics) BatchCommitted(b pgevents.BatchStats) {
 	group, topic := b.Group, strconv.Itoa(b.Topic)
 	part := strconv.Itoa(b.Partition)
+	m.failMu.Lock()
+	if m.failCount[b.Partition] > 0 {
+		delete(m.failCount, b.Partition)
+		m.failing.WithLabelValues(group, topic, part).Set(0)
+		m.failingSince.WithLabelValues(group, topic, part).Set(0)
+	}
+	m.failMu.Unlock()
 	if b.Handled > 0 {
 		m.handled.WithLabelValues(group, topic, part).Add(float64(b.Handled))
 	}
@@ -278,7 +301,15 @@ func (m *Metrics) BatchCommitted(b pgevents.BatchStats) {
 
 // BatchFailed implements pgevents.Observer.
 func (m *Metrics) BatchFailed(partition int, class pgevents.Class) {
-	m.retries.WithLabelValues(m.group, m.topic, strconv.Itoa(partition), class.String()).Inc()
+	part := strconv.Itoa(partition)
+	m.retries.WithLabelValues(m.group, m.topic, part, class.String()).Inc()
+	m.failMu.Lock()
+	defer m.failMu.Unlock()
+	m.failCount[partition]++
+	if m.failCount[partition] == 1 {
+		m.failingSince.WithLabelValues(m.group, m.topic, part).Set(float64(time.Now().UnixNano()) / 1e9)
+	}
+	m.failing.WithLabelValues(m.group, m.topic, part).Set(float64(m.failCount[partition]))
 }
 
 // Woken implements pgevents.Observer.

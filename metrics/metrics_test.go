@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync"
@@ -703,5 +704,39 @@ func TestNewRequiresGroup(t *testing.T) {
 	t.Parallel()
 	if _, err := metrics.New(metrics.Options{}); err == nil {
 		t.Fatal("New without a group succeeded")
+	}
+}
+
+// TestPartitionFailingGauges: pgevents_partition_failing_batches counts
+// the batches of a partition that failed since its last commit, and
+// pgevents_partition_failing_since_seconds says when the first failed;
+// both go back to 0 at the next commit.
+func TestPartitionFailingGauges(t *testing.T) {
+	m, err := metrics.New(metrics.Options{Group: "g", Partitions: []int{0, 1}, NoRuntimeMetrics: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	before := float64(time.Now().Unix())
+	m.BatchFailed(1, pgevents.ClassTransient)
+	m.BatchFailed(1, pgevents.ClassTransient)
+	f := scrape(t, srv.URL)
+	if got, _ := f.sum("pgevents_partition_failing_batches", labels{"partition": "1"}); got != 2 {
+		t.Errorf("failing batches of partition 1 = %v, want 2", got)
+	}
+	if got, _ := f.sum("pgevents_partition_failing_since_seconds", labels{"partition": "1"}); got < before {
+		t.Errorf("failing since = %v, want at least %v", got, before)
+	}
+	if got, _ := f.sum("pgevents_partition_failing_batches", labels{"partition": "0"}); got != 0 {
+		t.Errorf("failing batches of partition 0 = %v, want 0", got)
+	}
+	m.BatchCommitted(pgevents.BatchStats{Group: "g", Topic: 1, Partition: 1, Events: 1, Handled: 1})
+	f = scrape(t, srv.URL)
+	if got, _ := f.sum("pgevents_partition_failing_batches", labels{"partition": "1"}); got != 0 {
+		t.Errorf("failing batches after a commit = %v, want 0", got)
+	}
+	if got, _ := f.sum("pgevents_partition_failing_since_seconds", labels{"partition": "1"}); got != 0 {
+		t.Errorf("failing since after a commit = %v, want 0", got)
 	}
 }

@@ -223,6 +223,10 @@ type Claim struct {
 	// one coming reads its events as soon as they commit, in the same
 	// round trip.
 	AwaitAppend bool
+	// AwaitMax bounds that wait; 0 or more than AwaitAppendMax:
+	// AwaitAppendMax. A consumer whose sessions have a short
+	// statement_timeout waits less, so that the wait never ends the claim.
+	AwaitMax time.Duration
 	// SQL holds the partition's statements (ForPartition).
 	SQL *PartitionSQL
 }
@@ -288,7 +292,11 @@ func (c Claim) Do(ctx context.Context, db schema.DB, buf []Event) (Claimed, erro
 	var b pgx.Batch
 	b.BeginTx(ReadCommitted)
 	if c.AwaitAppend {
-		b.Queue(schema.SQL(ctx, awaitAppendSQL), c.Topic, c.Partition, AwaitAppendMax.Milliseconds())
+		wait := AwaitAppendMax
+		if c.AwaitMax > 0 && c.AwaitMax < wait {
+			wait = c.AwaitMax
+		}
+		b.Queue(schema.SQL(ctx, awaitAppendSQL), c.Topic, c.Partition, wait.Milliseconds())
 	}
 	b.Queue(schema.SQL(ctx, c.SQL.claim), c.Group, c.Topic, c.Partition, c.Limit, c.Layout, c.Owner, c.Epoch)
 	if c.Parked {
