@@ -33,9 +33,15 @@
 //     cost the server N² wake-ups each interval.
 //   - Reconnection follows a lost connection within 25–50 ms (jittered, so
 //     that the replicas of a restarted server do not all dial at once) and
-//     backs off, up to 5 s, while dialling fails. A repeated failure is
-//     logged once per 10 s, with the count of repeats, and the reconnect
-//     that ends it once.
+//     backs off, up to 5 s, while dialling fails, and while sessions die
+//     within a second of their connect (100 ms doubling to 5 s, jittered):
+//     a server that ends every session at once costs a few reconnects, not
+//     a tight loop. A lost session is logged as a warning ("listening
+//     session lost, reconnecting", with the error), a repeated failure
+//     once per 10 s, with the count of repeats ("repeated"), and the
+//     reconnect that ends it once. A channel change (SetChannel) ends the
+//     session too, by a cause of its own: it is logged at info level and
+//     connects again at once.
 //   - After every (re)connect, once LISTEN is in place, the Sink's Connected
 //     method is called, so that workers look for events committed while
 //     nobody listened.

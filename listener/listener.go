@@ -70,9 +70,10 @@ type Listener struct {
 	mu      sync.Mutex
 	conn    *pgx.Conn // current listening connection, nil while disconnected
 	channel string    // the channel listened on; guarded by mu
-	// restart ends the current listening connection's run, so that Run
-	// listens again on the channel SetChannel set; guarded by mu.
-	restart context.CancelFunc
+	// restart ends the current listening connection's run with the cause
+	// errChannelChanged, so that Run listens again on the channel
+	// SetChannel set; guarded by mu.
+	restart context.CancelCauseFunc
 	lastRx  atomic.Int64
 	connect atomic.Int64 // successful connects, including the first
 	ready   atomic.Bool
@@ -115,6 +116,16 @@ const (
 
 // ErrNotListening is returned by Acquire while the listener has no session.
 var ErrNotListening = errors.New("listener: no listening session")
+
+// errChannelChanged is the cause with which SetChannel ends a listening
+// session: the only end of a session, apart from Run's context, that is not
+// a loss. listen tells it apart by this cause, never by the context's state,
+// since every end of a session cancels its context.
+var errChannelChanged = errors.New("listener: the topic's channel changed")
+
+// msgLost is the warning of a lost listening session (and its key in the
+// Retry's lines: logged once per backoff.DefaultInterval while it repeats).
+const msgLost = "listener: listening session lost, reconnecting"
 
 // New validates cfg, applies defaults and returns a Listener.
 func New(cfg Config) (*Listener, error) {
@@ -169,7 +180,7 @@ func (l *Listener) SetChannel(channel string) {
 	}
 	l.channel = channel
 	if l.restart != nil {
-		l.restart()
+		l.restart(errChannelChanged)
 	}
 }
 
@@ -191,12 +202,16 @@ func (l *Listener) Run(ctx context.Context) error {
 
 // listen listens on the current channel until ctx is cancelled, and again
 // on the new channel whenever SetChannel changes it, connecting again
-// after the session is lost.
+// after the session is lost. A channel change (the cause errChannelChanged
+// of the session's context) connects again at once and is logged at info
+// level; any other end of the session is a loss: logged as a warning (once
+// per interval while it repeats, with the count of repeats) and backed off
+// (dial), the more when sessions die right after being made.
 func (l *Listener) listen(ctx context.Context) error {
 	for {
 		l.mu.Lock()
 		channel := l.channel
-		lctx, cancel := context.WithCancel(ctx)
+		lctx, cancel := context.WithCancelCause(ctx)
 		l.restart = cancel
 		l.mu.Unlock()
 		conn, err := l.dial(lctx)
@@ -208,14 +223,19 @@ func (l *Listener) listen(ctx context.Context) error {
 			_ = conn.Close(cctx)
 			ccancel()
 		}
-		cancel()
+		// The cause is kept by the first cancel: SetChannel's, when it
+		// ended the session, and nil (context.Canceled) otherwise.
+		cancel(nil)
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case lctx.Err() != nil:
+		case errors.Is(context.Cause(lctx), errChannelChanged):
 			l.lastConnect = time.Time{} // not a quick death: connect at once
 			l.cfg.Logger.Info().Str("from", channel).Str("to", l.Channel()).Msg("listener: listening on the topic's new channel")
 		default:
+			if err == nil {
+				err = errors.New("the session ended")
+			}
 			l.logError(ctx, err)
 		}
 	}
@@ -460,7 +480,7 @@ func (l *Listener) logError(ctx context.Context, err error) {
 		return
 	}
 	l.ready.Store(false)
-	l.retry.Fail(err, "listener: connection lost, reconnecting")
+	l.retry.Fail(err, msgLost)
 }
 
 // watch sends the canary and closes the listening connection when the
