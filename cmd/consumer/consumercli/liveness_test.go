@@ -288,3 +288,44 @@ func TestStatementTimeoutDeadLettersItsUnit(t *testing.T) {
 		t.Errorf("consumer exited with %d after SIGTERM, want 0", code)
 	}
 }
+
+// TestRoleIdleTimeoutTooShortExitsTwo: an
+// idle_in_transaction_session_timeout set on the role (ALTER ROLE ... IN
+// DATABASE ... SET) too short for handlerTimeoutMs and a batch's round
+// trips is refused at start with status 2, naming the key, the setting,
+// where it comes from and the role; one with room is accepted.
+func TestRoleIdleTimeoutTooShortExitsTwo(t *testing.T) {
+	url, pool := migrated(t, 1)
+	setRoleTimeouts(t, pool, url, map[string]string{"idle_in_transaction_session_timeout": "1s"})
+	var role string
+	if err := pool.QueryRow(context.Background(), `SELECT current_user`).Scan(&role); err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeConfig(t, strings.Replace(roleTimeoutsConfig(1, `1`, ""), "handlerTimeoutMs: 500", "handlerTimeoutMs: 950", 1))
+	code, out := runOnce(t, url, "run", "--config", cfg)
+	for _, want := range []string{"handlerTimeoutMs", "idle_in_transaction_session_timeout 1s", "ALTER ROLE", fmt.Sprintf("role %q", role)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output does not name %q:\n%s", want, out)
+		}
+	}
+	if code != 2 {
+		t.Fatalf("consumer run exited %d, want 2:\n%s", code, out)
+	}
+	// 500 ms of handler budget leaves room in 1 s: it runs.
+	p := start(t, url, "run", "--config", writeConfig(t, roleTimeoutsConfig(1, `1`, "")))
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgevents.Append(ctx, tx, pgevents.Event{HostID: "h", EventType: "t", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventtest.WaitHandled(t, pool, 1, 30*time.Second)
+	if code := p.stop(t, 15*time.Second); code != 0 {
+		t.Errorf("consumer exited with %d after SIGTERM, want 0", code)
+	}
+}
