@@ -186,6 +186,7 @@ func sessionEnded(err error) bool {
 func (w *worker) committed(st *batchState, start time.Time) {
 	w.next.Store(st.last + 1)
 	w.failing.reset()
+	w.clearFailing()
 	w.haltRecord = false
 	if st.deadLettered == 0 {
 		w.guard = false // a batch went through without a permanent failure

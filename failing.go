@@ -1,8 +1,12 @@
 package pgevents
 
 import (
+	"context"
 	"sync"
 	"time"
+
+	"github.com/pgevents/pgevents/internal/store"
+	"github.com/pgevents/pgevents/schema"
 )
 
 // This file: what a consumer says of its partitions whose batches keep
@@ -31,6 +35,9 @@ type failingState struct {
 	failures int
 	since    time.Time
 	class    Class
+	// Written by the worker only: when it last reported the spell to the
+	// database (partition_failures), zero when it did not.
+	reported time.Time
 }
 
 // record counts a failed batch of class.
@@ -49,6 +56,44 @@ func (f *failingState) reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failures, f.since, f.class = 0, time.Time{}, 0
+}
+
+// report writes, at most once per store.FailingReportEvery, the
+// partition's failing spell to partition_failures, where `consumer
+// status` reads it; best effort: the database may be why batches fail.
+func (w *worker) reportFailing(err error, class Class, in string) {
+	now := time.Now()
+	if now.Sub(w.failing.reported) < store.FailingReportEvery {
+		return
+	}
+	f, _ := w.failing.get(w.partition)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	cfg := &w.c.cfg
+	ctx = schema.WithName(ctx, cfg.Schema)
+	if rerr := store.ReportFailing(ctx, w.c.pool, store.Failing{Group: cfg.GroupID, Topic: cfg.TopicID, Partition: w.partition,
+		Replica: w.c.replicaID, Failures: f.Failures, Since: f.Since.Add(time.Duration(w.c.clockSkew.Load())),
+		Class: class.String(), FailedIn: in, Error: err.Error()}); rerr != nil {
+		w.log.Debug().Err(rerr).Msg("could not report the partition's failing batches")
+		return
+	}
+	w.failing.reported = now
+}
+
+// clearFailing deletes the partition's report of a failing spell after a
+// commit, when one was written.
+func (w *worker) clearFailing() {
+	if w.failing.reported.IsZero() {
+		return
+	}
+	w.failing.reported = time.Time{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	cfg := &w.c.cfg
+	ctx = schema.WithName(ctx, cfg.Schema)
+	if err := store.ClearFailing(ctx, w.c.pool, cfg.GroupID, cfg.TopicID, w.partition, w.c.replicaID); err != nil {
+		w.log.Debug().Err(err).Msg("could not clear the partition's report of failing batches")
+	}
 }
 
 // get returns the failures since the last commit, when there are any.

@@ -46,8 +46,17 @@ func TestFailingShowsAPartitionThatKeepsFailing(t *testing.T) {
 	if p := queryRowPartition(t, pool, "a"); p != f.Partition {
 		t.Errorf("partition %d reported failing, but host a is in partition %d", f.Partition, p)
 	}
+	// The report for `consumer status`, written while it fails.
+	pgtest.WaitFor(t, 10*time.Second, "the failing partition reported in partition_failures", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM partition_failures WHERE group_id = 'g' AND partition_id = $1
+			AND replica_id = $2 AND class = 'transient' AND failed_in = 'handler' AND error LIKE '%downstream unavailable%'`,
+			f.Partition, c.ReplicaID()) == 1
+	})
 	broken.Store(false)
 	pgtest.WaitFor(t, 10*time.Second, "no failing partition once the batch commits", func() bool { return len(c.Failing()) == 0 })
+	pgtest.WaitFor(t, 10*time.Second, "the report deleted by the commit", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM partition_failures`) == 0
+	})
 }
 
 // queryRowPartition returns the partition of host's events.

@@ -91,7 +91,9 @@ func (w *worker) retry(ctx context.Context, err error) {
 			ev = ev.Int("repeated", repeated)
 		}
 	}
-	ev = ev.Err(err).Stringer("class", class).Str("failed_in", failedIn(ue, f.sessionLost)).Stringer("next", v).
+	in := failedIn(ue, f.sessionLost)
+	w.reportFailing(err, class, in)
+	ev = ev.Err(err).Stringer("class", class).Str("failed_in", in).Stringer("next", v).
 		Int("attempt", w.failures).Int64("retry_in_ms", d.Milliseconds())
 	if next := w.next.Load(); next > 0 {
 		ev = ev.Int64("next_offset", next) // 0: not known since the lease was taken (offsets start at 1)

@@ -48,6 +48,8 @@ const DefaultLagCap = 100000
 //     tables' xid index, from the last tick's snapshot on, up to $3 in
 //     all (StagedSQL); the sequencer's key is looked up in pg_locks for a
 //     sequenced topic only;
+//   - a partition's report of failing batches (partition_failures) is
+//     its owner's row, read through the table's primary key;
 //   - open dead letters are counted through dead_letter_queue_position_idx
 //     (group_id, topic_id, partition_id, first_offset), halts are read
 //     through partition_halts' primary key.
@@ -102,7 +104,8 @@ state AS (
            d.n AS dead_letters_open,
            h.c_offset AS halt_offset, h.reason AS halt_reason, h.halted_at,
            w.owner, w.epoch, w.heartbeat_at, w.live,
-           sub.state AS subscription, k.n AS skipped
+           sub.state AS subscription, k.n AS skipped,
+           fl.failures, fl.since AS failing_since, fl.class AS failing_class, fl.failed_in, fl.error AS failing_error
     FROM parts s` + store.LagReadsSQL + `    CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM {schema}dead_letter_queue q
         WHERE q.group_id = s.group_id AND q.topic_id = s.topic_id AND q.partition_id = s.partition_id
@@ -113,6 +116,9 @@ state AS (
            ON w.group_id = s.group_id AND w.topic_id = s.topic_id AND w.partition_id = s.partition_id
     LEFT JOIN {schema}subscriptions sub
            ON sub.group_id = s.group_id AND sub.topic_id = s.topic_id
+    LEFT JOIN {schema}partition_failures fl
+           ON fl.group_id = s.group_id AND fl.topic_id = s.topic_id AND fl.partition_id = s.partition_id
+          AND fl.replica_id = w.owner AND w.live
     CROSS JOIN LATERAL (
         SELECT coalesce(sum(r.skipped), 0)::bigint AS n FROM {schema}retention_skips r
         WHERE r.group_id = s.group_id AND r.topic_id = s.topic_id AND r.partition_id = s.partition_id
@@ -122,6 +128,7 @@ SELECT clock_timestamp(), pg_notification_queue_usage(), (SELECT t.total_partiti
        s.group_id, s.partition_id, s.next_offset, s.log_end, s.lag_events, s.lag_seconds,
        s.dead_letters_open, s.halt_offset, s.halt_reason, s.halted_at,
        s.owner, s.epoch, s.heartbeat_at, s.live, s.subscription, s.skipped,
+       s.failures, s.failing_since, s.failing_class, s.failed_in, s.failing_error,
        q.ticked_at IS NOT NULL, q.holder, q.waiting, q.ticked_at, q.staged,
        greatest(extract(epoch FROM clock_timestamp() - q.oldest)::float8, 0)
 FROM (SELECT 1) one
@@ -218,6 +225,26 @@ type PartitionState struct {
 	// Skipped counts the partition's events that retention removed before
 	// the group handled them.
 	Skipped int64
+	// Failing is the owner's report that the partition's batches have
+	// failed since its last commit; nil when they commit.
+	Failing *Failing
+}
+
+// Failing is a partition owner's report of its failing batches, from
+// partition_failures: written at most every few seconds while batches
+// fail, deleted by the next commit.
+type Failing struct {
+	// Failures counts the batches that failed since the last commit.
+	Failures int
+	// Since is when the first of them failed, on the database clock.
+	Since time.Time
+	// Class is the latest failure's class (transient, deployment,
+	// permanent, unknown).
+	Class string
+	// FailedIn says where it came from: handler, batch or session.
+	FailedIn string
+	// Error is its error.
+	Error string
 }
 
 // Lease is the owner of a partition, from the partition_ownership view.
@@ -273,6 +300,10 @@ func ReadState(ctx context.Context, q schema.DB, group string, topic int, lagCap
 			live                   *bool
 			subscription           *string
 			skipped                *int64
+			failures               *int32
+			failingSince           *time.Time
+			failingClass, failedIn *string
+			failingError           *string
 			sequenced              bool
 			seqHolder              *string
 			seqWaiting, seqStaged  *int64
@@ -282,6 +313,7 @@ func ReadState(ctx context.Context, q schema.DB, group string, topic int, lagCap
 		if err := rows.Scan(&st.DatabaseTime, &st.NotificationQueueUsage, &total, &g, &part, &next, &logEnd,
 			&lagEvents, &lagSeconds, &deadLetters, &haltOffset, &haltReason, &haltedAt,
 			&owner, &epoch, &heartbeat, &live, &subscription, &skipped,
+			&failures, &failingSince, &failingClass, &failedIn, &failingError,
 			&sequenced, &seqHolder, &seqWaiting, &seqTick, &seqStaged, &seqStagedSeconds); err != nil {
 			return st, fmt.Errorf("metrics: read state: %w", err)
 		}
@@ -346,6 +378,9 @@ func ReadState(ctx context.Context, q schema.DB, group string, topic int, lagCap
 		}
 		if skipped != nil {
 			ps.Skipped = *skipped
+		}
+		if failures != nil && failingSince != nil && failingClass != nil && failedIn != nil && failingError != nil {
+			ps.Failing = &Failing{Failures: int(*failures), Since: *failingSince, Class: *failingClass, FailedIn: *failedIn, Error: *failingError}
 		}
 		st.Partitions = append(st.Partitions, ps)
 	}

@@ -89,9 +89,9 @@ from one to the next.`, []string{
 		"topic_layouts", "group_layouts", "lock_layout", "repartition_topic", "layout_start", "layout_cut",
 	}},
 	{"failures.sql", `Failed units: the dead-letter table, events parked behind a failed host,
-and halted partitions.`, []string{
+halted partitions, and the reports of partitions whose batches keep failing.`, []string{
 		"dead_letter_queue", "parked_events", "parked_hosts",
-		"partition_halts",
+		"partition_halts", "partition_failures",
 	}},
 	{"maintenance.sql", `Retention and the samples the console draws: what retention keeps, what
 it skipped, and the lag and throughput samples maintenance takes.`, []string{

@@ -83,6 +83,11 @@ whose groups share them), one after the other; its field names are stable:
                             CANCELLED; null without a subscription
     skipped                 events retention removed before the group
                             handled them
+    failing                 null while the partition's batches commit, or
+                            the owner's report of those that failed since
+                            its last commit: {"failures", "since",
+                            "class", "failed_in" (handler, batch or
+                            session), "error"}
 `
 
 // statusPoolSize is the pool of consumer status on each database: it
@@ -147,6 +152,19 @@ type partitionStatus struct {
 	// Skipped counts events retention removed before the group handled
 	// them.
 	Skipped int64 `json:"skipped"`
+	// Failing is the owner's report that the partition's batches keep
+	// failing; null while they commit.
+	Failing *failingStatus `json:"failing"`
+}
+
+// failingStatus is a partition owner's report of its failed batches
+// since its last commit (metrics.Failing).
+type failingStatus struct {
+	Failures int       `json:"failures"`
+	Since    time.Time `json:"since"`
+	Class    string    `json:"class"`
+	FailedIn string    `json:"failed_in"`
+	Error    string    `json:"error"`
 }
 
 // haltStatus says where and why a partition is halted.
@@ -193,6 +211,9 @@ func statusFrom(st metrics.State) statusJSON {
 			ps.Subscription = &sub
 		}
 		ps.Skipped = p.Skipped
+		if f := p.Failing; f != nil {
+			ps.Failing = &failingStatus{Failures: f.Failures, Since: f.Since, Class: f.Class, FailedIn: f.FailedIn, Error: f.Error}
+		}
 		out.Partitions = append(out.Partitions, ps)
 	}
 	return out
@@ -234,6 +255,13 @@ var statusColumns = []statusColumn{
 			return "-"
 		}
 		return fmt.Sprintf("at %d: %s", p.Halted.Offset, shorten(p.Halted.Reason, 60))
+	}},
+	{header: "FAILING", optional: true, cell: func(p *partitionStatus) string {
+		if p.Failing == nil {
+			return ""
+		}
+		return fmt.Sprintf("%d batches since %s (%s, in %s): %s", p.Failing.Failures, p.Failing.Since.Format(time.TimeOnly),
+			p.Failing.Class, p.Failing.FailedIn, shorten(p.Failing.Error, 60))
 	}},
 	{header: "OWNER", optional: true, cell: func(p *partitionStatus) string {
 		if p.Lease == nil {
