@@ -96,12 +96,12 @@ type worker struct {
 	// claim waits for that append's commit first (store.Claim.AwaitAppend).
 	inFlight atomic.Bool
 
-	epoch     atomic.Int64 // the lease's epoch while this replica owns it; 0: not owned
+	epoch atomic.Int64 // the lease's epoch while this replica owns it; 0: not owned
 	// failingSince is when the worker's batches started failing for a
 	// session reason without one committing since (UnixNano); 0: they
 	// are not (session.go).
 	failingSince atomic.Int64
-	releasing atomic.Bool  // give the lease up after the current batch
+	releasing    atomic.Bool // give the lease up after the current batch
 	// hcancel cancels the handlers of the batch in flight; Lost calls it.
 	hcancel atomic.Pointer[context.CancelCauseFunc]
 
