@@ -103,11 +103,11 @@ func (w *worker) letGo(ctx context.Context, err error) {
 	epoch := w.epoch.Swap(0)
 	w.releasing.Store(false)
 	w.failSpan(err, Classify(err), "release the partition")
-	w.log.Warn().Err(err).Int64("epoch", epoch).Time("failing_since", since).Dur("bound", SessionFailureBound).
+	w.log.Warn().Err(err).Int64("epoch", epoch).Time("failing_since", since).Int64("bound_ms", SessionFailureBound.Milliseconds()).
 		Msg("releasing the partition: its batches could not get a database session for longer than the bound; another replica takes it over")
-	away := w.lr.leaser.StepBack()
+	away := w.lr.leaser.StepBack(fmt.Errorf("partition %d: %w", w.partition, err))
 	if err := w.lr.leaser.Released(ctx, w.partition, epoch); err != nil {
-		w.log.Warn().Err(err).Dur("away", away).Msg("could not release the partition's lease; it expires while the replica steps back")
+		w.log.Warn().Err(err).Int64("away_ms", away.Milliseconds()).Msg("could not release the partition's lease; it expires while the replica steps back")
 	}
 	w.unpin()
 	w.c.watch.poke() // stop watching it
@@ -120,7 +120,7 @@ func (w *worker) letGo(ctx context.Context, err error) {
 func (c *Consumer) ready(ctx context.Context) error {
 	if rt := c.rt.Load(); rt != nil {
 		for _, w := range rt.workers {
-			if w.failingSince.Load() != 0 {
+			if w.epoch.Load() != 0 && w.failingSince.Load() != 0 {
 				return fmt.Errorf("pgevents: partition %d cannot get a session", w.partition)
 			}
 		}

@@ -274,6 +274,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				// Asked to give the partition up, between two batches.
 				epoch := w.epoch.Swap(0)
 				w.releasing.Store(false)
+				w.sessionOk()
 				if err := w.lr.leaser.Released(ctx, w.partition, epoch); err != nil {
 					w.log.Warn().Err(err).Msg("could not release the partition's lease; the next heartbeat finds it")
 				}
@@ -283,6 +284,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 			}
 			epoch := w.epoch.Load()
 			if epoch == 0 {
+				w.sessionOk()
 				w.unpin() // not ours (any more)
 				break
 			}

@@ -172,8 +172,9 @@ type LeaserConfig struct {
 	// Ready, when set, is asked before each acquisition whether the
 	// replica can serve more partitions (it can open the sessions their
 	// batches need); an error skips the acquisition until a later
-	// heartbeat, so a replica short of sessions takes nothing it would
-	// stall. nil: always ready.
+	// heartbeat: the replica steps back (StepBack), so that a replica
+	// short of sessions takes nothing it would stall and does not count
+	// among the live replicas that share the partitions. nil: always ready.
 	Ready func(ctx context.Context) error
 	// Logger receives lease changes; default: discard.
 	Logger *zerolog.Logger
@@ -203,7 +204,6 @@ type Leaser struct {
 	lastStep  time.Time
 	steps     int
 	gone      bool
-	notReady  time.Time // when Ready last refused an acquisition, for the log
 }
 
 // Step-back back-off: how long a replica that could not serve a partition
@@ -321,8 +321,8 @@ func (l *Leaser) Run(ctx context.Context) error {
 // take its leases over. The step-back lasts StepBackMin, doubling up to
 // StepBackMax while step-backs follow each other within StepBackReset.
 // It returns the step-back's length; a call during a step-back extends
-// nothing.
-func (l *Leaser) StepBack() time.Duration {
+// nothing. why says what the replica could not do, for the log.
+func (l *Leaser) StepBack(why error) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
@@ -335,7 +335,7 @@ func (l *Leaser) StepBack() time.Duration {
 	l.steps++
 	d := backoff.Delay(StepBackMin, StepBackMax, l.steps)
 	l.awayUntil, l.lastStep, l.gone = now.Add(d), now, false
-	l.log.Warn().Dur("away", d).Int("step_backs", l.steps).Msg("replica steps back from its group: it cannot open the sessions its partitions need; rejoining later")
+	l.log.Warn().Err(why).Int64("away_ms", d.Milliseconds()).Int("step_backs", l.steps).Msg("replica steps back from its group: it cannot open the sessions its partitions need; rejoining later")
 	return d
 }
 
@@ -487,11 +487,11 @@ func (l *Leaser) beat(ctx context.Context) error {
 	case have < target:
 		if l.cfg.Ready != nil {
 			if err := l.cfg.Ready(ctx); err != nil {
-				if time.Since(l.notReady) >= backoff.DefaultInterval {
-					l.notReady = time.Now()
-					l.log.Warn().Err(err).Int("share", target).Int("held", have).Msg("not acquiring partitions: this replica cannot open the sessions they need")
-				}
-				return nil
+				// Live without taking its share, the replica would keep
+				// the others below the whole: step back instead, so
+				// that they cover it.
+				l.StepBack(err)
+				return l.away(ctx)
 			}
 		}
 		return l.acquire(ctx, want, target-have)

@@ -1,0 +1,139 @@
+package consumercli
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgevents/pgevents"
+	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/pgtest"
+)
+
+// sessionStallBound is the longest a partition with pending events may go
+// without a committed batch when one replica cannot get sessions: the
+// bound after which its worker lets the partition go, plus the takeover
+// (a heartbeat of the healthy replicas, the lease check) and a margin for
+// a loaded machine.
+const sessionStallBound = pgevents.SessionFailureBound + 4*time.Second
+
+// TestReplicaWithoutSessions (issue 46, case 2): two healthy replicas
+// share 8 partitions while producers append multi-event transactions over
+// 100 hosts; then a third replica joins whose role has CONNECTION LIMIT 3,
+// too few sessions for the partitions its share gives it. No partition with
+// pending events goes longer than SessionFailureBound plus the takeover
+// without a committed batch, and every event is handled once, in host
+// order.
+func TestReplicaWithoutSessions(t *testing.T) {
+	dbURL, pool := migrated(t, 8)
+	cfg := writeConfig(t, recordingConfig(8, -1, 20)+"leaseMs: 1000\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// The third replica's role: every privilege the consumer needs, and 3
+	// sessions.
+	role := fmt.Sprintf("limited_%d", time.Now().UnixNano()%1e9)
+	eventtest.Exec(t, pool, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD 'pw' CONNECTION LIMIT 3`, role))
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE IF EXISTS %[1]s`, role))
+	})
+	var db, sch string
+	if err := pool.QueryRow(ctx, `SELECT current_database(), current_schema()`).Scan(&db, &sch); err != nil {
+		t.Fatal(err)
+	}
+	eventtest.Exec(t, pool, fmt.Sprintf(`GRANT ALL ON SCHEMA %[2]s TO %[1]s;
+GRANT ALL ON ALL TABLES IN SCHEMA %[2]s TO %[1]s;
+GRANT ALL ON ALL SEQUENCES IN SCHEMA %[2]s TO %[1]s;
+GRANT pg_signal_backend TO %[1]s`, role, sch))
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, "pw")
+	limitedURL := u.String()
+
+	procs := []*proc{start(t, dbURL, "run", "--config", cfg), start(t, dbURL, "run", "--config", cfg)}
+	pgtest.WaitFor(t, 15*time.Second, "8 partitions owned", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM partition_ownership WHERE live`) == 8
+	})
+
+	mon := &stallMonitor{}
+	monDone := make(chan struct{})
+	go func() { defer close(monDone); mon.run(ctx, t, pool) }()
+
+	seed := uint64(time.Now().UnixNano())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("producer seed %d", seed)
+		}
+	})
+	prodCtx, stopProducers := context.WithTimeout(ctx, 30*time.Second)
+	defer stopProducers()
+	var committed atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(i)))
+			for prodCtx.Err() == nil {
+				evs := make([]pgevents.Event, 1+rng.IntN(5))
+				host := fmt.Sprintf("host-%d", rng.IntN(100))
+				for k := range evs {
+					evs[k] = pgevents.Event{HostID: host, EventType: "t", Payload: []byte(`{}`)}
+				}
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := pgevents.Append(ctx, tx, evs...)
+					return err
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				committed.Add(int64(len(evs)))
+				select {
+				case <-prodCtx.Done():
+				case <-time.After(3 * time.Millisecond):
+				}
+			}
+		}()
+	}
+
+	// The third replica joins after 3 s of traffic.
+	select {
+	case <-prodCtx.Done():
+	case <-time.After(3 * time.Second):
+	}
+	third := start(t, limitedURL, "run", "--config", cfg)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	eventtest.WaitHandled(t, pool, committed.Load(), 60*time.Second)
+	cancel()
+	<-monDone
+	eventtest.CheckHandled(t, pool)
+	t.Logf("%d events; longest stall of a partition with pending events %s (%s); longest without a live owner %s",
+		committed.Load(), mon.maxStall, mon.worst, mon.maxOwnerless)
+	if mon.maxStall > sessionStallBound {
+		t.Errorf("a partition with pending events went %s without a committed batch (%s); the bound is %s",
+			mon.maxStall, mon.worst, sessionStallBound)
+	}
+	select {
+	case code := <-third.exitCh:
+		t.Errorf("the replica without sessions exited with %d", code)
+	default:
+	}
+	for _, p := range procs {
+		if code := p.stop(t, 15*time.Second); code != 0 {
+			t.Errorf("replica exited with %d after SIGTERM", code)
+		}
+	}
+}
