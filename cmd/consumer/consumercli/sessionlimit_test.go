@@ -5,15 +5,18 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgevents/pgevents"
 	"github.com/pgevents/pgevents/internal/eventtest"
+	"github.com/pgevents/pgevents/internal/pgcluster"
 	"github.com/pgevents/pgevents/internal/pgtest"
 )
 
@@ -135,5 +138,133 @@ GRANT pg_signal_backend TO %[1]s`, role, sch))
 		if code := p.stop(t, 15*time.Second); code != 0 {
 			t.Errorf("replica exited with %d after SIGTERM", code)
 		}
+	}
+}
+
+// TestMoreProcessesThanConnections (issue 46, case 2): more `consumer
+// run` processes than a server of max_connections 20 has sessions for.
+// The processes that get sessions serve every partition, no partition with
+// pending events stalls beyond SessionFailureBound plus the takeover, and
+// each process that cannot connect stays up, waiting with back-off, and
+// says so in its log instead of exiting.
+func TestMoreProcessesThanConnections(t *testing.T) {
+	dir := t.TempDir()
+	cl, err := pgcluster.Start(t.Context(), pgcluster.Options{Dir: dir, Relocate: true,
+		Settings: map[string]string{"max_connections": "20", "superuser_reserved_connections": "3", "fsync": "off"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Stop() })
+	admin := pgtest.Pool(t, cl.URL("postgres"))
+	eventtest.Exec(t, admin, `CREATE DATABASE app`)
+	admin.Close()
+	dbURL := cl.URL("app")
+	cfg := writeConfig(t, recordingConfig(4, -1, 20)+"leaseMs: 1000\n")
+	if code, out := runOnce(t, dbURL, "migrate", "--config", cfg); code != 0 {
+		t.Fatalf("consumer migrate: exit %d\n%s", code, out)
+	}
+	// The test's own sessions, taken before the processes take the rest.
+	pc, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.MaxConns, pc.MinConns = 3, 3
+	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	eventtest.Exec(t, pool, eventtest.HandledTable)
+	pgtest.WaitFor(t, 10*time.Second, "the test's 3 sessions", func() bool { return pool.Stat().TotalConns() == 3 })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	procs := make([]*proc, 3)
+	for i := range procs {
+		procs[i] = start(t, dbURL, "run", "--config", cfg)
+	}
+	pgtest.WaitFor(t, 30*time.Second, "4 partitions owned", func() bool {
+		return eventtest.QueryInt(t, pool, `SELECT count(*) FROM partition_ownership WHERE live`) == 4
+	})
+	// Take the server's remaining sessions, start 3 more processes, which
+	// cannot connect, and give the sessions back while events flow.
+	var filler []*pgx.Conn
+	for range 30 {
+		conn, err := pgx.Connect(ctx, dbURL)
+		if err != nil {
+			break
+		}
+		filler = append(filler, conn)
+	}
+	t.Logf("the test took the %d remaining sessions", len(filler))
+	for range 3 {
+		procs = append(procs, start(t, dbURL, "run", "--config", cfg))
+	}
+	for i, p := range procs[3:] {
+		pgtest.WaitFor(t, 20*time.Second, fmt.Sprintf("extra process %d logs that it waits", i), func() bool {
+			return strings.Contains(p.out.String(), startWaitMsg)
+		})
+	}
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+		for _, c := range filler {
+			_ = c.Close(context.Background())
+		}
+	}()
+	mon := &stallMonitor{}
+	monDone := make(chan struct{})
+	go func() { defer close(monDone); mon.run(ctx, t, pool) }()
+
+	seed := uint64(time.Now().UnixNano())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("producer seed %d", seed)
+		}
+	})
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var committed int64
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		evs := make([]pgevents.Event, 1+rng.IntN(5))
+		host := fmt.Sprintf("host-%d", rng.IntN(50))
+		for k := range evs {
+			evs[k] = pgevents.Event{HostID: host, EventType: "t", Payload: []byte(`{}`)}
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := pgevents.Append(ctx, tx, evs...)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		committed += int64(len(evs))
+		time.Sleep(3 * time.Millisecond) // the producers' pace, not a synchronisation
+	}
+	eventtest.WaitHandled(t, pool, committed, 60*time.Second)
+	cancel()
+	<-monDone
+	eventtest.CheckHandled(t, pool)
+	waiting := 0
+	for i, p := range procs {
+		select {
+		case code := <-p.exitCh:
+			t.Errorf("process %d exited with %d:\n%s", i, code, tail(p.out.String(), 2000))
+			continue
+		default:
+		}
+		if strings.Contains(p.out.String(), startWaitMsg) {
+			waiting++
+		}
+	}
+	t.Logf("%d events; %d of %d processes waited for a session at start; longest stall of a partition with pending events %s (%s)",
+		committed, waiting, len(procs), mon.maxStall, mon.worst)
+	if waiting == 0 {
+		t.Errorf("no process logged %q: the server had sessions for all", startWaitMsg)
+	}
+	if mon.maxStall > sessionStallBound {
+		t.Errorf("a partition with pending events went %s without a committed batch (%s); the bound is %s",
+			mon.maxStall, mon.worst, sessionStallBound)
 	}
 }
