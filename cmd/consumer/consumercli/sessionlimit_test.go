@@ -202,6 +202,11 @@ func TestMoreProcessesThanConnections(t *testing.T) {
 	}
 	for i, p := range procs[3:] {
 		pgtest.WaitFor(t, 20*time.Second, fmt.Sprintf("extra process %d logs that it waits", i), func() bool {
+			select {
+			case code := <-p.exitCh:
+				t.Fatalf("extra process %d exited with %d instead of waiting for a session:\n%s", i, code, tail(p.out.String(), 1500))
+			default:
+			}
 			return strings.Contains(p.out.String(), startWaitMsg)
 		})
 	}
