@@ -103,7 +103,7 @@ func (c *Consumer) runLayout(ctx, bctx context.Context, l store.Layout) error {
 	lr.leaser, err = lease.NewLeaser(lease.LeaserConfig{
 		DB: control{c}, Group: cfg.GroupID, Topic: cfg.TopicID, Partitions: l.Partitions, Layout: l.Version,
 		Static: static, ReplicaID: c.replicaID, Lease: cfg.LeaseDuration,
-		Owner: lr, Logger: &c.log,
+		Owner: lr, Logger: &c.log, Ready: c.ready,
 	})
 	if err != nil {
 		return fmt.Errorf("pgevents: %w", err)

@@ -262,13 +262,18 @@ type Stats struct {
 	// Skipped counts events retention removed before the group handled
 	// them, as reported to this process.
 	Skipped int64
+	// Unserved is the number of partitions this consumer holds whose
+	// batches are failing because they cannot get a database session
+	// (SQLSTATE 53300, 57P03, connection failures); each is released
+	// within SessionFailureBound.
+	Unserved int
 }
 
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() Stats {
 	s := Stats{Handled: c.handled.Load(), Batches: c.batches.Load(), EmptyClaims: c.empty.Load(), DeadLettered: c.deadLet.Load(),
 		Retries: c.retries.Load(), DeploymentFailures: c.deployment.Load(), ParkedUnits: c.parked.Load(), Halts: c.halts.Load(),
-		Skipped: c.skipped.Load()}
+		Skipped: c.skipped.Load(), Unserved: c.unserved()}
 	if ln := c.ln.Load(); ln != nil {
 		s.ListenerConnects = ln.Connects()
 	}

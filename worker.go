@@ -104,8 +104,12 @@ type worker struct {
 	// claim waits for that append's commit first (store.Claim.AwaitAppend).
 	inFlight atomic.Bool
 
-	epoch     atomic.Int64 // the lease's epoch while this replica owns it; 0: not owned
-	releasing atomic.Bool  // give the lease up after the current batch
+	epoch atomic.Int64 // the lease's epoch while this replica owns it; 0: not owned
+	// failingSince is when the worker's batches started failing for a
+	// session reason without one committing since (UnixNano); 0: they
+	// are not (session.go).
+	failingSince atomic.Int64
+	releasing    atomic.Bool // give the lease up after the current batch
 	// hcancel cancels the handlers of the batch in flight; Lost calls it.
 	hcancel atomic.Pointer[context.CancelCauseFunc]
 
@@ -280,6 +284,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 				// Asked to give the partition up, between two batches.
 				epoch := w.epoch.Swap(0)
 				w.releasing.Store(false)
+				w.sessionOk()
 				if err := w.lr.leaser.Released(ctx, w.partition, epoch); err != nil {
 					w.log.Warn().Err(err).Msg("could not release the partition's lease; the next heartbeat finds it")
 				}
@@ -289,6 +294,7 @@ func (w *worker) run(ctx, bctx context.Context) error {
 			}
 			epoch := w.epoch.Load()
 			if epoch == 0 {
+				w.sessionOk()
 				w.unpin() // not ours (any more)
 				break
 			}
@@ -327,9 +333,27 @@ func (w *worker) run(ctx, bctx context.Context) error {
 					w.failSpan(err, Classify(err), "shutdown")
 					return nil
 				}
-				w.retry(ctx, err)
+				bound, deadline := w.sessionFailed(err)
+				if bound {
+					w.letGo(ctx, err)
+					break
+				}
+				if deadline.IsZero() {
+					w.retry(ctx, err)
+					continue
+				}
+				// Cut the backoff at the bound, so that the lease goes
+				// within it, not after the next retry's wait.
+				rctx, cancel := context.WithDeadline(ctx, deadline)
+				w.retry(rctx, err)
+				cancel()
+				if ctx.Err() == nil && !time.Now().Before(deadline) {
+					w.letGo(ctx, err)
+					break
+				}
 				continue
 			}
+			w.sessionOk()
 			w.failures = 0
 			if more {
 				w.hint(w.next.Load())

@@ -88,6 +88,10 @@
 //   - pgevents_partitions_owned{group,topic}: partitions this process
 //     serves and that are not halted (see Metrics.SetPartitionsOwnedFunc).
 //     Summed over a group's processes, it should equal the partition count.
+//   - pgevents_partitions_unserved{group,topic}: partitions this process
+//     holds whose batches cannot get a database session; each is released
+//     within pgevents.SessionFailureBound (see
+//     Metrics.SetPartitionsUnservedFunc).
 //   - go_* and process_*: the Go runtime and the process, unless
 //     Options.NoRuntimeMetrics.
 //

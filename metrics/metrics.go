@@ -101,6 +101,7 @@ type Metrics struct {
 	failMu       sync.Mutex
 	failCount    map[int]int // failed batches since the partition's last commit
 	owned        atomic.Pointer[func() int]
+	unserved     atomic.Pointer[func() int]
 	listenerUp   atomic.Pointer[func() bool]
 	lagCollector *lagCollector
 }
@@ -194,6 +195,16 @@ func New(opts Options) (*Metrics, error) {
 		}
 		return 0
 	})
+	unserved := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "pgevents_partitions_unserved",
+		Help:        "Partitions this process holds whose batches are failing because they cannot get a database session (too many connections, the server starting, connection failures); each is released within pgevents.SessionFailureBound.",
+		ConstLabels: prometheus.Labels{labelGroup: m.group, labelTopic: m.topic},
+	}, func() float64 {
+		if f := m.unserved.Load(); f != nil {
+			return float64((*f)())
+		}
+		return 0
+	})
 	listenerUp := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "pgevents_listener_connected",
 		Help:        "1 while the listening connection is up with LISTEN in place, else 0.",
@@ -205,7 +216,7 @@ func New(opts Options) (*Metrics, error) {
 		return 0
 	})
 	cs := []prometheus.Collector{m.handled, m.batchSize, m.handlerTime, m.batchTime, m.endToEnd, m.retries,
-		m.deadLetters, m.parkedUnits, m.skipped, m.wakeups, m.reconnects, m.connects, m.failing, m.failingSince, owned, listenerUp}
+		m.deadLetters, m.parkedUnits, m.skipped, m.wakeups, m.reconnects, m.connects, m.failing, m.failingSince, owned, unserved, listenerUp}
 	if !opts.NoRuntimeMetrics {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
@@ -262,6 +273,12 @@ func (m *Metrics) Handler() http.Handler {
 // reads at each scrape: the number of partitions this process serves and
 // that are not halted. Until it is set, the gauge is 0.
 func (m *Metrics) SetPartitionsOwnedFunc(f func() int) { m.owned.Store(&f) }
+
+// SetPartitionsUnservedFunc sets the function that
+// pgevents_partitions_unserved reads at each scrape: the number of
+// partitions this process holds whose batches cannot get a database
+// session (pgevents.Stats.Unserved). Until it is set, the gauge is 0.
+func (m *Metrics) SetPartitionsUnservedFunc(f func() int) { m.unserved.Store(&f) }
 
 // SetListenerConnectedFunc sets the function that
 // pgevents_listener_connected reads at each scrape (Consumer.Ready). Until

@@ -169,6 +169,13 @@ type LeaserConfig struct {
 	Lease time.Duration
 	// Owner is told what is acquired and lost; required.
 	Owner Owner
+	// Ready, when set, is asked before each acquisition whether the
+	// replica can serve more partitions (it can open the sessions their
+	// batches need); an error skips the acquisition until a later
+	// heartbeat: the replica steps back (StepBack), so that a replica
+	// short of sessions takes nothing it would stall and does not count
+	// among the live replicas that share the partitions. nil: always ready.
+	Ready func(ctx context.Context) error
 	// Logger receives lease changes; default: discard.
 	Logger *zerolog.Logger
 }
@@ -188,7 +195,29 @@ type Leaser struct {
 	releasing map[int]bool
 	freeing   map[int]bool // Released is freeing the lease in the database
 	beats     int
+
+	// StepBack's state: the replica stays out of the group until
+	// awayUntil; steps counts the step-backs closer than StepBackReset to
+	// each other, for the back-off; gone says ReleaseAll has freed its
+	// leases and removed it from the live replicas.
+	awayUntil time.Time
+	lastStep  time.Time
+	steps     int
+	gone      bool
 }
+
+// Step-back back-off: how long a replica that could not serve a partition
+// stays out of the group (StepBack), doubling with each step-back that
+// follows the previous one within StepBackReset.
+const (
+	// StepBackMin is the first step-back's length.
+	StepBackMin = 2 * time.Second
+	// StepBackMax caps a step-back's length.
+	StepBackMax = time.Minute
+	// StepBackReset is how long after a step-back the next one starts the
+	// back-off afresh.
+	StepBackReset = 5 * time.Minute
+)
 
 // NewLeaser validates cfg and returns a Leaser.
 func NewLeaser(cfg LeaserConfig) (*Leaser, error) {
@@ -282,8 +311,74 @@ func (l *Leaser) Run(ctx context.Context) error {
 	}
 }
 
+// StepBack takes the replica out of the group for a while, because it
+// cannot serve a partition it holds (its batches cannot get a database
+// session): the next heartbeat asks the Owner to release every held
+// partition, frees the replica's leases and removes it from the live
+// replicas (ReleaseAll), so the others' shares grow to cover them; no
+// heartbeat registers it until the step-back ends. Should ReleaseAll fail
+// too, the replica's row expires after Lease, unrenewed, and the others
+// take its leases over. The step-back lasts StepBackMin, doubling up to
+// StepBackMax while step-backs follow each other within StepBackReset.
+// It returns the step-back's length; a call during a step-back extends
+// nothing. why says what the replica could not do, for the log.
+func (l *Leaser) StepBack(why error) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if now.Before(l.awayUntil) {
+		return l.awayUntil.Sub(now)
+	}
+	if now.Sub(l.lastStep) > StepBackReset {
+		l.steps = 0
+	}
+	l.steps++
+	d := backoff.Delay(StepBackMin, StepBackMax, l.steps)
+	l.awayUntil, l.lastStep, l.gone = now.Add(d), now, false
+	l.log.Warn().Err(why).Int64("away_ms", d.Milliseconds()).Int("step_backs", l.steps).Msg("replica steps back from its group: it cannot open the sessions its partitions need; rejoining later")
+	return d
+}
+
+// Away reports whether the replica is stepping back (StepBack).
+func (l *Leaser) Away() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return time.Now().Before(l.awayUntil)
+}
+
+// away is a heartbeat during a step-back: release what is held, then
+// leave the live replicas, once.
+func (l *Leaser) away(ctx context.Context) error {
+	l.mu.Lock()
+	var rel []int
+	for p := range l.held {
+		if !l.releasing[p] {
+			l.releasing[p] = true
+			rel = append(rel, p)
+		}
+	}
+	gone := l.gone
+	l.mu.Unlock()
+	for _, p := range rel {
+		l.cfg.Owner.Release(p)
+	}
+	if gone {
+		return nil
+	}
+	if err := l.ReleaseAll(ctx); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.gone = true
+	l.mu.Unlock()
+	return nil
+}
+
 // beat renews, then rebalances.
 func (l *Leaser) beat(ctx context.Context) error {
+	if l.Away() {
+		return l.away(ctx)
+	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Lease)
 	defer cancel()
 	mode := "auto"
@@ -390,6 +485,15 @@ func (l *Leaser) beat(ctx context.Context) error {
 	}
 	switch have := held - releasing; {
 	case have < target:
+		if l.cfg.Ready != nil {
+			if err := l.cfg.Ready(ctx); err != nil {
+				// Live without taking its share, the replica would keep
+				// the others below the whole: step back instead, so
+				// that they cover it.
+				l.StepBack(err)
+				return l.away(ctx)
+			}
+		}
 		return l.acquire(ctx, want, target-have)
 	case have > target:
 		l.releaseSurplus(have - target)

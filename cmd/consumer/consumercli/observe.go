@@ -67,6 +67,7 @@ func startObservability(ctx context.Context, g *errgroup.Group, cfg *config.Conf
 		gm := &groupMetrics{metrics: m}
 		m.SetListenerConnectedFunc(gm.ready)
 		m.SetPartitionsOwnedFunc(gm.owned)
+		m.SetPartitionsUnservedFunc(gm.unserved)
 		o.groups = append(o.groups, gm)
 		all = append(all, m)
 	}
@@ -133,6 +134,15 @@ func (gm *groupMetrics) ready() bool {
 func (gm *groupMetrics) owned() int {
 	if c := gm.consumer.Load(); c != nil {
 		return c.Owned()
+	}
+	return 0
+}
+
+// unserved returns the number of partitions the group's consumer holds
+// whose batches cannot get a database session.
+func (gm *groupMetrics) unserved() int {
+	if c := gm.consumer.Load(); c != nil {
+		return c.Stats().Unserved
 	}
 	return 0
 }

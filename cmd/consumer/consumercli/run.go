@@ -74,8 +74,13 @@ func (c *CLI) runCmd(ctx context.Context, args []string, stdout, stderr io.Write
 		ccfgs[i].TracerProvider = tp
 	}
 	// A pool per database, sized for the groups on it.
-	pools, closePools, err := openPools(ctx, cfg, *path)
+	// A database that cannot take the process yet (connection slots,
+	// start-up) is waited for.
+	pools, closePools, err := openPoolsWaiting(ctx, cfg, *path, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for the database
+		}
 		return err
 	}
 	defer closePools()
