@@ -14,8 +14,9 @@ import (
 // partitions (issue 46).
 //
 // A worker whose batches keep failing because no session can be opened
-// for them (the role's or the server's connection limit, the server
-// starting up, the connection refused or broken) cannot serve its
+// for them while other replicas' can (the role's or the server's
+// connection limit, SQLSTATE 53300; a pool acquisition that times out)
+// cannot serve its
 // partition, and while it holds the lease no other replica can. So once
 // its batches have failed for a session reason for SessionFailureBound
 // without one committing, it releases the partition's lease (one warning
@@ -39,37 +40,23 @@ import (
 // does not hold work the others could do for long.
 const SessionFailureBound = 5 * time.Second
 
-// sessionFailure reports whether err says that a batch could not get or
-// keep a database session, rather than that its statements or handlers
-// failed: too many connections (53300), the server starting or shutting
-// down (57P03, 57P01), connection exceptions (08xxx), a connect that
-// failed or timed out, or a pool acquisition that timed out.
+// sessionFailure reports whether err says that a batch could not get a
+// database session while others can: too many connections (53300, the
+// role's CONNECTION LIMIT or the server's max_connections), or a pool
+// acquisition that timed out. A failure every replica meets alike (the
+// server starting or shutting down, 57P03 and 57P01, a connection refused
+// or broken, 08xxx) is not one: stepping back would only keep this
+// replica away once the database is back, when every replica is needed,
+// so such batches are retried as before (worker.retry).
 func sessionFailure(err error) bool {
 	if err == nil {
 		return false
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == "53300", pgErr.Code == "57P03", pgErr.Code == "57P01", pgErr.Code == "57P02",
-			strings.HasPrefix(pgErr.Code, "08"):
-			return true
-		}
-		var ce *pgconn.ConnectError
-		return errors.As(err, &ce) && !permanentConnect(pgErr.Code)
-	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		return true
+		return pgErr.Code == "53300"
 	}
 	return errors.Is(err, context.DeadlineExceeded) && strings.Contains(err.Error(), "acquire")
-}
-
-// permanentConnect reports whether a connect refused with SQLSTATE code
-// will be refused again whatever the wait: a bad password or role (28xxx),
-// a database that does not exist (3D000).
-func permanentConnect(code string) bool {
-	return strings.HasPrefix(code, "28") || code == "3D000"
 }
 
 // sessionFailed records that the worker's batch failed with err, and

@@ -46,10 +46,14 @@ const (
 	// before; without state tracking, it connected before), and lists the
 	// replicas of the topic whose heartbeat is live. No row: nobody holds
 	// the key, or this session does.
-	roleHolderSQL = `SELECT a.pid, a.application_name,
-       a.state IS DISTINCT FROM 'active'
+	//
+	// A session of another role shows NULL state and application_name
+	// unless this role has pg_read_all_stats: it is then never taken for
+	// frozen (coalesce), and could not be ended anyway.
+	roleHolderSQL = `SELECT a.pid, coalesce(a.application_name, ''),
+       coalesce(a.state IS DISTINCT FROM 'active'
          AND CASE WHEN a.state LIKE 'idle%' THEN a.state_change ELSE a.backend_start END
-             < clock_timestamp() - $3 * interval '1 millisecond',
+             < clock_timestamp() - $3 * interval '1 millisecond', false),
        ARRAY(SELECT r.replica_id FROM {schema}consumer_replicas r
               WHERE r.topic_id = $1 AND r.expires_at > clock_timestamp())
 FROM (SELECT {schema}lock_key($2, $1::integer::text) AS key) k
