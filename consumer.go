@@ -327,55 +327,26 @@ func (c *Consumer) run(ctx context.Context) error {
 		return ErrAlreadyStarted
 	}
 	ctx = schema.WithName(ctx, c.cfg.Schema)
-	topic, err := schema.LookupTopic(ctx, c.pool, c.cfg.TopicID)
-	if err != nil {
-		return err
-	}
-	if topic.Partitions != c.cfg.TotalPartitions {
-		return &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
-	}
-	if topic.Scope == schema.ScopeSequenced {
-		// A tick announces every partition it moves from migration 0023
-		// on; before it, a schema another tool migrates later has ticks
-		// that notify only sleeping partitions, which the watcher keeps.
-		v, err := schema.Version(ctx, c.pool)
-		if err != nil {
+	// The start's statements are retried while they fail for a reason
+	// that passes (a statement cancelled by a role's short
+	// statement_timeout on a busy server, a connection lost): exiting would
+	// make the service manager restart the process into the same wait.
+	// What says the deployment is wrong (a topic that does not exist, a
+	// configuration that contradicts the database) ends Run at once.
+	starting := backoff.New(c.log, "start")
+	var topic schema.Topic
+	for {
+		var err error
+		if topic, err = c.prepare(ctx); err == nil {
+			starting.Ok()
+			break
+		}
+		if Classify(err) != ClassTransient || ctx.Err() != nil {
 			return err
 		}
-		c.sequenced = v >= tickAnnouncesVersion
-	}
-	c.wakeAlways.Store(c.notifiesAlways(topic.Wake))
-	if c.cfg.Channel != "" && topic.Channel != c.cfg.Channel {
-		return &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
-	}
-	c.warnSharedChannel(ctx, topic.Channel)
-	if err := c.checkTimeouts(ctx); err != nil {
-		return err
-	}
-	state, isNew, err := store.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start.internal(), c.cfg.DeadAfter)
-	if err != nil {
-		return err
-	}
-	if state == store.StateCancelled {
-		return fmt.Errorf("group %q on topic %d: %w", c.cfg.GroupID, c.cfg.TopicID, ErrSubscriptionCancelled)
-	}
-	if isNew {
-		c.log.Info().Str("start_from", c.start.String()).Msg("new group: subscribed to the topic")
-	}
-	c.setState(state)
-	// A group's name belongs to one kind of consumer at a time: a Kafka
-	// group of the same name with members refuses this one (the
-	// replica's registration refuses it too, when the name is taken
-	// between this look and the first heartbeat).
-	if by, err := store.GroupHolder(ctx, c.pool, c.cfg.GroupID); err != nil {
-		return err
-	} else if by != "" {
-		return &GroupInUseError{Group: c.cfg.GroupID, By: by}
-	}
-	c.reportSkips(ctx)
-	// Groups from before subscriptions and layouts existed.
-	if err := store.InitGroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID); err != nil {
-		return err
+		if !backoff.Sleep(ctx, starting.Fail(err, "could not start; retrying")) {
+			return nil
+		}
 	}
 
 	ln, err := listener.New(listener.Config{
@@ -427,6 +398,65 @@ func (c *Consumer) run(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// prepare runs the start's checks and registrations, each idempotent (Run
+// retries them): the topic and its partition count, scope and channel,
+// the sessions' timeouts, the group's subscription, its name's holder,
+// the skips retention reported, and the group's layout. It returns the
+// topic.
+func (c *Consumer) prepare(ctx context.Context) (schema.Topic, error) {
+	topic, err := schema.LookupTopic(ctx, c.pool, c.cfg.TopicID)
+	if err != nil {
+		return topic, err
+	}
+	if topic.Partitions != c.cfg.TotalPartitions {
+		return topic, &PartitionMismatchError{TopicID: topic.ID, Configured: c.cfg.TotalPartitions, Recorded: topic.Partitions}
+	}
+	if topic.Scope == schema.ScopeSequenced {
+		// A tick announces every partition it moves from migration 0023
+		// on; before it, a schema another tool migrates later has ticks
+		// that notify only sleeping partitions, which the watcher keeps.
+		v, err := schema.Version(ctx, c.pool)
+		if err != nil {
+			return topic, err
+		}
+		c.sequenced = v >= tickAnnouncesVersion
+	}
+	c.wakeAlways.Store(c.notifiesAlways(topic.Wake))
+	if c.cfg.Channel != "" && topic.Channel != c.cfg.Channel {
+		return topic, &ChannelMismatchError{TopicID: topic.ID, Configured: c.cfg.Channel, Recorded: topic.Channel}
+	}
+	c.warnSharedChannel(ctx, topic.Channel)
+	if err := c.checkTimeouts(ctx); err != nil {
+		return topic, err
+	}
+	state, isNew, err := store.Subscribe(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID, c.start.internal(), c.cfg.DeadAfter)
+	if err != nil {
+		return topic, err
+	}
+	if state == store.StateCancelled {
+		return topic, fmt.Errorf("group %q on topic %d: %w", c.cfg.GroupID, c.cfg.TopicID, ErrSubscriptionCancelled)
+	}
+	if isNew {
+		c.log.Info().Str("start_from", c.start.String()).Msg("new group: subscribed to the topic")
+	}
+	c.setState(state)
+	// A group's name belongs to one kind of consumer at a time: a Kafka
+	// group of the same name with members refuses this one (the
+	// replica's registration refuses it too, when the name is taken
+	// between this look and the first heartbeat).
+	if by, err := store.GroupHolder(ctx, c.pool, c.cfg.GroupID); err != nil {
+		return topic, err
+	} else if by != "" {
+		return topic, &GroupInUseError{Group: c.cfg.GroupID, By: by}
+	}
+	c.reportSkips(ctx)
+	// Groups from before subscriptions and layouts existed.
+	if err := store.InitGroupLayout(ctx, c.pool, c.cfg.GroupID, c.cfg.TopicID); err != nil {
+		return topic, err
+	}
+	return topic, nil
 }
 
 // notifiesAlways reports whether every event of the topic is announced by
