@@ -102,8 +102,9 @@ func (w *worker) letGo(ctx context.Context, err error) {
 
 // ready is the lease.Leaser's Ready: the replica acquires partitions only
 // while none of its workers is failing for want of a session, and while its
-// pool can give a session (an idle one, or a new one it opens, within a
-// second; a pool whose sessions are all in use is taken as healthy).
+// pool is not refused a session for want of a slot (SQLSTATE 53300: an
+// idle session, a new one opened, a pool whose sessions are all in use, or
+// a connect that is only slow count as ready).
 func (c *Consumer) ready(ctx context.Context) error {
 	if rt := c.rt.Load(); rt != nil {
 		for _, w := range rt.workers {
@@ -119,10 +120,19 @@ func (c *Consumer) ready(ctx context.Context) error {
 	actx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	conn, err := c.pool.Acquire(actx)
-	if err != nil {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "53300" {
+		// Refused for want of a slot: the replica cannot serve more.
 		return fmt.Errorf("pgevents: open a session: %w", err)
 	}
-	conn.Release()
+	if err == nil {
+		conn.Release()
+	}
+	// A connect that was slow (the heartbeat's deadline, a loaded
+	// server) or failed for another reason says nothing of this
+	// replica's share: every replica meets it alike, and stepping back
+	// would only move partitions (a model soak saw a replica step back
+	// for a connect slower than its 400 ms lease, and a partition wait).
 	return nil
 }
 

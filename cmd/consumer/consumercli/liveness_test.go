@@ -138,75 +138,6 @@ func produceMixed(t *testing.T, pool *pgxpool.Pool, seed uint64, producers int, 
 	}
 }
 
-// stallWatch samples each partition's position every 100 ms and keeps,
-// per partition, the longest time it went without a commit while it held
-// an event at or after its position.
-type stallWatch struct {
-	mu    sync.Mutex
-	worst map[int]time.Duration
-}
-
-// watchStalls runs a stallWatch until stop is closed.
-func watchStalls(t *testing.T, pool *pgxpool.Pool, partitions int, stop <-chan struct{}) (*stallWatch, *sync.WaitGroup) {
-	sw := &stallWatch{worst: map[int]time.Duration{}}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		ctx := context.Background()
-		last := map[int]int64{}
-		since := map[int]time.Time{}
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			rows, err := pool.Query(ctx, `SELECT p.i, coalesce(o.next_offset, 1),
-				EXISTS (SELECT 1 FROM outbox_message_t m WHERE m.topic_id = 1 AND m.partition_id = p.i AND m.c_offset >= coalesce(o.next_offset, 1))
-				FROM generate_series(0, $1 - 1) p(i)
-				LEFT JOIN consumer_offsets o ON o.group_id = 'g' AND o.topic_id = 1 AND o.partition_id = p.i`, partitions)
-			if err != nil {
-				continue // a sample lost; the next one counts
-			}
-			now := time.Now()
-			for rows.Next() {
-				var p int
-				var next int64
-				var pending bool
-				if rows.Scan(&p, &next, &pending) != nil {
-					break
-				}
-				if next != last[p] || !pending || since[p].IsZero() {
-					last[p], since[p] = next, now
-					continue
-				}
-				sw.mu.Lock()
-				sw.worst[p] = max(sw.worst[p], now.Sub(since[p]))
-				sw.mu.Unlock()
-			}
-			rows.Close()
-		}
-	}()
-	return sw, &wg
-}
-
-// longest returns the partition that went longest without a commit while
-// it had events, and how long.
-func (sw *stallWatch) longest() (int, time.Duration) {
-	sw.mu.Lock()
-	defer sw.mu.Unlock()
-	p, d := -1, time.Duration(0)
-	for q, w := range sw.worst {
-		if w > d {
-			p, d = q, w
-		}
-	}
-	return p, d
-}
-
 // TestRoleTimeoutsSlowStatement is the first trial of issue 46 with real
 // processes: the consumers' role has statement_timeout 200 ms and
 // idle_in_transaction_session_timeout 1 s, the consumer's own are off,
@@ -231,26 +162,30 @@ func TestRoleTimeoutsSlowStatement(t *testing.T) {
 	t.Logf("seed %d", seed)
 	stopProducing := make(chan struct{})
 	committed := produceMixed(t, pool, seed, 2, 0.02, stopProducing)
-	stopWatching := make(chan struct{})
-	sw, watching := watchStalls(t, pool, partitions, stopWatching)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	mon := &stallMonitor{}
+	monDone := make(chan struct{})
+	go func() { defer close(monDone); mon.run(ctx, t, pool) }()
 	time.AfterFunc(20*time.Second, func() { close(stopProducing) })
 	n := committed()
 	if t.Failed() {
 		return
 	}
 	eventtest.WaitHandled(t, pool, n, 2*time.Minute)
-	close(stopWatching)
-	watching.Wait()
+	cancel()
+	<-monDone
 	resetRole() // the checks read the whole log: not under the role's 200 ms
 	eventtest.CheckHandled(t, pool)
 	if dl := eventtest.QueryInt(t, pool, `SELECT count(*) FROM dead_letter_queue`); dl != 0 {
 		t.Errorf("%d units dead-lettered; a statement that times out 30 %% of the time must pass within maxAttempts (seed %d)", dl, seed)
 	}
 	slow := eventtest.QueryInt(t, pool, `SELECT count(*) FROM outbox_message_t WHERE event_type = 'slow'`)
-	p, worst := sw.longest()
-	t.Logf("%d events (%d slow) handled once, in order; longest stall: partition %d, %s", n, slow, p, worst.Round(time.Millisecond))
-	if worst > stallBound {
-		t.Errorf("partition %d went %s without a commit while it had events, more than %s (seed %d)", p, worst.Round(time.Millisecond), stallBound, seed)
+	t.Logf("%d events (%d slow) handled once, in order; longest stall of a partition with pending events %s (%s)",
+		n, slow, mon.maxStall.Round(time.Millisecond), mon.worst)
+	if mon.maxStall > stallBound {
+		t.Errorf("a partition with pending events went %s without a commit (%s), more than %s (seed %d)",
+			mon.maxStall.Round(time.Millisecond), mon.worst, stallBound, seed)
 	}
 	for _, pr := range procs {
 		if code := pr.stop(t, 15*time.Second); code != 0 {

@@ -3,11 +3,8 @@ package consumercli
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/url"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,54 +74,26 @@ GRANT pg_signal_backend TO %[1]s`, role, sch))
 			t.Logf("producer seed %d", seed)
 		}
 	})
-	prodCtx, stopProducers := context.WithTimeout(ctx, 30*time.Second)
-	defer stopProducers()
-	var committed atomic.Int64
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(seed, uint64(i)))
-			for prodCtx.Err() == nil {
-				evs := make([]pgevents.Event, 1+rng.IntN(5))
-				host := fmt.Sprintf("host-%d", rng.IntN(100))
-				for k := range evs {
-					evs[k] = pgevents.Event{HostID: host, EventType: "t", Payload: []byte(`{}`)}
-				}
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := pgevents.Append(ctx, tx, evs...)
-					return err
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				committed.Add(int64(len(evs)))
-				select {
-				case <-prodCtx.Done():
-				case <-time.After(3 * time.Millisecond):
-				}
-			}
-		}()
-	}
+	stopProducing := make(chan struct{})
+	time.AfterFunc(30*time.Second, func() { close(stopProducing) })
+	committed := produceMixed(t, pool, seed, 2, 0, stopProducing)
 
 	// The third replica joins after 3 s of traffic.
 	select {
-	case <-prodCtx.Done():
+	case <-stopProducing:
 	case <-time.After(3 * time.Second):
 	}
 	third := start(t, limitedURL, "run", "--config", cfg)
-	wg.Wait()
+	n := committed()
 	if t.Failed() {
 		return
 	}
-	eventtest.WaitHandled(t, pool, committed.Load(), 60*time.Second)
+	eventtest.WaitHandled(t, pool, n, 60*time.Second)
 	cancel()
 	<-monDone
 	eventtest.CheckHandled(t, pool)
 	t.Logf("%d events; longest stall of a partition with pending events %s (%s); longest without a live owner %s",
-		committed.Load(), mon.maxStall, mon.worst, mon.maxOwnerless)
+		n, mon.maxStall, mon.worst, mon.maxOwnerless)
 	if mon.maxStall > sessionStallBound {
 		t.Errorf("a partition with pending events went %s without a committed batch (%s); the bound is %s",
 			mon.maxStall, mon.worst, sessionStallBound)
@@ -234,23 +203,11 @@ func TestMoreProcessesThanConnections(t *testing.T) {
 			t.Logf("producer seed %d", seed)
 		}
 	})
-	rng := rand.New(rand.NewPCG(seed, 1))
-	var committed int64
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		evs := make([]pgevents.Event, 1+rng.IntN(5))
-		host := fmt.Sprintf("host-%d", rng.IntN(50))
-		for k := range evs {
-			evs[k] = pgevents.Event{HostID: host, EventType: "t", Payload: []byte(`{}`)}
-		}
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := pgevents.Append(ctx, tx, evs...)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		committed += int64(len(evs))
-		time.Sleep(3 * time.Millisecond) // the producers' pace, not a synchronisation
+	stopProducing := make(chan struct{})
+	time.AfterFunc(20*time.Second, func() { close(stopProducing) })
+	committed := produceMixed(t, pool, seed, 1, 0, stopProducing)()
+	if t.Failed() {
+		return
 	}
 	eventtest.WaitHandled(t, pool, committed, 60*time.Second)
 	cancel()
