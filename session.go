@@ -113,8 +113,12 @@ func (c *Consumer) ready(ctx context.Context) error {
 			}
 		}
 	}
-	st := c.pool.Stat()
-	if st.IdleConns() > 0 || st.TotalConns() >= c.pool.Config().MaxConns {
+	// Only a pool that has no session yet is probed: one that has some
+	// got them from the server, and its workers' failures (above) say when
+	// it no longer can. A probe opens a session inside the lease
+	// heartbeat's deadline, which a connect on a loaded server can eat (a
+	// model soak saw the heartbeat's acquisition time out after it).
+	if c.pool.Stat().TotalConns() > 0 {
 		return nil
 	}
 	actx, cancel := context.WithTimeout(ctx, time.Second)
