@@ -65,10 +65,10 @@ func (c *Consumer) checkTimeouts(ctx context.Context) error {
 	}
 	stmt, lock, idle := got["statement_timeout"], got["lock_timeout"], got["idle_in_transaction_session_timeout"]
 	c.log.Info().Str("role", role).
-		Dur("statement_timeout", stmt.value).Str("statement_timeout_source", stmt.source).
-		Dur("lock_timeout", lock.value).Str("lock_timeout_source", lock.source).
-		Dur("idle_in_transaction_session_timeout", idle.value).Str("idle_in_transaction_session_timeout_source", idle.source).
-		Dur("handler_timeout", c.cfg.HandlerTimeout).
+		Int64("statement_timeout_ms", stmt.value.Milliseconds()).Str("statement_timeout_source", stmt.source).
+		Int64("lock_timeout_ms", lock.value.Milliseconds()).Str("lock_timeout_source", lock.source).
+		Int64("idle_in_transaction_session_timeout_ms", idle.value.Milliseconds()).Str("idle_in_transaction_session_timeout_source", idle.source).
+		Int64("handler_timeout_ms", c.cfg.HandlerTimeout.Milliseconds()).
 		Msg("session timeouts (0: none)")
 	if idle.value > 0 {
 		if idle.value <= c.cfg.HandlerTimeout+idleSlack {
@@ -81,7 +81,7 @@ func (c *Consumer) checkTimeouts(ctx context.Context) error {
 	if stmt.value > 0 {
 		c.awaitMax = stmt.value / 2
 		if stmt.value < c.cfg.HandlerTimeout {
-			c.log.Info().Dur("statement_timeout", stmt.value).Dur("handler_timeout", c.cfg.HandlerTimeout).
+			c.log.Info().Int64("statement_timeout_ms", stmt.value.Milliseconds()).Int64("handler_timeout_ms", c.cfg.HandlerTimeout.Milliseconds()).
 				Msg("statement_timeout is shorter than the handler timeout: a handler's statement that runs longer is cancelled by the server, and counts as a timeout of its unit (maxAttempts, then onPermanentFailure)")
 		}
 	}
