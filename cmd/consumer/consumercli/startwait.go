@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,11 +20,14 @@ const startWaitMsg = "cannot connect at start; waiting for the database and retr
 
 // openPoolsWaiting is openPools for `consumer run`: a failure to connect
 // that can pass (passingConnect: the server's connection slots are taken,
-// it is starting up, it refuses connections) is waited out with
+// it is starting up or shutting down) is waited out with
 // backoff.Retry's back-off (DefaultMin doubling to DefaultMax, with
 // jitter), as a lost connection is, rather than exiting into a restart a
 // second under systemd's Restart=always. A permanent failure (a bad
-// password, a missing database, a configuration error) returns at once.
+// password, a missing database, a configuration error) returns at once,
+// and so does a refused or unanswered connection: nothing says it will
+// pass, and a wrong host or port looks the same (the unit's After= orders
+// the start behind a local server).
 // It returns ctx's error when ctx ends while waiting.
 func openPoolsWaiting(ctx context.Context, cfg *config.Config, path string, log zerolog.Logger) ([]*pgxpool.Pool, func(), error) {
 	r := backoff.New(log, "start-up connect")
@@ -50,19 +52,16 @@ func openPoolsWaiting(ctx context.Context, cfg *config.Config, path string, log 
 // passingConnect reports whether err, a failure to connect, is one that
 // waiting can cure: too many connections (53300: the server's or the
 // role's limit, or the slots reserved for superusers), the server starting
-// up or shutting down (57P03, 57P01), or the connection refused (nothing
-// listens yet). A bad password or role (28xxx) and a database that does
-// not exist (3D000) are not.
+// up or shutting down (57P03, 57P01): the server answered and said so. A
+// bad password or role (28xxx), a database that does not exist (3D000)
+// and a connection nobody answers are not.
 func passingConnect(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code == "53300" || pgErr.Code == "57P03" || pgErr.Code == "57P01"
 	}
-	if errors.Is(err, syscall.ECONNREFUSED) {
-		return true
-	}
 	// pgx flattens some attempts' errors into text.
 	msg := err.Error()
 	return strings.Contains(msg, "SQLSTATE 53300") || strings.Contains(msg, "SQLSTATE 57P03") ||
-		strings.Contains(msg, "connection refused")
+		strings.Contains(msg, "SQLSTATE 57P01")
 }
